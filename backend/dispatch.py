@@ -1,0 +1,586 @@
+"""Routes every aten op on `tpu` tensors to a JAX lowering.
+
+Order of resolution: a device handler (copies, `.item()`, allocation), then a
+view (shares the base's storage), a mutation (run functionally, then written
+back), or a functional op: its lowering from the registry, else PyTorch's
+decomposition table, else an error that names the op (or, opted in with
+`TPU_AGENT_CPU_FALLBACK=1`, a counted run on the CPU).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from . import dtypes, modes, ops  # noqa: F401  (ops fills the registry)
+from .registry import LOWERINGS, Lowering
+from .state import RNG, STATS, cpu_fallback_enabled
+from .tensor import DEVICE, TpuTensor
+
+aten = torch.ops.aten
+
+HANDLERS: dict = {}
+
+
+def handler(*ops):
+    """Register a device handler: it gets the torch-level arguments, not arrays."""
+
+    def decorate(fn):
+        for op in ops:
+            HANDLERS[op] = fn
+        return fn
+
+    return decorate
+
+
+class _Dynamic:
+    """Marks a slot of the flattened arguments that is passed to the compiled function."""
+
+
+DYNAMIC = _Dynamic()
+
+
+# --------------------------------------------------------------------------
+# host <-> device
+# --------------------------------------------------------------------------
+
+
+def from_cpu(t: torch.Tensor):
+    """A CPU tensor's value as a device array."""
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    t = t.contiguous()
+    STATS.h2d_count += 1
+    STATS.h2d_bytes += t.numel() * t.element_size()
+    if t.dtype == torch.bfloat16:
+        host = t.view(torch.int16).numpy().view(jnp.bfloat16)
+    else:
+        host = t.numpy()
+    return jnp.asarray(host, dtype=dtypes.to_jax_dtype(t.dtype))
+
+
+def to_cpu(t: TpuTensor) -> torch.Tensor:
+    """A device tensor's value, copied to a new CPU tensor."""
+    host = np.asarray(jax.device_get(t.jax()))
+    STATS.d2h_count += 1
+    STATS.d2h_bytes += host.nbytes
+    if host.dtype == jnp.bfloat16:
+        out = torch.from_numpy(host.view(np.int16).copy()).view(torch.bfloat16)
+    else:
+        out = torch.from_numpy(np.array(host, copy=True))
+    return out.reshape(t.shape)
+
+
+# --------------------------------------------------------------------------
+# op classification
+# --------------------------------------------------------------------------
+
+FUNCTIONAL, VIEW, MUTATING = "functional", "view", "mutating"
+
+
+@functools.lru_cache(maxsize=None)
+def op_kind(func) -> str:
+    schema = func._schema
+    if schema.is_mutable:
+        return MUTATING
+    for ret in schema.returns:
+        if ret.alias_info is not None and not ret.alias_info.is_write:
+            return VIEW
+    return FUNCTIONAL
+
+
+@functools.lru_cache(maxsize=None)
+def functional_variant(func):
+    """The functional op a mutating op computes, or None."""
+    schema = func._schema
+    packet = func.overloadpacket
+    name = packet.__name__
+    overload = func._overloadname
+    candidates = []
+    if name.endswith("_") and not name.endswith("__"):
+        candidates.append((name[:-1], overload))
+    candidates.append((name + "_functional", overload))
+    if overload == "out" or overload.endswith("_out"):
+        base = overload[: -len("out")].rstrip("_")
+        for other in packet.overloads():
+            if other == base or (base == "" and other == "default"):
+                candidates.append((name, other))
+        candidates.append((name, "default"))
+    for cand_name, cand_overload in candidates:
+        cand_packet = getattr(aten, cand_name, None)
+        if cand_packet is None:
+            continue
+        if cand_overload not in cand_packet.overloads():
+            continue
+        cand = getattr(cand_packet, cand_overload)
+        if cand._schema.is_mutable:
+            continue
+        if cand is func:
+            continue
+        if _args_match(schema, cand._schema):
+            return cand
+    return None
+
+
+def _args_match(mutating, functional) -> bool:
+    names = [a.name for a in mutating.arguments if not (a.alias_info and a.alias_info.is_write) or a.name == "self"]
+    cand = [a.name for a in functional.arguments]
+    return all(n in cand for n in names if n not in ("out",))
+
+
+def _written_args(func) -> list[str]:
+    return [a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+
+
+# --------------------------------------------------------------------------
+# entry point
+# --------------------------------------------------------------------------
+
+
+def dispatch(func, args, kwargs):
+    handle = HANDLERS.get(func)
+    if handle is not None:
+        return handle(*args, **kwargs)
+    STATS.ops += 1
+    kind = op_kind(func)
+    if kind is VIEW:
+        return run_view(func, args, kwargs)
+    if kind is MUTATING:
+        return run_mutating(func, args, kwargs)
+    return run_functional(func, args, kwargs)
+
+
+def run_functional(func, args, kwargs):
+    lowering = LOWERINGS.get(func)
+    if lowering is not None:
+        return execute(func, lowering, args, kwargs)
+    decomposed = decompose(func, args, kwargs)
+    if decomposed is not NotImplemented:
+        return decomposed
+    return unsupported(func, args, kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _decomposition(func) -> Callable | None:
+    from torch._decomp import decomposition_table
+
+    return decomposition_table.get(func)
+
+
+def decompose(func, args, kwargs):
+    decomp = _decomposition(func)
+    if decomp is not None:
+        return decomp(*args, **kwargs)
+    if func.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
+        return func.decompose(*args, **kwargs)
+    return NotImplemented
+
+
+# --------------------------------------------------------------------------
+# functional ops: lower, jit once per signature, run
+# --------------------------------------------------------------------------
+
+
+class _Entry:
+    __slots__ = ("fn", "calls", "name")
+
+    def __init__(self, fn, name):
+        self.fn = fn
+        self.calls = 0
+        self.name = name
+
+
+CACHE: dict[tuple, _Entry] = {}
+
+# Ops that accept CPU index tensors, as on CUDA (Python lists used as indices become CPU tensors).
+CPU_ARGS_OK = {aten.index.Tensor, aten.index_put.default}
+
+
+def _signature(func, lowering: Lowering, flat):
+    """Split flat arguments into the cache key, the dynamic values and a template."""
+    key = [func]
+    dynamic = []
+    template = []
+    for i, x in enumerate(flat):
+        if isinstance(x, TpuTensor):
+            a = x.jax()
+            dynamic.append(a)
+            key.append((a.shape, a.dtype))
+            template.append(DYNAMIC)
+        elif isinstance(x, torch.Tensor):
+            if x.device.type == "cpu" and (x.dim() == 0 or func in CPU_ARGS_OK):
+                a = from_cpu(x)
+                dynamic.append(a)
+                key.append(("cpu", a.shape, a.dtype))
+                template.append(DYNAMIC)
+            else:
+                raise device_mismatch(func, x, i)
+        elif type(x) is float and not lowering.static_floats:
+            dynamic.append(x)
+            key.append(float)
+            template.append(DYNAMIC)
+        else:
+            key.append(x)
+            template.append(x)
+    return key, dynamic, template
+
+
+def execute(func, lowering: Lowering, args, kwargs):
+    flat, spec = tree_flatten((args, kwargs))
+    key, dynamic, template = _signature(func, lowering, flat)
+    key.append(spec)
+    if lowering.random:
+        base, counter = RNG.next()
+        dynamic.append(base)
+        dynamic.append(counter)
+    key.append(modes.current_precision())
+    key = tuple(key)
+    entry = CACHE.get(key)
+    if entry is None:
+        entry = _compile(func, lowering, flat, spec, template)
+        CACHE[key] = entry
+    entry.calls += 1
+    try:
+        out = entry.fn(*dynamic)
+    except Exception as exc:  # a lowering bug or an invalid argument, named by op
+        if isinstance(exc, (NotImplementedError, RuntimeError, TypeError, ValueError, IndexError)):
+            raise type(exc)(f"{func}: {exc}") from exc
+        raise
+    if modes.launch_blocking():
+        jax.block_until_ready(out)
+    return _wrap_outputs(func, out)
+
+
+def _meta_outputs(func, flat, spec):
+    def to_meta(x):
+        if isinstance(x, TpuTensor):
+            return torch.empty(x.shape, dtype=x.dtype, device="meta")
+        if isinstance(x, torch.device) and x.type == DEVICE.type:
+            return torch.device("meta")
+        return x
+
+    args, kwargs = tree_unflatten([to_meta(x) for x in flat], spec)
+    try:
+        return func(*args, **kwargs)
+    except Exception:
+        return None
+
+
+def _conform(out, meta, func):
+    """Cast a lowering's outputs to the dtypes PyTorch's meta kernel promises."""
+    if meta is None:
+        return out
+    if isinstance(meta, torch.Tensor):
+        arr = jnp.asarray(out)
+        want = dtypes.to_jax_dtype(meta.dtype)
+        if arr.dtype != want:
+            arr = arr.astype(want)
+        if tuple(arr.shape) != tuple(meta.shape):
+            raise RuntimeError(
+                f"lowering of {func} returned shape {tuple(arr.shape)}, PyTorch expects {tuple(meta.shape)}"
+            )
+        return arr
+    if isinstance(meta, (list, tuple)) and isinstance(out, (list, tuple)) and len(meta) == len(out):
+        return type(out)(_conform(o, m, func) for o, m in zip(out, meta))
+    return out
+
+
+def _compile(func, lowering: Lowering, flat, spec, template):
+    meta = _meta_outputs(func, flat, spec) if lowering.jit else None
+    fn = lowering.fn
+    random = lowering.random
+    precision = modes.jax_precision()
+
+    def run(*dynamic):
+        if random:
+            *dynamic, base, counter = dynamic
+        it = iter(dynamic)
+        leaves = [next(it) if t is DYNAMIC else t for t in template]
+        a, k = tree_unflatten(leaves, spec)
+        if random:
+            k = dict(k, key=jax.random.fold_in(base, counter))
+        with jax.default_matmul_precision(precision):
+            out = fn(*a, **k)
+        return _conform(out, meta, func)
+
+    STATS.compiles += 1
+    return _Entry(jax.jit(run) if lowering.jit else run, str(func))
+
+
+_RETURN_CONVERTERS = {"bool": bool, "int": int, "float": float, "SymInt": int, "Scalar": lambda x: x.item()}
+
+
+def _wrap_outputs(func, out):
+    returns = func._schema.returns
+    if len(returns) == 1:
+        return _wrap_one(str(returns[0].type), out)
+    return tuple(_wrap_one(str(r.type), o) for r, o in zip(returns, out))
+
+
+def _wrap_one(type_name: str, value):
+    if type_name in _RETURN_CONVERTERS:
+        return _RETURN_CONVERTERS[type_name](value)
+    if type_name.endswith("[]"):
+        return [_wrap_array(v) for v in value]
+    return _wrap_array(value)
+
+
+def _wrap_array(value):
+    if value is None:
+        return None
+    return TpuTensor(jnp.asarray(value))
+
+
+# --------------------------------------------------------------------------
+# views and mutations
+# --------------------------------------------------------------------------
+
+
+def run_view(func, args, kwargs):
+    from .views import chain_entry
+
+    lowering = LOWERINGS.get(func)
+    if lowering is None:
+        decomposed = decompose(func, args, kwargs)
+        if decomposed is not NotImplemented:
+            return decomposed
+        return unsupported(func, args, kwargs)
+    out = execute(func, lowering, args, kwargs)
+    source = args[0] if args else kwargs.get("self")
+    if not isinstance(source, TpuTensor):
+        return out
+    outs = out if isinstance(out, (list, tuple)) else [out]
+    for index, view in enumerate(outs):
+        entry = chain_entry(func, args, kwargs, index if isinstance(out, (list, tuple)) else None)
+        view._storage_box = source._storage_box
+        view._view_chain = source._view_chain + (entry,)
+        view._cache_version = source._storage_box.version
+    return out
+
+
+def run_mutating(func, args, kwargs):
+    if func in LOWERINGS:
+        return _run_mutating_lowering(func, args, kwargs)
+    functional = functional_variant(func)
+    if functional is None:
+        decomposed = decompose(func, args, kwargs)
+        if decomposed is not NotImplemented:
+            return decomposed
+        return unsupported(func, args, kwargs)
+    written = _written_args(func)
+    bound = _bind(func, args, kwargs)
+    fargs, fkwargs = _functional_call_args(func, functional, bound)
+    result = dispatch(functional, fargs, fkwargs)
+    results = list(result) if isinstance(result, (list, tuple)) and not _is_list_return(functional) else [result]
+    n_returns = len(functional._schema.returns)
+    # Conventions: `foo_` returns the new self; `foo_functional` returns outputs then new
+    # values of the written arguments; `foo.out` returns the outputs written into `out`.
+    targets = [bound[name] for name in written]
+    if func.overloadpacket.__name__.endswith("_") or _is_out(func):
+        values = results[: len(targets)] if len(targets) > 1 else [result]
+    else:
+        values = results[n_returns - len(targets):]
+    for target, value in zip(targets, values):
+        _write(func, target, value)
+    if len(targets) == 1 and func._schema.returns:
+        return targets[0]
+    if not func._schema.returns:
+        return None
+    return tuple(targets)
+
+
+def _run_mutating_lowering(func, args, kwargs):
+    """A lowering registered directly on a mutating op returns the new values of written args."""
+    written = _written_args(func)
+    bound = _bind(func, args, kwargs)
+    new_values = execute(func, LOWERINGS[func], args, kwargs)
+    if len(written) == 1:
+        new_values = [new_values]
+    for name, value in zip(written, new_values):
+        _write(func, bound[name], value)
+    return bound[written[0]] if len(written) == 1 else tuple(bound[n] for n in written)
+
+
+def _is_out(func) -> bool:
+    return any(a.is_out for a in func._schema.arguments)
+
+
+def _is_list_return(func) -> bool:
+    returns = func._schema.returns
+    return len(returns) == 1 and str(returns[0].type).endswith("[]")
+
+
+def _bind(func, args, kwargs) -> dict:
+    bound = {}
+    for i, arg in enumerate(func._schema.arguments):
+        if i < len(args):
+            bound[arg.name] = args[i]
+        elif arg.name in kwargs:
+            bound[arg.name] = kwargs[arg.name]
+        elif arg.has_default_value():
+            bound[arg.name] = arg.default_value
+    return bound
+
+
+def _functional_call_args(func, functional, bound):
+    args, kwargs = [], {}
+    for arg in functional._schema.arguments:
+        if arg.name not in bound:
+            continue
+        if arg.kwarg_only:
+            kwargs[arg.name] = bound[arg.name]
+        else:
+            args.append(bound[arg.name])
+    return tuple(args), kwargs
+
+
+def _write(func, target, value) -> None:
+    if isinstance(target, (list, tuple)):
+        for t, v in zip(target, value):
+            _write(func, t, v)
+        return
+    if target is None:
+        return
+    if not isinstance(target, TpuTensor):
+        if isinstance(target, torch.Tensor):
+            raise device_mismatch(func, target, 0)
+        return
+    array = value.jax() if isinstance(value, TpuTensor) else jnp.asarray(value)
+    want = dtypes.to_jax_dtype(target.dtype)
+    if tuple(array.shape) != tuple(target.shape):
+        if array.size == 0 or target.numel() == 0 or tuple(target.shape) != jnp.broadcast_shapes(array.shape, target.shape):
+            raise RuntimeError(
+                f"{func}: cannot write a result of shape {tuple(array.shape)} into a tpu tensor of shape "
+                f"{tuple(target.shape)} (resizing tpu tensors in place is not supported)"
+            )
+        array = _broadcast_cast(array, tuple(target.shape), want)
+    elif array.dtype != want:
+        array = _cast(array, want)
+    target.set_jax(array)
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _cast(array, dtype):
+    return array.astype(dtype)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _broadcast_cast(array, shape, dtype):
+    return jnp.broadcast_to(array, shape).astype(dtype)
+
+
+# --------------------------------------------------------------------------
+# errors and the CPU fallback
+# --------------------------------------------------------------------------
+
+
+def _describe(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"{x.device.type}:{list(x.shape)}:{str(x.dtype).replace('torch.', '')}"
+    return repr(x)
+
+
+def device_mismatch(func, tensor, index) -> RuntimeError:
+    return RuntimeError(
+        f"{func}: expected all tensors to be on the tpu device, but argument {index} is on "
+        f"{tensor.device} (shape {list(tensor.shape)}); move it with .to('tpu')"
+    )
+
+
+def unsupported(func, args, kwargs):
+    if cpu_fallback_enabled():
+        return cpu_fallback(func, args, kwargs)
+    flat, _ = tree_flatten((args, kwargs))
+    shapes = ", ".join(_describe(x) for x in flat if isinstance(x, torch.Tensor))
+    raise NotImplementedError(
+        f"aten op {func} is not supported on the tpu device (arguments: {shapes}); "
+        "set TPU_AGENT_CPU_FALLBACK=1 to run it on the CPU"
+    )
+
+
+def cpu_fallback(func, args, kwargs):
+    STATS.fallbacks[str(func)] += 1
+    moved = {}
+
+    def to_host(x):
+        if isinstance(x, TpuTensor):
+            moved[id(x)] = to_cpu(x)
+            return moved[id(x)]
+        return x
+
+    cargs, ckwargs = tree_map(to_host, (args, kwargs))
+    out = func(*cargs, **ckwargs)
+    if op_kind(func) is MUTATING:
+        bound = _bind(func, args, kwargs)
+        for name in _written_args(func):
+            target = bound[name]
+            targets = target if isinstance(target, (list, tuple)) else [target]
+            for t in targets:
+                if isinstance(t, TpuTensor):
+                    t.set_jax(from_cpu(moved[id(t)]))
+    return tree_map(lambda x: TpuTensor(from_cpu(x)) if isinstance(x, torch.Tensor) else x, out)
+
+
+# --------------------------------------------------------------------------
+# device handlers
+# --------------------------------------------------------------------------
+
+
+@handler(torch.ops.prim.device.default)
+def _device(x):
+    return DEVICE
+
+
+@handler(aten._local_scalar_dense.default)
+def _item(x):
+    STATS.d2h_count += 1
+    return jax.device_get(x.jax()).item()
+
+
+@handler(aten.is_pinned.default)
+def _is_pinned(x, device=None):
+    return False
+
+
+@handler(aten._to_copy.default)
+def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    target = torch.device(device) if device is not None else DEVICE
+    if target.type == "cpu":
+        out = to_cpu(x)
+        return out.to(dtype) if dtype is not None else out
+    if target.type != DEVICE.type:
+        raise RuntimeError(f"aten._to_copy: cannot move a tpu tensor to {target}")
+    if not isinstance(x, TpuTensor):
+        x = TpuTensor(from_cpu(x))
+        if dtype is None or dtype == x.dtype:
+            return x
+    want = dtypes.to_jax_dtype(dtype) if dtype is not None else x.jax().dtype
+    return TpuTensor(_cast(x.jax(), want))
+
+
+@handler(aten.copy_.default)
+def _copy_(dst, src, non_blocking=False):
+    if src.device.type == "meta" and not isinstance(src, TpuTensor):
+        raise RuntimeError("aten.copy_: the source is a meta tensor with no data (an internal tpu-agent bug)")
+    if isinstance(dst, TpuTensor):
+        value = src.jax() if isinstance(src, TpuTensor) else from_cpu(src)
+        _write(aten.copy_.default, dst, value)
+        return dst
+    # CPU destination, tpu source.
+    dst.copy_(to_cpu(src))
+    return dst
+
+
+def synchronize() -> None:
+    """Block until every live device array is computed."""
+    for array in jax.live_arrays():
+        array.block_until_ready()

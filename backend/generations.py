@@ -1,0 +1,42 @@
+"""TPU generations the device can pretend to be; the profiler's peak tables read this.
+
+Figures are per chip, from Google Cloud's TPU system-architecture pages
+(cloud.google.com/tpu/docs/v4, v5e, v5p, v6e, tpu7x) as carried by torch-tpu 0.2.0.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Generation:
+    name: str
+    peak_bf16_flops: float  # FLOP/s
+    hbm_bytes: int
+    hbm_bandwidth: float  # bytes/s
+    mxu: int  # systolic array edge
+
+
+GENERATIONS = {
+    "v4": Generation("v4", 275e12, 32 * GiB, 1.2e12, 128),
+    "v5e": Generation("v5e", 197e12, 16 * GiB, 0.819e12, 128),
+    "v5p": Generation("v5p", 459e12, 95 * GiB, 2.765e12, 128),
+    "v6e": Generation("v6e", 918e12, 32 * GiB, 1.64e12, 256),
+    "v7x": Generation("v7x", 2307e12, 192 * GiB, 7.37e12, 256),
+}
+DEFAULT_GENERATION = "v5e"
+
+
+def current_generation() -> Generation:
+    """The generation set by `TPU_AGENT_GENERATION` (default v5e)."""
+    name = os.environ.get("TPU_AGENT_GENERATION", DEFAULT_GENERATION).lower()
+    if name == "v7":
+        name = "v7x"
+    if name not in GENERATIONS:
+        known = ", ".join(GENERATIONS)
+        raise ValueError(f"TPU_AGENT_GENERATION={name!r} is not one of {known}")
+    return GENERATIONS[name]

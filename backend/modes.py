@@ -1,0 +1,85 @@
+"""TorchTPU's execution switches: eager mode and matmul precision."""
+
+from __future__ import annotations
+
+import enum
+import os
+
+
+class EagerMode(enum.Enum):
+    DEFER_NEVER = "defer_never"  # op by op, asynchronous (the default)
+    DEFER_NEVER_AND_LAUNCH_BLOCKING = "defer_never_and_launch_blocking"  # op by op, each op waited for
+    DEFER_AND_FUSE = "defer_and_fuse"  # ops recorded and fused into XLA graphs at sync points
+
+
+class Precision(enum.Enum):
+    DEFAULT = "default"  # on TPUs: f32 matmuls as one bf16 pass
+    HIGH = "high"  # three bf16 passes
+    HIGHEST = "highest"  # full f32
+
+
+def _initial_mode() -> EagerMode:
+    if os.environ.get("TORCH_TPU_DEFER_AND_FUSE", "") == "1":
+        return EagerMode.DEFER_AND_FUSE
+    return EagerMode.DEFER_NEVER
+
+
+_mode = _initial_mode()
+_precision = Precision.DEFAULT
+
+
+class _Switch:
+    """Sets a value now; used as a context manager, restores the old one on exit."""
+
+    def __init__(self, setter, new, old):
+        self._setter, self._old = setter, old
+        setter(new)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._setter(self._old)
+        return False
+
+
+def get_eager_mode() -> EagerMode:
+    return _mode
+
+
+def _set_mode(mode: EagerMode) -> None:
+    global _mode
+    _mode = mode
+
+
+def set_eager_mode(mode: EagerMode) -> _Switch:
+    if not isinstance(mode, EagerMode):
+        raise TypeError(f"set_eager_mode expects a torch.tpu.EagerMode, got {mode!r}")
+    return _Switch(_set_mode, mode, _mode)
+
+
+def launch_blocking() -> bool:
+    return _mode is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
+
+
+def fused() -> bool:
+    return _mode is EagerMode.DEFER_AND_FUSE
+
+
+def current_precision() -> Precision:
+    return _precision
+
+
+def _set_precision(mode: Precision) -> None:
+    global _precision
+    _precision = mode
+
+
+def precision(mode: Precision) -> _Switch:
+    if not isinstance(mode, Precision):
+        raise TypeError(f"precision expects a torch.tpu.Precision, got {mode!r}")
+    return _Switch(_set_precision, mode, _precision)
+
+
+def jax_precision() -> str:
+    return _precision.value

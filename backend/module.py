@@ -1,0 +1,123 @@
+"""`torch.tpu`: the device module, mirroring Google's TorchTPU public names."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import torch
+
+from .generations import current_generation
+from .modes import EagerMode, Precision, get_eager_mode, precision, set_eager_mode  # noqa: F401
+from .state import RNG
+
+_DeviceProperties = namedtuple("_DeviceProperties", "name total_memory generation platform mxu peak_bf16_flops")
+
+
+def is_available() -> bool:
+    return True
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def _lazy_init() -> None:
+    return None
+
+
+def device_count() -> int:
+    """One device per process: a mesh over several goes through sharding, as on TorchTPU."""
+    return 1
+
+
+def current_device() -> int:
+    return 0
+
+
+def set_device(device) -> None:
+    index = torch.device(device).index if not isinstance(device, int) else device
+    if index not in (None, 0):
+        raise RuntimeError(f"tpu device index {index} is out of range (device_count() is 1)")
+
+
+def _jax_platform() -> str:
+    import jax
+
+    return jax.default_backend()
+
+
+def get_device_name(device=None) -> str:
+    gen = current_generation()
+    return f"TPU {gen.name} (tpu-agent bundled device on JAX {_jax_platform()})"
+
+
+def get_device_properties(device=None):
+    gen = current_generation()
+    return _DeviceProperties(get_device_name(device), gen.hbm_bytes, gen.name, _jax_platform(), gen.mxu, gen.peak_bf16_flops)
+
+
+def get_device_capability(device=None) -> dict:
+    return {"generation": current_generation().name}
+
+
+def synchronize(device=None) -> None:
+    """Wait for all queued device work."""
+    from .dispatch import synchronize as _sync
+
+    _sync()
+
+
+def mark_step() -> None:
+    """Step boundary for scripts with no optimizer: flushes deferred work, notifies step hooks."""
+    from .steps import mark_step as _mark
+
+    _mark()
+
+
+# --- RNG -------------------------------------------------------------------
+
+
+def manual_seed(seed: int) -> None:
+    RNG.manual_seed(seed)
+
+
+def manual_seed_all(seed: int) -> None:
+    RNG.manual_seed(seed)
+
+
+def seed() -> None:
+    RNG.manual_seed(torch.seed())
+
+
+def seed_all() -> None:
+    seed()
+
+
+def initial_seed() -> int:
+    return RNG.initial_seed()
+
+
+def get_rng_state(device=None) -> torch.Tensor:
+    seed_value, counter = RNG.get_state()
+    return torch.tensor([seed_value & 0x7FFFFFFFFFFFFFFF, seed_value >> 63, counter], dtype=torch.int64)
+
+
+def set_rng_state(new_state: torch.Tensor, device=None) -> None:
+    low, high, counter = (int(v) for v in new_state.tolist())
+    RNG.set_state(low | (high << 63), counter)
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state()]
+
+
+def set_rng_state_all(states) -> None:
+    set_rng_state(states[0])
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.bfloat16, torch.float16]

@@ -1,0 +1,481 @@
+"""Matmuls, convolution, pooling, normalisation, losses.
+
+Backward ops whose formula is just the VJP of the forward are lowered as
+`jax.vjp` of the forward lowering: one definition, no second formula to drift.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from ..registry import lower
+from ._util import norm_dim
+
+aten = torch.ops.aten
+
+
+# --- matmul family -------------------------------------------------------------------
+
+
+@lower(aten.mm.default)
+def mm(self, mat2):
+    return jnp.matmul(self, mat2)
+
+
+@lower(aten.bmm.default)
+def bmm(self, mat2):
+    return jnp.matmul(self, mat2)
+
+
+@lower(aten.matmul.default)
+def matmul(self, other):
+    return jnp.matmul(self, other)
+
+
+@lower(aten.mv.default)
+def mv(self, vec):
+    return jnp.matmul(self, vec)
+
+
+@lower(aten.dot.default, aten.vdot.default)
+def dot(self, other):
+    return jnp.dot(self, other)
+
+
+def _scaled(out, base, beta, alpha):
+    if not (not isinstance(alpha, jax.Array) and alpha == 1):
+        out = out * alpha
+    if not isinstance(beta, jax.Array) and beta == 0:
+        return out
+    if not (not isinstance(beta, jax.Array) and beta == 1):
+        base = base * beta
+    return out + base
+
+
+@lower(aten.addmm.default)
+def addmm(self, mat1, mat2, *, beta=1, alpha=1):
+    return _scaled(jnp.matmul(mat1, mat2), self, beta, alpha)
+
+
+@lower(aten.baddbmm.default)
+def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    return _scaled(jnp.matmul(batch1, batch2), self, beta, alpha)
+
+
+@lower(aten.addmv.default)
+def addmv(self, mat, vec, *, beta=1, alpha=1):
+    return _scaled(jnp.matmul(mat, vec), self, beta, alpha)
+
+
+@lower(aten.addbmm.default)
+def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    return _scaled(jnp.sum(jnp.matmul(batch1, batch2), axis=0), self, beta, alpha)
+
+
+@lower(aten.addr.default)
+def addr(self, vec1, vec2, *, beta=1, alpha=1):
+    return _scaled(jnp.outer(vec1, vec2), self, beta, alpha)
+
+
+@lower(aten.outer.default)
+def outer(self, vec2):
+    return jnp.outer(self, vec2)
+
+
+# --- convolution -----------------------------------------------------------------------
+
+
+def _conv(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    nd = input.ndim - 2
+    stride, padding, dilation = (tuple(v) * (nd if len(v) == 1 else 1) for v in (stride, padding, dilation))
+    spatial = "DHW"[-nd:] if nd <= 3 else None
+    dn = lax.conv_dimension_numbers(input.shape, weight.shape, ("NC" + spatial, "OI" + spatial, "NC" + spatial))
+    if not transposed:
+        out = lax.conv_general_dilated(
+            input, weight, window_strides=stride, padding=[(p, p) for p in padding],
+            rhs_dilation=dilation, dimension_numbers=dn, feature_group_count=groups,
+        )
+    else:
+        output_padding = tuple(output_padding) * (nd if len(output_padding) == 1 else 1)
+        # A transposed conv is the gradient of a conv: dilate the input, flip the kernel.
+        cin = weight.shape[0] // groups
+        w = weight.reshape((groups, cin, weight.shape[1]) + weight.shape[2:])
+        w = jnp.swapaxes(w, 1, 2).reshape((groups * weight.shape[1], cin) + weight.shape[2:])
+        w = jnp.flip(w, axis=tuple(range(2, 2 + nd)))
+        pads = [
+            (dilation[i] * (weight.shape[2 + i] - 1) - padding[i],
+             dilation[i] * (weight.shape[2 + i] - 1) - padding[i] + output_padding[i])
+            for i in range(nd)
+        ]
+        dn = lax.conv_dimension_numbers(input.shape, w.shape, ("NC" + spatial, "OI" + spatial, "NC" + spatial))
+        out = lax.conv_general_dilated(
+            input, w, window_strides=(1,) * nd, padding=pads, lhs_dilation=stride,
+            rhs_dilation=dilation, dimension_numbers=dn, feature_group_count=groups,
+        )
+    if bias is not None:
+        out = out + bias.reshape((1, -1) + (1,) * nd)
+    return out
+
+
+@lower(aten.convolution.default)
+def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    batched = input.ndim == weight.ndim
+    if not batched:
+        input = input[None]
+    out = _conv(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    return out if batched else out[0]
+
+
+@lower(aten.convolution_backward.default)
+def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+                         output_padding, groups, output_mask):
+    def f(x, w):
+        return _conv(x, w, None, stride, padding, dilation, transposed, output_padding, groups)
+
+    _, vjp = jax.vjp(f, input, weight)
+    grad_input, grad_weight = vjp(grad_output)
+    grad_bias = jnp.sum(grad_output, axis=(0,) + tuple(range(2, grad_output.ndim))) if output_mask[2] else None
+    return (grad_input if output_mask[0] else None, grad_weight if output_mask[1] else None, grad_bias)
+
+
+# --- pooling ---------------------------------------------------------------------------
+
+
+def _pool_args(kernel_size, stride, padding, dilation, nd):
+    expand = lambda v, default: tuple(v) * (nd if len(v) == 1 else 1) if v else default  # noqa: E731
+    kernel = expand(kernel_size, None)
+    return kernel, expand(stride, kernel), expand(padding, (0,) * nd), expand(dilation, (1,) * nd)
+
+
+def _pool_out_size(n, k, s, p, d, ceil_mode):
+    span = n + 2 * p - d * (k - 1) - 1
+    out = (-(-span // s) if ceil_mode else span // s) + 1
+    if ceil_mode and (out - 1) * s >= n + p:
+        out -= 1
+    return out
+
+
+def _max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, nd):
+    kernel, stride, padding, dilation = _pool_args(kernel_size, stride, padding, dilation, nd)
+    spatial = self.shape[-nd:]
+    pads = []
+    for i in range(nd):
+        out = _pool_out_size(spatial[i], kernel[i], stride[i], padding[i], dilation[i], ceil_mode)
+        needed = (out - 1) * stride[i] + dilation[i] * (kernel[i] - 1) + 1
+        pads.append((padding[i], max(needed - spatial[i] - padding[i], 0)))
+    lead = self.ndim - nd
+    init = -jnp.inf if jnp.issubdtype(self.dtype, jnp.floating) else jnp.iinfo(self.dtype).min
+    # Values and flat spatial indices reduced together, so the argmax is exact.
+    flat_idx = jnp.arange(int(np.prod(spatial)), dtype=jnp.int64).reshape(spatial)
+    flat_idx = jnp.broadcast_to(flat_idx, self.shape)
+    window = (1,) * lead + kernel
+    strides = (1,) * lead + stride
+    dil = (1,) * lead + dilation
+    full_pads = [(0, 0)] * lead + pads
+
+    def select(a, b):
+        va, ia = a
+        vb, ib = b
+        take_b = (vb > va) | jnp.isnan(vb) | ((vb == va) & (ib < ia))
+        take_b = take_b & ~jnp.isnan(va)
+        return jnp.where(take_b, vb, va), jnp.where(take_b, ib, ia)
+
+    values, indices = lax.reduce_window(
+        (self, flat_idx), (jnp.asarray(init, self.dtype), jnp.asarray(-1, jnp.int64)),
+        select, window, strides, full_pads, window_dilation=dil,
+    )
+    return values, indices
+
+
+@lower(aten.max_pool2d_with_indices.default)
+def max_pool2d_with_indices(self, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
+    return _max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 2)
+
+
+@lower(aten.max_pool3d_with_indices.default)
+def max_pool3d_with_indices(self, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
+    return _max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 3)
+
+
+def _max_pool_backward(grad_output, self, indices, nd):
+    spatial = self.shape[-nd:]
+    lead = self.shape[:-nd]
+    n = int(np.prod(spatial))
+    g = grad_output.reshape(lead + (-1,))
+    idx = indices.reshape(lead + (-1,))
+    out = jnp.zeros(lead + (n,), grad_output.dtype)
+    batch = tuple(jnp.arange(s).reshape((-1,) + (1,) * (len(lead) - i)) for i, s in enumerate(lead))
+    out = out.at[batch + (idx,)].add(g)
+    return out.reshape(self.shape)
+
+
+@lower(aten.max_pool2d_with_indices_backward.default)
+def max_pool2d_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    return _max_pool_backward(grad_output, self, indices, 2)
+
+
+@lower(aten.max_pool3d_with_indices_backward.default)
+def max_pool3d_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    return _max_pool_backward(grad_output, self, indices, 3)
+
+
+def _avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, nd):
+    kernel, stride, padding, _ = _pool_args(kernel_size, stride, padding, (1,), nd)
+    spatial = self.shape[-nd:]
+    lead = self.ndim - nd
+    pads = []
+    for i in range(nd):
+        out = _pool_out_size(spatial[i], kernel[i], stride[i], padding[i], 1, ceil_mode)
+        needed = (out - 1) * stride[i] + kernel[i]
+        pads.append((padding[i], max(needed - spatial[i] - padding[i], 0)))
+    window = (1,) * lead + kernel
+    strides = (1,) * lead + stride
+    full_pads = [(0, 0)] * lead + pads
+    total = lax.reduce_window(self, jnp.asarray(0, self.dtype), lax.add, window, strides, full_pads)
+    if divisor_override:
+        return total / divisor_override
+    if count_include_pad:
+        # Padding counts, the overhang of ceil_mode does not.
+        ones = jnp.ones(spatial, self.dtype)
+        ones = jnp.pad(ones, [(p, p) for p in padding], constant_values=1)
+        extra = [(0, hi - lo) for (lo, hi) in pads]
+        ones = jnp.pad(ones, extra)
+        count = lax.reduce_window(ones, jnp.asarray(0, self.dtype), lax.add, kernel, stride, [(0, 0)] * nd)
+    else:
+        ones = jnp.ones(spatial, self.dtype)
+        count = lax.reduce_window(ones, jnp.asarray(0, self.dtype), lax.add, kernel, stride, pads)
+    return total / count
+
+
+@lower(aten.avg_pool2d.default)
+def avg_pool2d(self, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True, divisor_override=None):
+    return _avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 2)
+
+
+@lower(aten.avg_pool2d_backward.default)
+def avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    _, vjp = jax.vjp(lambda x: _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 2), self)
+    return vjp(grad_output)[0]
+
+
+@lower(aten._adaptive_avg_pool2d.default)
+def adaptive_avg_pool2d(self, output_size):
+    h, w = self.shape[-2:]
+    oh, ow = output_size
+    if h % oh == 0 and w % ow == 0:
+        shape = self.shape[:-2] + (oh, h // oh, ow, w // ow)
+        return jnp.mean(self.reshape(shape), axis=(-3, -1))
+    rows = [(int(np.floor(i * h / oh)), int(np.ceil((i + 1) * h / oh))) for i in range(oh)]
+    cols = [(int(np.floor(j * w / ow)), int(np.ceil((j + 1) * w / ow))) for j in range(ow)]
+    out = [[jnp.mean(self[..., r0:r1, c0:c1], axis=(-2, -1)) for (c0, c1) in cols] for (r0, r1) in rows]
+    return jnp.stack([jnp.stack(r, axis=-1) for r in out], axis=-2)
+
+
+@lower(aten._adaptive_avg_pool2d_backward.default)
+def adaptive_avg_pool2d_backward(grad_output, self):
+    _, vjp = jax.vjp(lambda x: adaptive_avg_pool2d(x, grad_output.shape[-2:]), self)
+    return vjp(grad_output)[0]
+
+
+# --- normalisation ---------------------------------------------------------------------
+
+
+def _moments(x, axes, eps):
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
+    return mean, lax.rsqrt(var + eps)
+
+
+@lower(aten.native_layer_norm.default)
+def native_layer_norm(input, normalized_shape, weight, bias, eps):
+    axes = tuple(range(input.ndim - len(normalized_shape), input.ndim))
+    x = input.astype(jnp.float32) if input.dtype in (jnp.float16, jnp.bfloat16) else input
+    mean, rstd = _moments(x, axes, eps)
+    out = (x - mean) * rstd
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out.astype(input.dtype), mean, rstd
+
+
+@lower(aten.native_layer_norm_backward.default)
+def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
+    axes = tuple(range(input.ndim - len(normalized_shape), input.ndim))
+
+    def f(x, w, b):
+        out = (x - mean) * rstd
+        if w is not None:
+            out = out * w
+        if b is not None:
+            out = out + b
+        return out
+
+    _, vjp = jax.vjp(f, input, weight, bias)
+    gi, gw, gb = vjp(grad_out)
+    del axes
+    return (gi if output_mask[0] else None, gw if output_mask[1] else None, gb if output_mask[2] else None)
+
+
+def _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    axes = (0,) + tuple(range(2, input.ndim))
+    shape = (1, -1) + (1,) * (input.ndim - 2)
+    x = input.astype(jnp.float32) if input.dtype in (jnp.float16, jnp.bfloat16) else input
+    if training:
+        mean = jnp.mean(x, axis=axes)
+        var = jnp.mean(jnp.square(x - mean.reshape(shape)), axis=axes)
+        n = input.size // input.shape[1]
+        new_mean = new_var = None
+        if running_mean is not None:
+            new_mean = (1 - momentum) * running_mean + momentum * mean.astype(running_mean.dtype)
+            new_var = (1 - momentum) * running_var + momentum * (var * n / max(n - 1, 1)).astype(running_var.dtype)
+    else:
+        mean, var = running_mean, running_var
+        new_mean, new_var = running_mean, running_var
+    rstd = lax.rsqrt(var + eps)
+    out = (x - mean.reshape(shape)) * rstd.reshape(shape)
+    if weight is not None:
+        out = out * weight.reshape(shape)
+    if bias is not None:
+        out = out + bias.reshape(shape)
+    save_mean = mean if training else jnp.zeros((0,), x.dtype)
+    save_rstd = rstd if training else jnp.zeros((0,), x.dtype)
+    return out.astype(input.dtype), save_mean, save_rstd, new_mean, new_var
+
+
+@lower(aten._native_batch_norm_legit_functional.default)
+def native_batch_norm_legit_functional(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    return _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+@lower(aten._native_batch_norm_legit.no_stats)
+def native_batch_norm_no_stats(input, weight, bias, training, momentum, eps):
+    return _batch_norm(input, weight, bias, None, None, True, momentum, eps)[:3]
+
+
+@lower(aten._native_batch_norm_legit_no_training.default)
+def native_batch_norm_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
+    return _batch_norm(input, weight, bias, running_mean, running_var, False, momentum, eps)[:3]
+
+
+@lower(aten.native_batch_norm.default)
+def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    return _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)[:3]
+
+
+@lower(aten.native_batch_norm_backward.default)
+def native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd,
+                               train, eps, output_mask):
+    shape = (1, -1) + (1,) * (input.ndim - 2)
+    axes = (0,) + tuple(range(2, input.ndim))
+
+    def f(x, w):
+        if train:
+            mean = jnp.mean(x, axis=axes)
+            rstd = lax.rsqrt(jnp.mean(jnp.square(x - mean.reshape(shape)), axis=axes) + eps)
+        else:
+            mean, rstd = running_mean, lax.rsqrt(running_var + eps)
+        out = (x - mean.reshape(shape)) * rstd.reshape(shape)
+        return out * w.reshape(shape) if w is not None else out
+
+    _, vjp = jax.vjp(f, input, weight)
+    gi, gw = vjp(grad_out)
+    gb = jnp.sum(grad_out, axis=axes) if output_mask[2] else None
+    return (gi if output_mask[0] else None, gw if output_mask[1] else None, gb)
+
+
+@lower(aten.native_group_norm.default)
+def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
+    x = input.reshape(N, group, -1)
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    rstd = lax.rsqrt(jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True) + eps)
+    out = ((x - mean) * rstd).reshape(input.shape)
+    shape = (1, -1) + (1,) * (input.ndim - 2)
+    if weight is not None:
+        out = out * weight.reshape(shape)
+    if bias is not None:
+        out = out + bias.reshape(shape)
+    return out, mean.reshape(N, group), rstd.reshape(N, group)
+
+
+# --- losses ------------------------------------------------------------------------------
+
+_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
+
+
+def _nll(self, target, weight, reduction, ignore_index):
+    batched = self.ndim >= 2
+    logp = self if batched else self[None]
+    tgt = target if batched else target[None]
+    logp = jnp.moveaxis(logp, 1, -1)  # (N, ..., C)
+    valid = tgt != ignore_index
+    safe = jnp.where(valid, tgt, 0)
+    picked = -jnp.take_along_axis(logp, safe[..., None], axis=-1)[..., 0]
+    w = weight[safe] if weight is not None else jnp.ones_like(picked)
+    w = jnp.where(valid, w, 0)
+    losses = picked * w
+    if reduction == 0:
+        return losses if batched else losses[0], jnp.zeros((), self.dtype)
+    total_weight = jnp.sum(w)
+    total = jnp.sum(losses)
+    return (total / total_weight if reduction == 1 else total), total_weight
+
+
+@lower(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+def nll_loss_forward(self, target, weight, reduction, ignore_index):
+    return _nll(self, target, weight, reduction, ignore_index)
+
+
+@lower(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
+def nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
+    _, vjp = jax.vjp(lambda x: _nll(x, target, weight, reduction, ignore_index)[0], self)
+    return vjp(grad_output)[0]
+
+
+@lower(aten.mse_loss.default)
+def mse_loss(self, target, reduction=1):
+    out = jnp.square(self - target)
+    return out if reduction == 0 else (jnp.mean(out) if reduction == 1 else jnp.sum(out))
+
+
+@lower(aten.mse_loss_backward.default)
+def mse_loss_backward(grad_output, self, target, reduction):
+    scale = 2.0 / self.size if reduction == 1 else 2.0
+    return grad_output * scale * (self - target)
+
+
+@lower(aten.binary_cross_entropy.default)
+def binary_cross_entropy(self, target, weight=None, reduction=1):
+    log_p = jnp.maximum(jnp.log(self), -100)
+    log_1p = jnp.maximum(jnp.log1p(-self), -100)
+    out = -(target * log_p + (1 - target) * log_1p)
+    if weight is not None:
+        out = out * weight
+    return out if reduction == 0 else (jnp.mean(out) if reduction == 1 else jnp.sum(out))
+
+
+@lower(aten.binary_cross_entropy_backward.default)
+def binary_cross_entropy_backward(grad_output, self, target, weight=None, reduction=1):
+    _, vjp = jax.vjp(lambda x: binary_cross_entropy(x, target, weight, reduction), self)
+    return vjp(grad_output)[0]
+
+
+@lower(aten.huber_loss.default)
+def huber_loss(self, target, reduction=1, delta=1.0):
+    d = jnp.abs(self - target)
+    out = jnp.where(d < delta, 0.5 * d * d, delta * (d - 0.5 * delta))
+    return out if reduction == 0 else (jnp.mean(out) if reduction == 1 else jnp.sum(out))
+
+
+@lower(aten.smooth_l1_loss.default)
+def smooth_l1_loss(self, target, reduction=1, beta=1.0):
+    d = jnp.abs(self - target)
+    out = jnp.where(d < beta, 0.5 * d * d / beta, d - 0.5 * beta) if not (not isinstance(beta, jax.Array) and beta == 0) else d
+    return out if reduction == 0 else (jnp.mean(out) if reduction == 1 else jnp.sum(out))
+
+
+del norm_dim

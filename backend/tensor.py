@@ -1,0 +1,139 @@
+"""The `tpu` tensor: a PyTorch wrapper subclass whose data is a `jax.Array`.
+
+The wrapper lives on PyTorch's `meta` device (so autograd runs backward on the
+caller's thread, which JAX tracing needs) and tells the world it is `tpu:0`.
+JAX arrays are immutable, so PyTorch's mutable storage is modelled by a
+`Storage` box shared by a base tensor and its views: a view keeps the chain of
+view ops that produced it, reads recompute from the base when the base changed
+since, and writes scatter back into the base (see `views.py`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+DEVICE = torch.device("tpu", 0)
+
+
+class Storage:
+    """A mutable box around the base array, shared by all views of it."""
+
+    __slots__ = ("array", "version", "__weakref__")
+
+    def __init__(self, array):
+        self.array = array
+        self.version = 0
+
+    def write(self, array) -> None:
+        self.array = array
+        self.version += 1
+
+
+class TpuTensor(torch.Tensor):
+    """A tensor on the `tpu` device; see the module docstring."""
+
+    _storage_box: Storage
+    _view_chain: tuple  # ((op, static args), ...) from the base; () for a base
+    _cache: object  # the view's value, valid while _cache_version matches
+    _cache_version: int
+
+    @staticmethod
+    def __new__(cls, array, requires_grad: bool = False, *, storage=None, chain=()):
+        from .dtypes import to_torch_dtype
+
+        shape = tuple(array.shape)
+        r = torch.Tensor._make_wrapper_subclass(
+            cls,
+            shape,
+            dtype=to_torch_dtype(array.dtype),
+            device="meta",
+            requires_grad=requires_grad,
+        )
+        if storage is None:
+            storage = Storage(array)
+        r._storage_box = storage
+        r._view_chain = chain
+        r._cache = array
+        r._cache_version = storage.version
+        return r
+
+    def __init__(self, *args, **kwargs):
+        # torch.Tensor.__init__ would complain about our arguments.
+        pass
+
+    # --- identity ---------------------------------------------------------
+    @property
+    def device(self):  # noqa: D401 - mirrors torch.Tensor.device
+        return DEVICE
+
+    @property
+    def is_meta(self) -> bool:
+        return False
+
+    @property
+    def is_cpu(self) -> bool:
+        return False
+
+    # PyTorch builds a Python scalar's tensor on the wrapper's C++ device (meta), which
+    # has no data; give it a real CPU value first.
+    def __setitem__(self, key, value):
+        if not isinstance(value, torch.Tensor):
+            value = torch.tensor(value, dtype=self.dtype)
+        return super().__setitem__(key, value)
+
+    def new_tensor(self, data, dtype=None, device=None, requires_grad=False):
+        out = torch.tensor(data, dtype=dtype or self.dtype).to(device or DEVICE)
+        return out.requires_grad_(requires_grad)
+
+    # --- value --------------------------------------------------------------
+    def jax(self):
+        """The current `jax.Array` value (recomputed from the base for a stale view)."""
+        box = self._storage_box
+        if not self._view_chain:
+            return box.array
+        if self._cache_version != box.version:
+            from .views import apply_chain
+
+            self._cache = apply_chain(box.array, self._view_chain)
+            self._cache_version = box.version
+        return self._cache
+
+    def set_jax(self, value) -> None:
+        """Replace this tensor's value in place (a write through a view updates its base)."""
+        box = self._storage_box
+        if not self._view_chain:
+            box.write(value)
+        else:
+            from .views import scatter_chain
+
+            box.write(scatter_chain(box.array, self._view_chain, value))
+        self._cache = value
+        self._cache_version = box.version
+
+    def __repr__(self, *, tensor_contents=None):
+        from .dispatch import to_cpu
+
+        cpu = to_cpu(self)
+        body = repr(cpu)
+        if body.endswith(")"):
+            extra = f", device='{DEVICE}'"
+            if self.requires_grad and "requires_grad" not in body and "grad_fn" not in body:
+                extra += ", requires_grad=True"
+            if self.grad_fn is not None and "grad_fn" not in body:
+                extra += f", grad_fn=<{type(self.grad_fn).__name__}>"
+            body = body[:-1] + extra + ")"
+        return body
+
+    def __reduce_ex__(self, protocol):
+        # Pickling (torch.save) stores the CPU value: a checkpoint loads anywhere.
+        from .dispatch import to_cpu
+
+        return to_cpu(self).__reduce_ex__(protocol)
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from .dispatch import dispatch
+
+        return dispatch(func, args, kwargs or {})

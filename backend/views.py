@@ -1,0 +1,60 @@
+"""Views over immutable arrays: replay the view chain to read, scatter to write.
+
+A view records the chain of view ops from its base. Reading a view whose base
+changed replays the chain on the base; writing a view maps it to positions of
+the base by replaying the chain on an index array (`arange` over the base),
+then scatters. Both are jit-compiled once per (chain, shapes).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+
+def _freeze(x):
+    if isinstance(x, (list, tuple)):
+        return tuple(_freeze(v) for v in x)
+    if isinstance(x, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in x.items()))
+    return x
+
+
+def chain_entry(func, args, kwargs, index):
+    """One link of a view chain: the op, its non-tensor arguments, which output."""
+    return (func, _freeze(args[1:]), _freeze(kwargs), index)
+
+
+def _replay(array, chain):
+    from .registry import LOWERINGS
+
+    for func, args, kwargs, index in chain:
+        out = LOWERINGS[func].fn(array, *args, **dict(kwargs))
+        array = out[index] if index is not None else out
+    return array
+
+
+@functools.lru_cache(maxsize=4096)
+def _reader(chain):
+    return jax.jit(lambda base: _replay(base, chain))
+
+
+@functools.lru_cache(maxsize=4096)
+def _writer(chain):
+    def write(base, value):
+        positions = _replay(jnp.arange(base.size).reshape(base.shape), chain)
+        value = jnp.broadcast_to(value, positions.shape).astype(base.dtype)
+        flat = base.reshape(-1).at[positions.reshape(-1)].set(value.reshape(-1))
+        return flat.reshape(base.shape)
+
+    return jax.jit(write)
+
+
+def apply_chain(base, chain):
+    return _reader(chain)(base)
+
+
+def scatter_chain(base, chain, value):
+    return _writer(chain)(base, value)

@@ -1,0 +1,1 @@
+"""Built-in playbooks (YAML data shipped with the package)."""

@@ -1,0 +1,1 @@
+"""Profilers: step timing, XLA cost and memory, HLO analysis, TPU cost model."""
