@@ -329,7 +329,7 @@ def _wrap_outputs(func, out):
 def _wrap_one(type_name: str, value):
     if type_name in _RETURN_CONVERTERS:
         return _RETURN_CONVERTERS[type_name](value)
-    if type_name.endswith("[]"):
+    if type_name.startswith("List["):
         return [_wrap_array(v) for v in value]
     return _wrap_array(value)
 
@@ -416,7 +416,7 @@ def _is_out(func) -> bool:
 
 def _is_list_return(func) -> bool:
     returns = func._schema.returns
-    return len(returns) == 1 and str(returns[0].type).endswith("[]")
+    return len(returns) == 1 and str(returns[0].type).startswith("List[")
 
 
 def _bind(func, args, kwargs) -> dict:

@@ -130,6 +130,16 @@ class TpuTensor(torch.Tensor):
 
         return to_cpu(self).__reduce_ex__(protocol)
 
+    # Declaring the subclass "traceable" makes `Module.to("tpu")` swap parameters in
+    # place (torch.utils.swap_tensors) instead of replacing them, which keeps tied
+    # weights tied. Its data is not a torch tensor, so there is nothing to flatten.
+    def __tensor_flatten__(self):
+        return [], (self._storage_box, self._view_chain)
+
+    @staticmethod
+    def __tensor_unflatten__(inner_tensors, ctx, outer_size, outer_stride):
+        raise NotImplementedError("tpu tensors cannot be rebuilt from inner tensors")
+
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @classmethod

@@ -306,19 +306,15 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
 @lower(aten.native_layer_norm_backward.default)
 def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
     axes = tuple(range(input.ndim - len(normalized_shape), input.ndim))
-
-    def f(x, w, b):
-        out = (x - mean) * rstd
-        if w is not None:
-            out = out * w
-        if b is not None:
-            out = out + b
-        return out
-
-    _, vjp = jax.vjp(f, input, weight, bias)
-    gi, gw, gb = vjp(grad_out)
-    del axes
-    return (gi if output_mask[0] else None, gw if output_mask[1] else None, gb if output_mask[2] else None)
+    lead = tuple(range(input.ndim - len(normalized_shape)))
+    x_hat = (input - mean) * rstd
+    g = grad_out * weight if weight is not None else grad_out
+    grad_input = rstd * (
+        g - jnp.mean(g, axis=axes, keepdims=True) - x_hat * jnp.mean(g * x_hat, axis=axes, keepdims=True)
+    )
+    grad_weight = jnp.sum(grad_out * x_hat, axis=lead) if output_mask[1] and weight is not None else None
+    grad_bias = jnp.sum(grad_out, axis=lead) if output_mask[2] and bias is not None else None
+    return (grad_input if output_mask[0] else None, grad_weight, grad_bias)
 
 
 def _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
