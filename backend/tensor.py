@@ -144,6 +144,10 @@ class TpuTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        from .dispatch import dispatch
+        global _dispatch
+        if _dispatch is None:
+            from .dispatch import dispatch as _dispatch
+        return _dispatch(func, args, kwargs or {})
 
-        return dispatch(func, args, kwargs or {})
+
+_dispatch = None  # imported on the first op: JAX loads then, not at `import torch`

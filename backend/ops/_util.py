@@ -32,4 +32,6 @@ def norm_dims(dims, ndim: int) -> tuple[int, ...]:
         dims = [dims]
     if len(dims) == 0:
         return tuple(range(ndim))
-    return tuple(sorted(norm_dim(d, ndim) for d in dims))
+    axes = tuple(sorted(norm_dim(d, ndim) for d in dims))
+    # A 0-d tensor accepts dim 0 / -1 and reduces over nothing.
+    return () if ndim == 0 else axes

@@ -435,4 +435,5 @@ def mish(self):
 
 @lower(aten.log_sigmoid_forward)
 def log_sigmoid_forward(self):
-    return jax.nn.log_sigmoid(self), jnp.zeros((0,), self.dtype)
+    # The buffer is exp(-|x|), as PyTorch's CPU kernel keeps it for the backward.
+    return jax.nn.log_sigmoid(self), jnp.exp(-jnp.abs(self))

@@ -48,7 +48,7 @@ def prod(self, *, dtype=None):
 
 @lower(aten.prod.dim_int)
 def prod_dim(self, dim, keepdim=False, *, dtype=None):
-    return jnp.prod(self, axis=norm_dim(dim, self.ndim), keepdims=keepdim, dtype=_acc_dtype(self, dtype))
+    return jnp.prod(self, axis=norm_dims(dim, self.ndim), keepdims=keepdim, dtype=_acc_dtype(self, dtype))
 
 
 @lower(aten.amax.default)
@@ -168,7 +168,7 @@ def logsumexp(self, dim, keepdim=False):
     return jax.scipy.special.logsumexp(x, axis=norm_dims(dim, self.ndim), keepdims=keepdim)
 
 
-@lower(aten.linalg_vector_norm.default)
+@lower(aten.linalg_vector_norm.default, static_floats=True)
 def vector_norm(self, ord=2, dim=None, keepdim=False, *, dtype=None):
     x = jnp.abs(self.astype(jdtype(dtype, self.dtype)))
     axes = norm_dims(dim, self.ndim)
@@ -291,11 +291,15 @@ def kthvalue(self, k, dim=-1, keepdim=False):
 
 @lower(aten._softmax.default)
 def softmax(self, dim, half_to_float=False):
+    if self.ndim == 0:
+        return jnp.ones_like(self)
     return jax.nn.softmax(self, axis=norm_dim(dim, self.ndim))
 
 
 @lower(aten._log_softmax.default)
 def log_softmax(self, dim, half_to_float=False):
+    if self.ndim == 0:
+        return jnp.zeros_like(self)
     return jax.nn.log_softmax(self, axis=norm_dim(dim, self.ndim))
 
 

@@ -274,6 +274,9 @@ def _index_bool(self, indices):
 
 @lower(aten.index_put.default)
 def index_put(self, indices, values, accumulate=False):
+    bools = [i for i in indices if i is not None and i.dtype == jnp.bool_]
+    if len(bools) == 1 and all(i is None or i is bools[0] for i in indices):
+        return _index_put_mask(self, indices, values, accumulate)
     idx = []
     for i in indices:
         if i is not None and i.dtype == jnp.bool_:
@@ -283,6 +286,26 @@ def index_put(self, indices, values, accumulate=False):
     ref = self.at[tuple(idx)]
     values = values.astype(self.dtype)
     return ref.add(values) if accumulate else ref.set(values)
+
+
+def _index_put_mask(self, indices, values, accumulate):
+    """`self[..., mask, ...] = values` with static shapes: the k-th True takes values[k]."""
+    p = next(n for n, i in enumerate(indices) if i is not None)
+    mask = indices[p]
+    pre, post = self.shape[:p], self.shape[p + mask.ndim:]
+    rank = len(pre) + 1 + len(post)
+    values = values.astype(self.dtype)
+    values = values.reshape((1,) * (rank - values.ndim) + values.shape)
+    if values.shape[len(pre)] == 0:
+        return self
+    if values.shape[len(pre)] == 1:
+        v = values.reshape(values.shape[: len(pre)] + (1,) * mask.ndim + values.shape[len(pre) + 1:])
+    else:
+        order = jnp.clip(jnp.cumsum(mask.reshape(-1)) - 1, 0, values.shape[len(pre)] - 1)
+        v = jnp.take(values, order, axis=len(pre))
+        v = v.reshape(v.shape[: len(pre)] + mask.shape + v.shape[len(pre) + 1:])
+    full = mask.reshape((1,) * len(pre) + mask.shape + (1,) * len(post))
+    return jnp.where(full, self + v if accumulate else v, self)
 
 
 @lower(aten.index_select.default)

@@ -1,0 +1,137 @@
+"""What the machine looks like: shown by `doctor`, recorded in every profile.
+
+Each probe is guarded: a broken torch or jax install is exactly what `doctor`
+must be able to report, so a failing probe becomes a problem line, not a crash.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from tpu_agent import __version__
+from tpu_agent.paths import cache_dir, runs_dir
+
+SCHEMA_VERSION = 1
+
+
+class JaxDevice(BaseModel):
+    id: int
+    platform: str
+    device_kind: str
+    process_index: int
+
+
+class Environment(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    tpu_agent_version: str
+    python_version: str
+    python_executable: str
+    os: str
+    machine: str
+    cpu_count: int | None
+    torch_version: str | None
+    torch_tpu_device: bool | None = Field(
+        description="torch's PrivateUse1 backend is registered as `tpu` (None: torch did not import)"
+    )
+    jax_version: str | None
+    jaxlib_version: str | None
+    jax_default_backend: str | None
+    jax_devices: list[JaxDevice]
+    torch_tpu_importable: bool = Field(description="Google's TorchTPU (`torch_tpu`) can be imported")
+    anthropic_api_key_set: bool
+    cache_dir: str
+    runs_dir: str
+    problems: list[str] = Field(default_factory=list)
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    # torch wraps a failing backend entry point in a RuntimeError; the cause is the news.
+    cause = exc.__cause__
+    return f"{line} (caused by {_one_line(cause)})" if cause is not None else line
+
+
+def _import_problem(name: str, exc: BaseException) -> str:
+    if isinstance(exc, ModuleNotFoundError) and exc.name == name:
+        return f"{name} is not installed"
+    return f"import {name} failed: {_one_line(exc)}"
+
+
+def _probe_torch(problems: list[str]) -> tuple[str | None, bool | None]:
+    try:
+        import torch  # runs the `torch.backends` entry points, our device included
+    except Exception as exc:  # noqa: BLE001 - any import failure is a finding
+        problems.append(_import_problem("torch", exc))
+        return _dist_version("torch"), None
+    return torch.__version__, torch._C._get_privateuse1_backend_name() == "tpu"
+
+
+def _probe_jax(problems: list[str]) -> tuple[str | None, list[JaxDevice]]:
+    try:
+        import jax
+    except Exception as exc:  # noqa: BLE001
+        problems.append(_import_problem("jax", exc))
+        return None, []
+    try:
+        backend = jax.default_backend()
+        devices = [
+            JaxDevice(
+                id=d.id,
+                platform=d.platform,
+                device_kind=d.device_kind,
+                process_index=d.process_index,
+            )
+            for d in jax.devices()
+        ]
+    except Exception as exc:  # noqa: BLE001
+        problems.append(f"jax could not list devices: {_one_line(exc)}")
+        return None, []
+    return backend, devices
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def collect_environment(cwd: Path | None = None) -> Environment:
+    """Probe the interpreter, torch, jax and the settings tpu-agent depends on."""
+    problems: list[str] = []
+    torch_version, torch_tpu_device = _probe_torch(problems)
+    jax_backend, jax_devices = _probe_jax(problems)
+    return Environment(
+        tpu_agent_version=__version__,
+        python_version=platform.python_version(),
+        python_executable=sys.executable,
+        os=platform.platform(),
+        machine=platform.machine(),
+        cpu_count=os.cpu_count(),
+        torch_version=torch_version,
+        torch_tpu_device=torch_tpu_device,
+        jax_version=_dist_version("jax"),
+        jaxlib_version=_dist_version("jaxlib"),
+        jax_default_backend=jax_backend,
+        jax_devices=jax_devices,
+        torch_tpu_importable=_importable("torch_tpu"),
+        anthropic_api_key_set=bool(os.environ.get("ANTHROPIC_API_KEY")),
+        cache_dir=str(cache_dir()),
+        runs_dir=str(runs_dir(cwd)),
+        problems=problems,
+    )

@@ -1,0 +1,41 @@
+"""Where tpu-agent keeps things, in one place so every command agrees."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+RUNS_SUBDIR = Path(".tpu-agent") / "runs"
+
+
+def cache_dir() -> Path:
+    """`$TPU_AGENT_CACHE_DIR`, else `$XDG_CACHE_HOME/tpu-agent`, else `~/.cache/tpu-agent`."""
+    override = os.environ.get("TPU_AGENT_CACHE_DIR")
+    if override:
+        return Path(override).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "tpu-agent"
+
+
+def runs_dir(cwd: Path | None = None) -> Path:
+    """Runs live beside the user's work (`./.tpu-agent/runs`), not in the cache."""
+    return (cwd or Path.cwd()) / RUNS_SUBDIR
+
+
+def new_run_dir(script: Path, root: Path | None = None) -> Path:
+    """Create `<root>/<YYYYmmdd-HHMMSS>-<script stem>/`, suffixing `-2`, `-3`... on a clash."""
+    root = root if root is not None else runs_dir()
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", script.stem) or "script"
+    base = f"{time.strftime('%Y%m%d-%H%M%S')}-{stem}"
+    root.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        candidate = root / (base if n == 1 else f"{base}-{n}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+    raise FileExistsError(f"too many runs named {base} in {root}")

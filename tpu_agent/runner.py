@@ -1,0 +1,113 @@
+"""Run a user's script in a fresh child process and record the run.
+
+A child per run keeps the user's globals, device state and crashes out of the
+tool, and gives each tuning trial a clean process to time.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from tpu_agent.paths import new_run_dir
+
+SCHEMA_VERSION = 1
+RUN_DIR_ENV = "TPU_AGENT_RUN_DIR"  # tells the child (and later its hooks) where to write
+RESULT_FILE = "run.json"
+
+
+class RunResult(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    script: str
+    args: list[str]
+    cwd: str
+    command: list[str]
+    run_dir: str
+    started_at: datetime
+    duration_s: float
+    exit_code: int  # as a shell reports it: death by signal N is 128 + N
+    signal_number: int | None = None  # set when the child died by a signal
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+def child_command(script: str | Path, args: Sequence[str]) -> list[str]:
+    # -P: nothing is prepended to sys.path for us; the child puts the script's dir there.
+    return [sys.executable, "-P", "-m", "tpu_agent.child", str(script), *args]
+
+
+def _wait(proc: subprocess.Popen[bytes]) -> int:
+    """Wait for the child, letting it handle Ctrl-C; pass SIGTERM on to it."""
+
+    def forward_term(signum: int, _frame: object) -> None:
+        proc.send_signal(signum)
+
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, forward_term) if in_main_thread else None
+    interrupts = 0
+    try:
+        while True:
+            try:
+                return proc.wait()
+            except KeyboardInterrupt:
+                # The terminal sent SIGINT to the child too; it decides what to do.
+                # If it ignores repeated Ctrl-C, we escalate.
+                interrupts += 1
+                if interrupts == 2:
+                    proc.terminate()
+                elif interrupts >= 3:
+                    proc.kill()
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def run_script(
+    script: str | Path,
+    args: Sequence[str] = (),
+    *,
+    runs_root: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> RunResult:
+    """Run `script` with `args` as `python script args` would, in the current cwd.
+
+    stdin, stdout and stderr are inherited, so the user sees their script's
+    output and traceback live. The result is also written to `run.json` in the
+    new run directory.
+    """
+    run_dir = new_run_dir(Path(script), runs_root)
+    command = child_command(script, args)  # as given: the child resolves it like python does
+    child_env = dict(os.environ if env is None else env)
+    child_env[RUN_DIR_ENV] = str(run_dir)
+
+    started_at = datetime.now(timezone.utc)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(command, env=child_env)
+    returncode = _wait(proc)
+    duration = time.perf_counter() - t0
+
+    sig = -returncode if returncode < 0 else None
+    result = RunResult(
+        script=os.path.abspath(script),
+        args=list(args),
+        cwd=os.getcwd(),
+        command=command,
+        run_dir=str(run_dir),
+        started_at=started_at,
+        duration_s=duration,
+        exit_code=128 + sig if sig is not None else returncode,
+        signal_number=sig,
+    )
+    (run_dir / RESULT_FILE).write_text(result.model_dump_json(indent=2) + "\n")
+    return result
