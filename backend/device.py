@@ -65,4 +65,40 @@ def register() -> bool:
     _library = torch.library.Library("aten", "IMPL")
     for name in FACTORY_OPS:
         _library.impl(name, _factory_kernel(_overload(name)), "PrivateUse1")
+    _enable_foreach_optimizers()
+    _route_accelerator_synchronize()
     return True
+
+
+def _route_accelerator_synchronize() -> None:
+    """`torch.accelerator.synchronize()` asks the C++ device guard, which a Python
+    backend cannot implement; send it to `torch.tpu.synchronize` instead."""
+    import torch.accelerator as accelerator
+
+    original = accelerator.synchronize
+    if getattr(original, "_tpu_agent", False):
+        return
+
+    def synchronize(device=None):
+        target = torch.device(device) if isinstance(device, str) else device
+        if target is None or isinstance(target, int) or target.type == "tpu":
+            from .module import synchronize as tpu_synchronize
+
+            return tpu_synchronize()
+        return original(device)
+
+    synchronize._tpu_agent = True
+    synchronize.__doc__ = original.__doc__
+    accelerator.synchronize = synchronize
+
+
+def _enable_foreach_optimizers() -> None:
+    """Optimizers pick their multi-tensor path only for listed tensor types; a C++
+    backend's tensors are plain `torch.Tensor`, ours a subclass, so list it."""
+    import torch.optim.optimizer as optimizer_module
+
+    from .tensor import TpuTensor
+
+    supported = getattr(optimizer_module, "_foreach_supported_types", None)
+    if isinstance(supported, list) and TpuTensor not in supported:
+        supported.append(TpuTensor)

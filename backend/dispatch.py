@@ -22,6 +22,7 @@ from . import dtypes, modes, ops  # noqa: F401  (ops fills the registry)
 from .registry import LOWERINGS, Lowering
 from .state import RNG, STATS, cpu_fallback_enabled
 from .tensor import DEVICE, TpuTensor
+from .views import chain_entry
 
 aten = torch.ops.aten
 
@@ -291,6 +292,14 @@ def execute(func, lowering: Lowering, args, kwargs):
 
 
 def _meta_outputs(func, flat, spec):
+    """PyTorch's own shape and dtype rules for this call, from its meta kernel.
+
+    The meta kernel also validates the arguments: its error (mismatched matmul
+    shapes, a dim out of range) is the one a PyTorch user expects, so it is
+    raised as is. Ops with no meta kernel, or none that runs without data, are
+    checked by their lowering alone.
+    """
+
     def to_meta(x):
         if isinstance(x, TpuTensor):
             return torch.empty(x.shape, dtype=x.dtype, device="meta")
@@ -301,6 +310,11 @@ def _meta_outputs(func, flat, spec):
     args, kwargs = _unflatten([to_meta(x) for x in flat], spec)
     try:
         return func(*args, **kwargs)
+    except (RuntimeError, IndexError, ValueError) as exc:
+        message = str(exc)
+        if "meta" in message.lower() or "data-dependent" in message or "NotImplemented" in type(exc).__name__:
+            return None
+        raise type(exc)(f"{func}: {message}") from None
     except Exception:
         return None
 
@@ -377,9 +391,14 @@ def _wrap_array(value):
 # --------------------------------------------------------------------------
 
 
-def run_view(func, args, kwargs):
-    from .views import chain_entry
+# Views that are the same array: they share the source's storage and chain, no op runs.
+ALIAS_OPS = {aten.detach.default, aten.alias.default, aten.lift_fresh.default}
 
+
+def run_view(func, args, kwargs):
+    if func in ALIAS_OPS:
+        source = args[0]
+        return TpuTensor(source.jax(), storage=source._storage_box, chain=source._view_chain)
     lowering = LOWERINGS.get(func)
     if lowering is None:
         decomposed = decompose(func, args, kwargs)
@@ -586,6 +605,9 @@ def _is_pinned(x, device=None):
 @handler(aten._to_copy.default)
 def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
     target = torch.device(device) if device is not None else DEVICE
+    if target.type == "meta" and isinstance(x, TpuTensor):
+        # PyTorch's C++ code asks for "the same device" as our wrapper's own, which is meta.
+        target = DEVICE
     if target.type == "cpu":
         out = to_cpu(x)
         return out.to(dtype) if dtype is not None else out

@@ -39,13 +39,14 @@ class TpuTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, array, requires_grad: bool = False, *, storage=None, chain=()):
-        from .dtypes import to_torch_dtype
-
+        global _to_torch_dtype
+        if _to_torch_dtype is None:
+            from .dtypes import to_torch_dtype as _to_torch_dtype
         shape = tuple(array.shape)
         r = torch.Tensor._make_wrapper_subclass(
             cls,
             shape,
-            dtype=to_torch_dtype(array.dtype),
+            dtype=_to_torch_dtype(array.dtype),
             device="meta",
             requires_grad=requires_grad,
         )
@@ -80,6 +81,20 @@ class TpuTensor(torch.Tensor):
         if not isinstance(value, torch.Tensor):
             value = torch.tensor(value, dtype=self.dtype)
         return super().__setitem__(key, value)
+
+    def tolist(self):
+        from .dispatch import to_cpu
+
+        return to_cpu(self).tolist()
+
+    def numpy(self, *, force: bool = False):
+        if not force:
+            raise TypeError(
+                "can't convert tpu:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first."
+            )
+        from .dispatch import to_cpu
+
+        return to_cpu(self).numpy()
 
     def new_tensor(self, data, dtype=None, device=None, requires_grad=False):
         out = torch.tensor(data, dtype=dtype or self.dtype).to(device or DEVICE)
@@ -150,4 +165,5 @@ class TpuTensor(torch.Tensor):
         return _dispatch(func, args, kwargs or {})
 
 
+_to_torch_dtype = None
 _dispatch = None  # imported on the first op: JAX loads then, not at `import torch`

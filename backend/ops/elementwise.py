@@ -437,3 +437,14 @@ def mish(self):
 def log_sigmoid_forward(self):
     # The buffer is exp(-|x|), as PyTorch's CPU kernel keeps it for the backward.
     return jax.nn.log_sigmoid(self), jnp.exp(-jnp.abs(self))
+
+
+@lower(aten.complex)
+def complex_(real, imag):
+    return lax.complex(*jnp.broadcast_arrays(real, imag))
+
+
+@lower(aten.polar)
+def polar(abs, angle):
+    abs, angle = jnp.broadcast_arrays(abs, angle)
+    return lax.complex(abs * jnp.cos(angle), abs * jnp.sin(angle))

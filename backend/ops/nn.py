@@ -52,7 +52,8 @@ def _scaled(out, base, beta, alpha):
     if not isinstance(beta, jax.Array) and beta == 0:
         return out
     if not (not isinstance(beta, jax.Array) and beta == 1):
-        base = base * beta
+        # beta == 0 ignores the input entirely (NaN and inf included), as in PyTorch.
+        return jnp.where(beta == 0, out, out + base * beta)
     return out + base
 
 
@@ -242,8 +243,8 @@ def _avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, 
         # Padding counts, the overhang of ceil_mode does not.
         ones = jnp.ones(spatial, self.dtype)
         ones = jnp.pad(ones, [(p, p) for p in padding], constant_values=1)
-        extra = [(0, hi - lo) for (lo, hi) in pads]
-        ones = jnp.pad(ones, extra)
+        # Negative high padding trims the symmetric padding that no window reaches.
+        ones = lax.pad(ones, jnp.asarray(0, self.dtype), [(0, hi - lo, 0) for (lo, hi) in pads])
         count = lax.reduce_window(ones, jnp.asarray(0, self.dtype), lax.add, kernel, stride, [(0, 0)] * nd)
     else:
         ones = jnp.ones(spatial, self.dtype)

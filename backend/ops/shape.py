@@ -84,7 +84,7 @@ def squeeze(self):
 
 @lower(aten.squeeze.dim, aten.squeeze.dims)
 def squeeze_dims(self, dim):
-    if self.ndim == 0:
+    if self.ndim == 0 or (isinstance(dim, (list, tuple)) and len(dim) == 0):
         return self
     dims = norm_dims(dim, self.ndim)
     return jnp.squeeze(self, tuple(d for d in dims if self.shape[d] == 1))
@@ -317,8 +317,10 @@ def index_select(self, dim, index):
 
 @lower(aten.gather.default)
 def gather(self, dim, index, *, sparse_grad=False):
+    if index.size == 0:
+        return jnp.zeros(index.shape, self.dtype)
     if self.ndim == 0:
-        return self
+        return jnp.broadcast_to(self, index.shape)
     return jnp.take_along_axis(self, index, axis=norm_dim(dim, self.ndim), mode="clip")
 
 
@@ -341,6 +343,8 @@ def scatter(self, dim, index, src):
 
 @lower(aten.scatter_add.default)
 def scatter_add(self, dim, index, src):
+    if self.ndim == 0:
+        return self + src.reshape(()).astype(self.dtype) if index.size else self
     src = src[tuple(slice(0, s) for s in index.shape)]
     return self.at[_scatter_indices(self, dim, index)].add(src.astype(self.dtype))
 
