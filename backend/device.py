@@ -66,8 +66,31 @@ def register() -> bool:
     for name in FACTORY_OPS:
         _library.impl(name, _factory_kernel(_overload(name)), "PrivateUse1")
     _enable_foreach_optimizers()
+    _group_by_python_device()
     _route_accelerator_synchronize()
     return True
+
+
+def _group_by_python_device() -> None:
+    """Optimizers and clip_grad_norm_ group tensors by their C++ device, which for our
+    wrapper is meta; key our tensors' groups by `tpu:0`, the device they report."""
+    from .tensor import DEVICE, TpuTensor
+
+    original = torch._C._group_tensors_by_device_and_dtype
+    if getattr(original, "_tpu_agent", False):
+        return
+
+    def group(tensorlistlist, with_indices=False):
+        grouped = original(tensorlistlist, with_indices)
+        remapped = {}
+        for (device, dtype), value in grouped.items():
+            if device.type == "meta" and any(isinstance(t, TpuTensor) for t in value[0][0]):
+                device = DEVICE
+            remapped[(device, dtype)] = value
+        return remapped
+
+    group._tpu_agent = True
+    torch._C._group_tensors_by_device_and_dtype = group
 
 
 def _route_accelerator_synchronize() -> None:

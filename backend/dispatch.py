@@ -283,12 +283,21 @@ def execute(func, lowering: Lowering, args, kwargs):
     try:
         out = entry.fn(*dynamic)
     except Exception as exc:  # a lowering bug or an invalid argument, named by op
-        if isinstance(exc, (NotImplementedError, RuntimeError, TypeError, ValueError, IndexError)):
-            raise type(exc)(f"{func}: {exc}") from exc
-        raise
+        raise _naming(exc, func) from exc
     if modes.launch_blocking():
         jax.block_until_ready(out)
     return _wrap_outputs(func, out)
+
+
+def _naming(exc: Exception, func) -> Exception:
+    """The same error with the aten op's name in front, where its type allows."""
+    if str(exc).startswith(str(func)):
+        return exc
+    try:
+        return type(exc)(f"{func}: {exc}")
+    except Exception:  # an exception type with its own constructor
+        exc.add_note(f"(raised by aten op {func} on the tpu device)")
+        return exc
 
 
 def _meta_outputs(func, flat, spec):
@@ -314,7 +323,7 @@ def _meta_outputs(func, flat, spec):
         message = str(exc)
         if "meta" in message.lower() or "data-dependent" in message or "NotImplemented" in type(exc).__name__:
             return None
-        raise type(exc)(f"{func}: {message}") from None
+        raise _naming(exc, func) from None
     except Exception:
         return None
 

@@ -77,10 +77,14 @@ class TpuTensor(torch.Tensor):
 
     # PyTorch builds a Python scalar's tensor on the wrapper's C++ device (meta), which
     # has no data; give it a real CPU value first.
+    # Likewise for Python lists used as indices: make them CPU index tensors.
     def __setitem__(self, key, value):
         if not isinstance(value, torch.Tensor):
             value = torch.tensor(value, dtype=self.dtype)
-        return super().__setitem__(key, value)
+        return super().__setitem__(_host_indices(key), value)
+
+    def __getitem__(self, key):
+        return super().__getitem__(_host_indices(key))
 
     def tolist(self):
         from .dispatch import to_cpu
@@ -163,6 +167,14 @@ class TpuTensor(torch.Tensor):
         if _dispatch is None:
             from .dispatch import dispatch as _dispatch
         return _dispatch(func, args, kwargs or {})
+
+
+def _host_indices(key):
+    if isinstance(key, list):
+        return torch.tensor(key)
+    if isinstance(key, tuple) and any(isinstance(k, list) for k in key):
+        return tuple(torch.tensor(k) if isinstance(k, list) else k for k in key)
+    return key
 
 
 _to_torch_dtype = None

@@ -28,7 +28,7 @@ def _element_lowering(base: str):
         if overload in packet.overloads():
             entry = LOWERINGS.get(getattr(packet, overload))
             if entry is not None:
-                return entry.fn
+                return entry
     return None
 
 
@@ -59,15 +59,15 @@ def register_all() -> None:
     for name in sorted(packets):
         if not name.startswith("_foreach_") or name.endswith("_"):
             continue
-        element_fn = _element_lowering(name[len("_foreach_"):])
-        if element_fn is None:
+        element = _element_lowering(name[len("_foreach_"):])
+        if element is None or element.random or not element.jit:
             continue
         packet = getattr(aten, name)
         for overload_name in packet.overloads():
             overload = getattr(packet, overload_name)
             if overload._schema.is_mutable or overload in LOWERINGS:
                 continue
-            lower(overload)(_make(overload._schema, element_fn))
+            lower(overload, static_floats=element.static_floats)(_make(overload._schema, element.fn))
 
 
 register_all()

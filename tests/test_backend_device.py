@@ -1,0 +1,162 @@
+"""The `tpu` device as a script sees it: registration, torch.tpu, tensors, RNG."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from tpu_agent.backend.tensor import TpuTensor
+
+
+def run_python(code: str, env_extra: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
+    import os
+
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=120)
+
+
+def test_import_torch_alone_registers_the_device():
+    out = run_python("""
+        import torch
+        x = torch.ones(2, 3).to("tpu")
+        print(x.device, x.is_tpu, torch.device("tpu").type, torch.nn.Linear(2, 2).tpu().weight.is_tpu)
+        print(torch.ones(2).tpu().device)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["tpu:0", "True", "tpu", "True", "tpu:0"]
+
+
+def test_bundled_device_stands_aside_when_torch_tpu_is_installed(tmp_path):
+    fake = tmp_path / "torch_tpu"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    out = run_python("""
+        import torch
+        print(torch._C._get_privateuse1_backend_name(), hasattr(torch, "tpu"))
+    """, env_extra={"PYTHONPATH": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["privateuseone", "False"]
+
+
+def test_accelerator_api():
+    assert torch.accelerator.is_available()
+    assert torch.accelerator.current_accelerator().type == "tpu"
+    assert torch.accelerator.device_count() == 1
+    assert torch.accelerator.current_device_index() == 0
+    torch.accelerator.synchronize()
+
+
+def test_torch_tpu_module(monkeypatch):
+    assert torch.tpu.is_available() and torch.tpu.device_count() == 1
+    torch.tpu.synchronize()
+    monkeypatch.setenv("TPU_AGENT_GENERATION", "v6e")
+    props = torch.tpu.get_device_properties()
+    assert props.generation == "v6e" and props.total_memory == 32 * 2**30 and props.mxu == 256
+    assert "v6e" in torch.tpu.get_device_name()
+    monkeypatch.setenv("TPU_AGENT_GENERATION", "v9")
+    with pytest.raises(ValueError, match="v9"):
+        torch.tpu.get_device_properties()
+
+
+def test_eager_mode_and_precision_switches():
+    mode = torch.tpu.EagerMode
+    assert torch.tpu.get_eager_mode() is mode.DEFER_NEVER
+    with torch.tpu.set_eager_mode(mode.DEFER_NEVER_AND_LAUNCH_BLOCKING):
+        assert torch.tpu.get_eager_mode() is mode.DEFER_NEVER_AND_LAUNCH_BLOCKING
+        assert (torch.ones(2, device="tpu") * 3).sum().item() == 6
+    assert torch.tpu.get_eager_mode() is mode.DEFER_NEVER
+    with torch.tpu.precision(torch.tpu.Precision.HIGHEST):
+        from tpu_agent.backend import modes
+
+        assert modes.jax_precision() == "highest"
+    assert torch.tpu.Precision.DEFAULT.value == "default"
+    out = run_python("import torch; print(torch.tpu.get_eager_mode().name)", {"TORCH_TPU_DEFER_AND_FUSE": "1"})
+    assert out.stdout.strip() == "DEFER_AND_FUSE", out.stderr
+
+
+def test_mark_step_notifies_listeners():
+    from tpu_agent.backend.steps import add_step_listener
+
+    seen = []
+    remove = add_step_listener(seen.append)
+    torch.tpu.mark_step()
+    remove()
+    torch.tpu.mark_step()
+    assert seen == ["mark_step"]
+
+
+def test_tensor_basics():
+    x = torch.arange(6, dtype=torch.float32).reshape(2, 3).to("tpu")
+    assert isinstance(x, TpuTensor) and x.device == torch.device("tpu", 0) and not x.is_cpu and not x.is_meta
+    assert x.tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    assert x.sum().item() == 15.0
+    assert "device='tpu:0'" in repr(x) and "5." in repr(x)
+    assert x.to(torch.bfloat16).dtype == torch.bfloat16 and x.to(torch.bfloat16).device.type == "tpu"
+    cpu = x.cpu()
+    assert type(cpu) is torch.Tensor and cpu.device.type == "cpu"
+    with pytest.raises(TypeError, match="numpy"):
+        x.numpy()
+
+
+def test_save_load_and_state_dict():
+    model = torch.nn.Linear(3, 2).to("tpu")
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer)
+    assert all(type(v) is torch.Tensor and v.device.type == "cpu" for v in loaded.values())
+    other = torch.nn.Linear(3, 2).to("tpu")
+    other.load_state_dict(loaded)
+    assert torch.equal(other.weight.cpu(), model.weight.cpu())
+    assert torch.equal(other.bias.cpu(), model.bias.cpu())
+
+
+def test_tied_weights_stay_tied():
+    emb = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    model = torch.nn.ModuleDict({"emb": emb, "head": head}).to("tpu")
+    assert model.emb.weight is model.head.weight
+    assert len(list(model.parameters())) == 1
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.randn(5, device="tpu"),
+    lambda: torch.rand(5, device="tpu"),
+    lambda: torch.randint(0, 100, (5,), device="tpu"),
+    lambda: torch.nn.functional.dropout(torch.ones(50, device="tpu"), 0.5),
+    lambda: torch.ones(50, device="tpu").bernoulli_(0.3),
+], ids=["randn", "rand", "randint", "dropout", "bernoulli"])
+def test_rng_is_reproducible_under_manual_seed(make):
+    torch.manual_seed(7)
+    a = make().cpu()
+    b = make().cpu()
+    torch.manual_seed(7)
+    c = make().cpu()
+    assert torch.equal(a, c)
+    assert not torch.equal(a, b)
+
+
+def test_rng_state_round_trip():
+    torch.manual_seed(1)
+    state = torch.tpu.get_rng_state()
+    a = torch.rand(4, device="tpu").cpu()
+    torch.tpu.set_rng_state(state)
+    assert torch.equal(a, torch.rand(4, device="tpu").cpu())
+    assert torch.tpu.initial_seed() == 1
+
+
+def test_dropout_statistics():
+    torch.manual_seed(0)
+    x = torch.ones(100_000, device="tpu")
+    y = torch.nn.functional.dropout(x, 0.25).cpu()
+    kept = (y != 0).float().mean().item()
+    assert abs(kept - 0.75) < 0.01
+    assert torch.allclose(y[y != 0], torch.tensor(1 / 0.75))
