@@ -67,6 +67,9 @@ def register() -> bool:
         _library.impl(name, _factory_kernel(_overload(name)), "PrivateUse1")
     _enable_foreach_optimizers()
     _group_by_python_device()
+    from .steps import install_optimizer_hook
+
+    install_optimizer_hook()
     _route_accelerator_synchronize()
     return True
 

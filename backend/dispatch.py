@@ -10,6 +10,9 @@ decomposition table, else an error that names the op (or, opted in with
 from __future__ import annotations
 
 import functools
+import os
+import sys
+import time
 from typing import Callable
 
 import jax
@@ -18,7 +21,8 @@ import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from . import dtypes, modes, ops  # noqa: F401  (ops fills the registry)
+from . import dtypes, executables, lazy, modes, ops  # noqa: F401  (ops fills the registry)
+from .lazy import RECORDER
 from .registry import LOWERINGS, Lowering
 from .state import RNG, STATS, cpu_fallback_enabled
 from .tensor import DEVICE, TpuTensor
@@ -69,9 +73,20 @@ def from_cpu(t: torch.Tensor):
     return jnp.asarray(host, dtype=dtypes.to_jax_dtype(t.dtype))
 
 
+def materialize(t: TpuTensor):
+    """The tensor's concrete array, running pending fused work first."""
+    value = t.jax()
+    if type(value) is lazy.Lazy:
+        RECORDER.flush("value read")
+        value = t.jax()
+        if type(value) is lazy.Lazy:
+            value = value.value
+    return value
+
+
 def to_cpu(t: TpuTensor) -> torch.Tensor:
     """A device tensor's value, copied to a new CPU tensor."""
-    host = np.asarray(jax.device_get(t.jax()))
+    host = np.asarray(jax.device_get(materialize(t)))
     STATS.d2h_count += 1
     STATS.d2h_bytes += host.nbytes
     if host.dtype == jnp.bfloat16:
@@ -191,16 +206,45 @@ def decompose(func, args, kwargs):
 # --------------------------------------------------------------------------
 
 
-class _Entry:
-    __slots__ = ("fn", "calls", "name")
-
-    def __init__(self, fn, name):
-        self.fn = fn
-        self.calls = 0
-        self.name = name
+CACHE: dict[tuple, tuple] = {}  # op signature -> (Executable, Program)
+PROGRAMS: dict[tuple, tuple] = {}  # view / cast programs, same shape
 
 
-CACHE: dict[tuple, _Entry] = {}
+def _new_program(name: str, kind: str, raw, args, jit: bool = True, source: str | None = None):
+    exe = executables.Executable(
+        name=name, kind=kind, fn=jax.jit(raw) if jit else raw,
+        args=tuple(executables.abstract(a) for a in args), source=source,
+    )
+    if jit:
+        executables.register(exe)
+    STATS.compiles += 1
+    program = lazy.Program(exe.id, name if source is None else f"{name}[{source}]", raw, {})
+    return exe, program
+
+
+def run_program(exe, program, args, jit: bool = True):
+    """Run a program now (eager) or record it (fused); returns arrays or Lazy placeholders."""
+    if jit and modes.fused():
+        return RECORDER.record(program, args)
+    if any(type(a) is lazy.Lazy for a in args):
+        RECORDER.flush("value needed")
+        args = [a.value if type(a) is lazy.Lazy else a for a in args]
+    exe.calls += 1
+    t0 = time.perf_counter()
+    out = exe.fn(*args)
+    if modes.launch_blocking():
+        jax.block_until_ready(out)
+    exe.time_s += time.perf_counter() - t0
+    return out
+
+
+def call_jax(key: tuple, name: str, raw, *args):
+    """A small helper program (a view read or write, a cast), compiled once per key."""
+    entry = PROGRAMS.get(key)
+    if entry is None:
+        entry = PROGRAMS[key] = _new_program(name, "helper", raw, args)
+    return run_program(*entry, args)
+
 
 # Ops that accept CPU index tensors, as on CUDA (Python lists used as indices become CPU tensors).
 CPU_ARGS_OK = {aten.index.Tensor, aten.index_put.default}
@@ -238,31 +282,33 @@ def _signature(func, lowering: Lowering, flat):
 def _flatten(args, kwargs):
     """Flat leaves and a hashable structure of an op's arguments (lists and tuples opened).
 
-    A lean stand-in for torch's pytree on the hot path of every op.
+    A lean stand-in for torch's pytree on the hot path of every op. (Module-level
+    recursion, not a nested closure: a recursive closure is a reference cycle that
+    keeps tensors alive until the garbage collector runs.)
     """
-    flat = []
-
-    def walk(x):
-        if type(x) in (list, tuple):
-            return (type(x), tuple(walk(v) for v in x))
-        flat.append(x)
-        return None
-
-    spec = (tuple(walk(a) for a in args), tuple((k, walk(v)) for k, v in kwargs.items()))
+    flat: list = []
+    spec = (tuple(_walk(a, flat) for a in args), tuple((k, _walk(v, flat)) for k, v in kwargs.items()))
     return flat, spec
+
+
+def _walk(x, flat):
+    if type(x) in (list, tuple):
+        return (type(x), tuple(_walk(v, flat) for v in x))
+    flat.append(x)
+    return None
 
 
 def _unflatten(leaves, spec):
     it = iter(leaves)
-
-    def build(s):
-        if s is None:
-            return next(it)
-        kind, items = s
-        return kind(build(v) for v in items)
-
     arg_specs, kwarg_specs = spec
-    return tuple(build(a) for a in arg_specs), {k: build(v) for k, v in kwarg_specs}
+    return tuple(_build(a, it) for a in arg_specs), {k: _build(v, it) for k, v in kwarg_specs}
+
+
+def _build(s, it):
+    if s is None:
+        return next(it)
+    kind, items = s
+    return kind(_build(v, it) for v in items)
 
 
 def execute(func, lowering: Lowering, args, kwargs):
@@ -277,15 +323,11 @@ def execute(func, lowering: Lowering, args, kwargs):
     key = tuple(key)
     entry = CACHE.get(key)
     if entry is None:
-        entry = _compile(func, lowering, flat, spec, template)
-        CACHE[key] = entry
-    entry.calls += 1
+        entry = CACHE[key] = _compile(func, lowering, flat, spec, template, dynamic)
     try:
-        out = entry.fn(*dynamic)
+        out = run_program(*entry, dynamic, jit=lowering.jit)
     except Exception as exc:  # a lowering bug or an invalid argument, named by op
         raise _naming(exc, func) from exc
-    if modes.launch_blocking():
-        jax.block_until_ready(out)
     return _wrap_outputs(func, out)
 
 
@@ -347,7 +389,7 @@ def _conform(out, meta, func):
     return out
 
 
-def _compile(func, lowering: Lowering, flat, spec, template):
+def _compile(func, lowering: Lowering, flat, spec, template, dynamic):
     meta = _meta_outputs(func, flat, spec) if lowering.jit else None
     fn = lowering.fn
     random = lowering.random
@@ -365,8 +407,21 @@ def _compile(func, lowering: Lowering, flat, spec, template):
             out = fn(*a, **k)
         return _conform(out, meta, func)
 
-    STATS.compiles += 1
-    return _Entry(jax.jit(run) if lowering.jit else run, str(func))
+    return _new_program(str(func), "eager", run, dynamic, jit=lowering.jit, source=user_frame())
+
+
+_OWN_CODE = ("/torch/", "/jax/", "/jaxlib/", "/tpu_agent/", "/backend/", "/profilers/", "<frozen", "/runpy.py")
+
+
+def user_frame() -> str | None:
+    """file:line of the innermost frame of the user's code, for HLO metadata and hot-op tables."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not any(part in filename for part in _OWN_CODE):
+            return f"{os.path.basename(filename)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
 
 
 _RETURN_CONVERTERS = {"bool": bool, "int": int, "float": float, "SymInt": int, "Scalar": lambda x: x.item()}
@@ -390,7 +445,7 @@ def _wrap_one(type_name: str, value):
 def _wrap_array(value):
     if value is None:
         return None
-    if not isinstance(value, jax.Array):
+    if not isinstance(value, (jax.Array, lazy.Lazy)):
         value = jnp.asarray(value)
     return TpuTensor(value)
 
@@ -514,7 +569,9 @@ def _write(func, target, value) -> None:
         if isinstance(target, torch.Tensor):
             raise device_mismatch(func, target, 0)
         return
-    array = value.jax() if isinstance(value, TpuTensor) else jnp.asarray(value)
+    array = value.jax() if isinstance(value, TpuTensor) else value
+    if not isinstance(array, (jax.Array, lazy.Lazy)):
+        array = jnp.asarray(array)
     want = dtypes.to_jax_dtype(target.dtype)
     if tuple(array.shape) != tuple(target.shape):
         if array.size == 0 or target.numel() == 0 or tuple(target.shape) != jnp.broadcast_shapes(array.shape, target.shape):
@@ -528,14 +585,15 @@ def _write(func, target, value) -> None:
     target.set_jax(array)
 
 
-@functools.partial(jax.jit, static_argnums=(1,))
 def _cast(array, dtype):
-    return array.astype(dtype)
+    want = jnp.dtype(dtype)
+    return call_jax(("cast", array.shape, str(array.dtype), str(want)), "cast", lambda a: a.astype(want), array)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
 def _broadcast_cast(array, shape, dtype):
-    return jnp.broadcast_to(array, shape).astype(dtype)
+    want = jnp.dtype(dtype)
+    key = ("broadcast_cast", array.shape, str(array.dtype), shape, str(want))
+    return call_jax(key, "broadcast_cast", lambda a: jnp.broadcast_to(a, shape).astype(want), array)
 
 
 # --------------------------------------------------------------------------
@@ -603,7 +661,7 @@ def _device(x):
 @handler(aten._local_scalar_dense.default)
 def _item(x):
     STATS.d2h_count += 1
-    return jax.device_get(x.jax()).item()
+    return jax.device_get(materialize(x)).item()
 
 
 @handler(aten.is_pinned.default)
@@ -644,6 +702,7 @@ def _copy_(dst, src, non_blocking=False):
 
 
 def synchronize() -> None:
-    """Block until every live device array is computed."""
+    """Run pending fused work, then block until every live device array is computed."""
+    RECORDER.flush("synchronize")
     for array in jax.live_arrays():
         array.block_until_ready()

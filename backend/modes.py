@@ -49,6 +49,10 @@ def get_eager_mode() -> EagerMode:
 
 def _set_mode(mode: EagerMode) -> None:
     global _mode
+    if _mode is EagerMode.DEFER_AND_FUSE and mode is not EagerMode.DEFER_AND_FUSE:
+        from .lazy import RECORDER
+
+        RECORDER.flush("left fused mode")
     _mode = mode
 
 

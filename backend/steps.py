@@ -13,6 +13,28 @@ def add_step_listener(fn: Callable[[str], None]) -> Callable[[], None]:
     return lambda: _listeners.remove(fn)
 
 
-def mark_step() -> None:
+def step_boundary(source: str) -> None:
+    """End of a training step: run pending fused work, then tell the listeners."""
+    import sys
+
+    lazy = sys.modules.get(__package__ + ".lazy")
+    if lazy is not None:
+        lazy.RECORDER.flush(source)
     for fn in list(_listeners):
-        fn("mark_step")
+        fn(source)
+
+
+def mark_step() -> None:
+    step_boundary("mark_step")
+
+
+def _optimizer_step_hook(optimizer, args, kwargs) -> None:
+    step_boundary("optimizer")
+
+
+def install_optimizer_hook() -> None:
+    """Every torch optimizer's step marks a step boundary, with no change to the script."""
+    import torch.optim.optimizer as optimizer_module
+
+    if _optimizer_step_hook not in optimizer_module._global_optimizer_post_hooks.values():
+        optimizer_module.register_optimizer_step_post_hook(_optimizer_step_hook)

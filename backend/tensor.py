@@ -19,14 +19,20 @@ class Storage:
     """A mutable box around the base array, shared by all views of it."""
 
     __slots__ = ("array", "version", "__weakref__")
+    lazy_type = None  # set by lazy.py: a pending value makes the storage an output of the next flush
+    recorder = None
 
     def __init__(self, array):
         self.array = array
         self.version = 0
+        if type(array) is Storage.lazy_type:
+            Storage.recorder.track(self)
 
     def write(self, array) -> None:
         self.array = array
         self.version += 1
+        if type(array) is Storage.lazy_type:
+            Storage.recorder.track(self)
 
 
 class TpuTensor(torch.Tensor):
@@ -110,6 +116,9 @@ class TpuTensor(torch.Tensor):
         box = self._storage_box
         if not self._view_chain:
             return box.array
+        cache = self._cache
+        if type(cache) is Storage.lazy_type and cache.value is not None:
+            self._cache = cache.value
         if self._cache_version != box.version:
             from .views import apply_chain
 

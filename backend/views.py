@@ -8,9 +8,6 @@ then scatters. Both are jit-compiled once per (chain, shapes).
 
 from __future__ import annotations
 
-import functools
-
-import jax
 import jax.numpy as jnp
 
 
@@ -36,25 +33,31 @@ def _replay(array, chain):
     return array
 
 
-@functools.lru_cache(maxsize=4096)
-def _reader(chain):
-    return jax.jit(lambda base: _replay(base, chain))
+def _read(chain):
+    return lambda base: _replay(base, chain)
 
 
-@functools.lru_cache(maxsize=4096)
-def _writer(chain):
+def _write(chain):
     def write(base, value):
         positions = _replay(jnp.arange(base.size).reshape(base.shape), chain)
         value = jnp.broadcast_to(value, positions.shape).astype(base.dtype)
         flat = base.reshape(-1).at[positions.reshape(-1)].set(value.reshape(-1))
         return flat.reshape(base.shape)
 
-    return jax.jit(write)
+    return write
+
+
+def _aval(x):
+    return (tuple(x.shape), str(x.dtype))
 
 
 def apply_chain(base, chain):
-    return _reader(chain)(base)
+    from .dispatch import call_jax
+
+    return call_jax(("view_read", chain, _aval(base)), "view_read", _read(chain), base)
 
 
 def scatter_chain(base, chain, value):
-    return _writer(chain)(base, value)
+    from .dispatch import call_jax
+
+    return call_jax(("view_write", chain, _aval(base), _aval(value)), "view_write", _write(chain), base, value)

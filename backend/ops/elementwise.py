@@ -78,6 +78,7 @@ _UNARY = {
     aten.special_log_ndtr: jax.scipy.special.log_ndtr,
     aten.special_entr: jax.scipy.special.entr,
     aten.conj_physical: jnp.conj,
+    aten._conj_physical: jnp.conj,
     aten.deg2rad: jnp.deg2rad,
     aten.rad2deg: jnp.rad2deg,
     aten.angle: jnp.angle,

@@ -1,0 +1,294 @@
+"""Special functions: gamma family, Bessel functions, orthogonal polynomials.
+
+Where `jax.scipy.special` has the function it is used as is. The orthogonal
+polynomials follow PyTorch's kernels (aten/src/ATen/native/Math.h): the same
+special cases and the same three-term recurrences, run as a `lax.while_loop` up to
+the largest degree in `n` (degrees are data, so the loop count is too).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.special as jss
+import torch
+from jax import lax
+
+from ..registry import lower
+
+aten = torch.ops.aten
+
+
+def _float(x):
+    x = jnp.asarray(x)
+    return x if jnp.issubdtype(x.dtype, jnp.inexact) else x.astype(jnp.float32)
+
+
+# --- gamma family ------------------------------------------------------------------
+
+
+_ZETA_A = (12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606e9, 7.47242496e10,
+           -2.950130727918164224e12, 1.1646782814350067249e14, -4.5979787224074726105e15,
+           1.8152105401943546773e17, -7.1661652561756670113e18)
+
+
+def _hurwitz_zeta(x, q):
+    """Cephes' zeta(x, q) as PyTorch computes it: a direct sum until q + i > 9, then
+    Euler-Maclaurin. Unlike jax.scipy.special.zeta it is accurate for negative q."""
+    eps = jnp.finfo(x.dtype).eps
+    pole_q = (q <= 0) & (q == jnp.floor(q))
+    bad_q = (q <= 0) & (x != jnp.floor(x))
+
+    def cond(state):
+        return jnp.any(~state[4])
+
+    def body(state):
+        i, a, b, s, done = state
+        go = ~done
+        a2 = jnp.where(go, a + 1, a)
+        b2 = jnp.where(go, a2 ** -x, b)
+        s2 = jnp.where(go, s + b2, s)
+        conv = go & (jnp.abs(b2 / s2) < eps)
+        i2 = i + 1
+        done2 = done | ((i2 >= 9) & (a2 > 9)) | conv
+        return i2, a2, b2, s2, done2
+
+    s0 = q ** -x
+    start_done = pole_q | bad_q | (x <= 1)
+    _, a, b, s, _ = lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), q, s0, s0, start_done))
+    early = jnp.abs(b / s) < eps
+    w = a
+    tail = s + b * w / (x - 1) - 0.5 * b
+    coef = jnp.ones_like(x)
+    k = jnp.zeros_like(x)
+    stop = early
+    for A in _ZETA_A:
+        coef = coef * (x + k)
+        b = b / w
+        t = coef * b / A
+        tail = jnp.where(stop, tail, tail + t)
+        stop = stop | (jnp.abs(t / tail) < eps)
+        k = k + 1
+        coef = coef * (x + k)
+        b = b / w
+        k = k + 1
+    out = jnp.where(early, s, tail)
+    out = jnp.where(x == 1, jnp.inf, out)
+    out = jnp.where(x < 1, jnp.nan, out)
+    out = jnp.where(pole_q & (x >= 1), jnp.inf, out)
+    return jnp.where(bad_q & ~pole_q & (x >= 1), jnp.nan, out)
+
+
+def _trigamma(x):
+    """PyTorch's trigamma: reflection below 1/2, six recurrence steps, asymptotic series."""
+    neg = x < 0.5
+    sin_pi_x = jnp.sin(jnp.pi * x)
+    result = jnp.where(neg, -(jnp.pi * jnp.pi) / (sin_pi_x * sin_pi_x), 0)
+    sign = jnp.where(neg, -1, 1).astype(x.dtype)
+    x = jnp.where(neg, 1 - x, x)
+    for _ in range(6):
+        result = result + 1 / (x * x)
+        x = x + 1
+    ixx = 1 / (x * x)
+    result = result + (1 + 1 / (2 * x) + ixx * (1.0 / 6 - ixx * (1.0 / 30 - ixx * (1.0 / 42)))) / x
+    return sign * result
+
+
+@lower(aten.polygamma.default)
+def polygamma(n, self):
+    x = _float(self)
+    if n == 0:
+        return jss.digamma(x)
+    if n == 1:
+        return _trigamma(x)
+    # psi^(n)(x) = (-1)^(n+1) n! zeta(n + 1, x)
+    sign = 1.0 if n % 2 else -1.0
+    factorial = float(math.factorial(n))
+    return (sign * factorial * _hurwitz_zeta(jnp.full_like(x, n + 1), x)).astype(x.dtype)
+
+
+@lower(aten.special_polygamma.default)
+def special_polygamma(n, self):
+    return polygamma(n, self)
+
+
+@lower(aten.special_zeta)
+def zeta(self, other):
+    x, q = jnp.broadcast_arrays(_float(self), _float(other))
+    dtype = jnp.result_type(x, q)
+    return _hurwitz_zeta(x.astype(dtype), q.astype(dtype))
+
+
+@lower(aten.igamma)
+def igamma(self, other):
+    a, x = jnp.broadcast_arrays(_float(self), _float(other))
+    return jss.gammainc(a, x)
+
+
+@lower(aten.igammac)
+def igammac(self, other):
+    a, x = jnp.broadcast_arrays(_float(self), _float(other))
+    return jss.gammaincc(a, x)
+
+
+@lower(aten.frexp.Tensor)
+def frexp(self):
+    mantissa, exponent = jnp.frexp(self)
+    return mantissa, exponent.astype(jnp.int32)
+
+
+# --- Bessel functions --------------------------------------------------------------
+
+
+@lower(aten.special_modified_bessel_i0)
+def modified_bessel_i0(self):
+    return jss.i0(_float(self))
+
+
+@lower(aten.special_modified_bessel_i1)
+def modified_bessel_i1(self):
+    return jss.i1(_float(self))
+
+
+@lower(aten.special_spherical_bessel_j0)
+def spherical_bessel_j0(self):
+    x = _float(self)
+    # sin(x)/x, with its Taylor series near 0 (as PyTorch does below |x| = 0.5).
+    x2 = x * x
+    series = 1 - x2 / 6 * (1 - x2 / 20 * (1 - x2 / 42 * (1 - x2 / 72 * (1 - x2 / 110 * (1 - x2 / 156)))))
+    safe = jnp.where(jnp.abs(x) < 0.5, 1, x)
+    return jnp.where(jnp.isinf(x), 0, jnp.where(jnp.abs(x) < 0.5, series, jnp.sin(safe) / safe))
+
+
+# --- orthogonal polynomials -------------------------------------------------------
+
+
+def _recurrence(x, n, p0, p1, step):
+    """p_k for k = n via p_{k+1} = step(k, x, p_k, p_{k-1}), elementwise, as a while loop."""
+    n = jnp.broadcast_to(n, x.shape)
+    top = jnp.max(n) if n.size else jnp.asarray(0, n.dtype)
+
+    def cond(state):
+        k, _, _ = state
+        return k < top
+
+    def body(state):
+        k, p, q = state
+        nxt = step(k.astype(x.dtype), x, p, q)
+        # Each element stops at its own degree.
+        active = k < n
+        return k + 1, jnp.where(active, nxt, p), jnp.where(active, p, q)
+
+    _, p, _ = lax.while_loop(cond, body, (jnp.ones((), n.dtype), p1, p0))
+    return jnp.where(n == 0, p0, p)
+
+
+def _poly_args(x, n):
+    x, n = jnp.broadcast_arrays(_float(x), jnp.asarray(n))
+    if jnp.issubdtype(n.dtype, jnp.inexact):
+        # PyTorch truncates a floating degree to an integer.
+        n = n.astype(jnp.int64)
+    return x, n.astype(jnp.int64)
+
+
+@lower(aten.special_chebyshev_polynomial_t)
+def chebyshev_t(x, n):
+    x, n = _poly_args(x, n)
+    p = _recurrence(x, n, jnp.ones_like(x), x, lambda k, x, p, q: 2 * x * p - q)
+    # PyTorch's closed forms: cos(n acos x) for large n inside (-1, 1), and the endpoints.
+    trig = jnp.cos(n.astype(x.dtype) * jnp.arccos(jnp.clip(x, -1, 1)))
+    p = jnp.where((n > 6) & (jnp.abs(x) < 1), trig, p)
+    odd = n % 2 == 1
+    p = jnp.where(jnp.abs(x) == 1, jnp.where((x > 0) | ~odd, 1.0, -1.0).astype(x.dtype), p)
+    return jnp.where(n < 0, 0, p)
+
+
+@lower(aten.special_chebyshev_polynomial_u)
+def chebyshev_u(x, n):
+    x, n = _poly_args(x, n)
+    p = _recurrence(x, n, jnp.ones_like(x), 2 * x, lambda k, x, p, q: 2 * x * p - q)
+    theta = jnp.arccos(jnp.clip(x, -1, 1))
+    s = jnp.sin(theta)
+    trig = jnp.where(s != 0, jnp.sin((n + 1).astype(x.dtype) * theta) / jnp.where(s != 0, s, 1),
+                     (n + 1).astype(x.dtype) * jnp.cos((n + 1).astype(x.dtype) * theta) / jnp.cos(theta))
+    p = jnp.where((n > 8) & (jnp.abs(x) < 1), trig, p)
+    odd = n % 2 == 1
+    end = (n + 1).astype(x.dtype)
+    p = jnp.where(jnp.abs(x) == 1, jnp.where((x > 0) | ~odd, end, -end), p)
+    return jnp.where(n < 0, 0, p)
+
+
+@lower(aten.special_chebyshev_polynomial_v)
+def chebyshev_v(x, n):
+    x, n = _poly_args(x, n)
+    p = _recurrence(x, n, jnp.ones_like(x), 2 * x - 1, lambda k, x, p, q: 2 * x * p - q)
+    theta = jnp.arccos(jnp.clip(x, -1, 1))
+    half = jnp.sin(theta / 2)
+    nf = n.astype(x.dtype)
+    trig = jnp.where(half != 0, jnp.cos((nf + 0.5) * theta) / jnp.cos(theta / 2), jnp.where(n % 2 == 0, nf + nf + 1, -(nf + nf + 1)))
+    trig = jnp.where(jnp.cos(theta / 2) != 0, trig, jnp.where(n % 2 == 0, nf + nf + 1, -(nf + nf + 1)))
+    p = jnp.where((n > 8) & (jnp.abs(x) < 1), trig, p)
+    p = jnp.where(x == 1, 1.0, p)
+    p = jnp.where(x == -1, jnp.where(n % 2 == 0, nf + nf + 1, -(nf + nf + 1)), p)
+    return jnp.where(n < 0, 0, p)
+
+
+@lower(aten.special_chebyshev_polynomial_w)
+def chebyshev_w(x, n):
+    x, n = _poly_args(x, n)
+    p = _recurrence(x, n, jnp.ones_like(x), 2 * x + 1, lambda k, x, p, q: 2 * x * p - q)
+    theta = jnp.arccos(jnp.clip(x, -1, 1))
+    nf = n.astype(x.dtype)
+    c = jnp.cos(theta / 2)
+    trig = jnp.where(c != 0, jnp.sin((nf + 0.5) * theta) / jnp.sin(theta / 2), jnp.where(n % 2 == 0, 1.0, -1.0))
+    trig = jnp.where(jnp.sin(theta / 2) != 0, trig, nf + nf + 1)
+    p = jnp.where((n > 8) & (jnp.abs(x) < 1), trig, p)
+    p = jnp.where(x == 1, nf + nf + 1, p)
+    p = jnp.where(x == -1, jnp.where(n % 2 == 0, 1.0, -1.0), p)
+    return jnp.where(n < 0, 0, p)
+
+
+def _shifted(fn):
+    return lambda x, n: fn(x + x - 1, n)
+
+
+lower(aten.special_shifted_chebyshev_polynomial_t)(_shifted(chebyshev_t))
+lower(aten.special_shifted_chebyshev_polynomial_u)(_shifted(chebyshev_u))
+lower(aten.special_shifted_chebyshev_polynomial_v)(_shifted(chebyshev_v))
+lower(aten.special_shifted_chebyshev_polynomial_w)(_shifted(chebyshev_w))
+
+
+@lower(aten.special_hermite_polynomial_h)
+def hermite_h(x, n):
+    x, n = _poly_args(x, n)
+    p = _recurrence(x, n, jnp.ones_like(x), x + x, lambda k, x, p, q: (x + x) * p - 2 * k * q)
+    return jnp.where(n < 0, 0, p)
+
+
+@lower(aten.special_hermite_polynomial_he)
+def hermite_he(x, n):
+    x, n = _poly_args(x, n)
+    p = _recurrence(x, n, jnp.ones_like(x), x, lambda k, x, p, q: x * p - k * q)
+    return jnp.where(n < 0, 0, p)
+
+
+@lower(aten.special_laguerre_polynomial_l)
+def laguerre_l(x, n):
+    x, n = _poly_args(x, n)
+    p = _recurrence(x, n, jnp.ones_like(x), 1 - x, lambda k, x, p, q: ((k + k + 1 - x) * p - k * q) / (k + 1))
+    p = jnp.where(x == 0, 1.0, p)
+    return jnp.where(n < 0, 0, p)
+
+
+@lower(aten.special_legendre_polynomial_p)
+def legendre_p(x, n):
+    x, n = _poly_args(x, n)
+    p = _recurrence(x, n, jnp.ones_like(x), x, lambda k, x, p, q: ((k + k + 1) * x * p - k * q) / (k + 1))
+    odd = n % 2 == 1
+    p = jnp.where(jnp.abs(x) == 1, jnp.where((x > 0) | ~odd, 1.0, -1.0).astype(x.dtype), p)
+    return jnp.where(n < 0, 0, p)
+
+
+del jax

@@ -1,0 +1,239 @@
+"""Deferred execution: ops recorded as a graph, run as one XLA program at a sync point.
+
+In `DEFER_AND_FUSE` mode a program call (an op's lowering, a view read or
+write, a cast) does not run: it returns `Lazy` placeholders and appends a
+node to the pending graph. At a sync point (a value read, `.cpu()`, the
+optimizer's step, `mark_step()`, `synchronize()`) the graph that produces
+every still-alive pending value is built into one function, jit-compiled once
+per graph structure and run. Values nobody holds any more are not outputs, so
+XLA fuses them away; a training loop runs one program per step.
+
+The same recorder captures a whole step for `torch.compile` (see compile.py).
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Callable
+
+import jax
+import numpy as np
+
+from . import executables
+from .state import STATS
+
+
+class Lazy:
+    """A value to be computed by a pending node; shaped like the array it stands for."""
+
+    __slots__ = ("node", "index", "aval_spec", "value", "__weakref__")
+
+    def __init__(self, node, index, aval):
+        self.node = node
+        self.index = index
+        self.aval_spec = aval  # jax.ShapeDtypeStruct
+        self.value = None  # the concrete array once computed
+
+    shape = property(lambda self: self.aval_spec.shape)
+    dtype = property(lambda self: self.aval_spec.dtype)
+    ndim = property(lambda self: len(self.aval_spec.shape))
+    size = property(lambda self: int(np.prod(self.aval_spec.shape, dtype=np.int64)))
+
+
+class Node:
+    __slots__ = ("program", "inputs", "outputs", "treedef", "order")
+
+    def __init__(self, program, inputs, order):
+        self.program = program
+        self.inputs = inputs
+        self.outputs: list[Lazy] = []
+        self.treedef = None
+        self.order = order
+
+
+@dataclass(eq=False)
+class Program:
+    """A function of arrays the recorder can replay: an op's lowering, a view, a cast."""
+
+    id: int
+    name: str
+    raw: Callable  # unjitted: traced inside the graph
+    out_avals: dict  # input avals -> (treedef, [ShapeDtypeStruct])
+
+    def abstract_eval(self, args):
+        key = tuple(_aval_key(a) for a in args)
+        cached = self.out_avals.get(key)
+        if cached is None:
+            shaped = jax.eval_shape(self.raw, *[executables.abstract(a) for a in args])
+            leaves, treedef = jax.tree_util.tree_flatten(shaped)
+            cached = self.out_avals[key] = (treedef, leaves)
+        return cached
+
+
+def _aval_key(a):
+    if isinstance(a, (Lazy, jax.Array)):
+        return (a.shape, str(a.dtype))
+    return type(a)
+
+
+@dataclass
+class Recompile:
+    """A graph compiled after the first: when, and the input shapes that differ from the last one."""
+
+    graph: str
+    at_flush: int
+    changed_shapes: list[str]
+    compile_time_s: float
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.pending: "weakref.WeakSet" = weakref.WeakSet()  # storages whose array is Lazy
+        self.order = 0
+        self.graphs: dict[tuple, executables.Executable] = {}
+        self.graph_programs: dict[int, tuple] = {}
+        self.flushes = 0
+        self.last_inputs: list | None = None
+        self.recompiles: list[Recompile] = []
+        self.listeners: list[Callable] = []
+
+    # --- recording ------------------------------------------------------------------
+    def record(self, program: Program, args):
+        """Append a call of `program` to the graph; return its outputs as Lazy placeholders."""
+        args = [_resolved(a) for a in args]
+        treedef, avals = program.abstract_eval(args)
+        node = Node(program, args, self.order)
+        self.order += 1
+        node.treedef = treedef
+        node.outputs = [Lazy(node, i, aval) for i, aval in enumerate(avals)]
+        return jax.tree_util.tree_unflatten(treedef, node.outputs)
+
+    def track(self, storage) -> None:
+        self.pending.add(storage)
+
+    # --- running -------------------------------------------------------------------
+    def flush(self, reason: str = "sync") -> None:
+        """Compute every pending value that is still alive."""
+        storages = [s for s in list(self.pending) if isinstance(s.array, Lazy)]
+        self.pending = weakref.WeakSet()
+        if not storages:
+            return
+        # A set has no stable order; the graph's outputs must, or every flush is a new graph.
+        storages.sort(key=lambda s: (s.array.node.order, s.array.index))
+        outputs: list[Lazy] = []
+        seen_out: dict[int, int] = {}
+        for s in storages:
+            lz = s.array
+            if id(lz) not in seen_out:
+                seen_out[id(lz)] = len(outputs)
+                outputs.append(lz)
+        nodes = _collect(outputs)
+        inputs: list = []
+        input_ids: dict[int, int] = {}
+        node_index = {id(n): i for i, n in enumerate(nodes)}
+        plan = []
+        for n in nodes:
+            refs = []
+            for a in n.inputs:
+                if isinstance(a, Lazy) and a.value is None:
+                    refs.append((0, node_index[id(a.node)], a.index))
+                else:
+                    concrete = a.value if isinstance(a, Lazy) else a
+                    k = id(concrete)
+                    if k not in input_ids:
+                        input_ids[k] = len(inputs)
+                        inputs.append(concrete)
+                    refs.append((1, input_ids[k], 0))
+            plan.append((n.program.id, tuple(refs)))
+        out_refs = tuple((node_index[id(o.node)], o.index) for o in outputs)
+        key = (tuple(plan), out_refs, tuple(_aval_key(a) for a in inputs))
+        exe = self.graphs.get(key)
+        if exe is None:
+            exe = self._compile(key, nodes, plan, out_refs, inputs)
+        t0 = time.perf_counter()
+        values = exe.fn(*inputs)
+        exe.calls += 1
+        exe.time_s += time.perf_counter() - t0
+        self.flushes += 1
+        self.last_inputs = inputs
+        for lz, v in zip(outputs, values):
+            lz.value = v
+        for s in storages:
+            s.array = s.array.value
+        for fn in self.listeners:
+            fn(exe, reason)
+
+    def _compile(self, key, nodes, plan, out_refs, inputs):
+        programs = [n.program for n in nodes]
+        treedefs = [n.treedef for n in nodes]
+
+        def graph(*args):
+            env = []
+            for (program_id, refs), program, treedef in zip(plan, programs, treedefs):
+                call_args = [args[i] if kind else env[i][k] for kind, i, k in refs]
+                with jax.named_scope(program.name):
+                    out = program.raw(*call_args)
+                env.append(jax.tree_util.tree_leaves(out))
+            return [env[i][k] for i, k in out_refs]
+
+        name = f"fused_graph_{len(self.graphs)}"
+        exe = executables.Executable(
+            name=name, kind="fused", fn=jax.jit(graph),
+            args=tuple(executables.abstract(a) for a in inputs),
+            ops=tuple(p.name for p in programs),
+        )
+        t0 = time.perf_counter()
+        _ = exe.compiled  # compile now, so its time is counted as compile time
+        compile_time = time.perf_counter() - t0
+        exe.fn = exe.compiled  # run the compiled executable directly
+        STATS.compiles += 1
+        if self.graphs:
+            self.recompiles.append(Recompile(name, self.flushes, _shape_diff(self.last_inputs, inputs), compile_time))
+        self.graphs[key] = executables.register(exe)
+        return exe
+
+
+def _resolved(a):
+    if isinstance(a, Lazy) and a.value is not None:
+        return a.value
+    return a
+
+
+def _collect(outputs: list[Lazy]) -> list[Node]:
+    """Nodes the outputs depend on, in recording order."""
+    found: dict[int, Node] = {}
+    stack = [o.node for o in outputs]
+    while stack:
+        n = stack.pop()
+        if id(n) in found:
+            continue
+        found[id(n)] = n
+        for a in n.inputs:
+            if isinstance(a, Lazy) and a.value is None:
+                stack.append(a.node)
+    return sorted(found.values(), key=lambda n: n.order)
+
+
+def _shape_diff(before, after) -> list[str]:
+    def fmt(a):
+        return f"{str(getattr(a, 'dtype', type(a).__name__))}{list(getattr(a, 'shape', ()))}"
+
+    if before is None:
+        return [fmt(a) for a in after if hasattr(a, "shape")]
+    old = {fmt(a) for a in before if hasattr(a, "shape")}
+    return sorted({fmt(a) for a in after if hasattr(a, "shape")} - old)
+
+
+RECORDER = Recorder()
+
+
+def _install() -> None:
+    from .tensor import Storage
+
+    Storage.lazy_type = Lazy
+    Storage.recorder = RECORDER
+
+
+_install()
