@@ -70,6 +70,7 @@ def register() -> bool:
     from .steps import install_optimizer_hook
 
     install_optimizer_hook()
+    _patch_torch_compile()
     _route_accelerator_synchronize()
     return True
 
@@ -94,6 +95,24 @@ def _group_by_python_device() -> None:
 
     group._tpu_agent = True
     torch._C._group_tensors_by_device_and_dtype = group
+
+
+def _patch_torch_compile() -> None:
+    """As TorchTPU does: `torch.compile` on tpu tensors uses the tpu backend (imports JAX lazily)."""
+    original = torch.compile
+    if getattr(original, "_tpu_agent", False):
+        return
+
+    def compile(model=None, **kwargs):
+        from .compile import patch_torch_compile
+
+        torch.compile = original
+        patch_torch_compile()
+        return torch.compile(model, **kwargs)
+
+    compile._tpu_agent = True
+    compile.__doc__ = original.__doc__
+    torch.compile = compile
 
 
 def _route_accelerator_synchronize() -> None:

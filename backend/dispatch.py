@@ -319,6 +319,8 @@ def execute(func, lowering: Lowering, args, kwargs):
         base, counter = RNG.next()
         dynamic.append(base)
         dynamic.append(counter)
+        if RECORDER.capture is not None:
+            RECORDER.capture.note_rng(base, counter)
     key.append(modes.current_precision())
     key = tuple(key)
     entry = CACHE.get(key)

@@ -21,7 +21,7 @@ from typing import Callable
 import jax
 import numpy as np
 
-from . import executables
+from . import executables, modes
 from .state import STATS
 
 
@@ -98,6 +98,8 @@ class Recorder:
         self.last_inputs: list | None = None
         self.recompiles: list[Recompile] = []
         self.listeners: list[Callable] = []
+        self.capture = None  # a compile.Capture while a step is being captured
+        self.last_flush = None  # (executable, inputs, outputs, storages) of the latest flush
 
     # --- recording ------------------------------------------------------------------
     def record(self, program: Program, args):
@@ -120,6 +122,8 @@ class Recorder:
         self.pending = weakref.WeakSet()
         if not storages:
             return
+        if self.capture is not None and reason != "capture end":
+            self.capture.interrupted(reason)
         # A set has no stable order; the graph's outputs must, or every flush is a new graph.
         storages.sort(key=lambda s: (s.array.node.order, s.array.index))
         outputs: list[Lazy] = []
@@ -154,6 +158,8 @@ class Recorder:
             exe = self._compile(key, nodes, plan, out_refs, inputs)
         t0 = time.perf_counter()
         values = exe.fn(*inputs)
+        if modes.time_executables:
+            jax.block_until_ready(values)
         exe.calls += 1
         exe.time_s += time.perf_counter() - t0
         self.flushes += 1
@@ -162,6 +168,7 @@ class Recorder:
             lz.value = v
         for s in storages:
             s.array = s.array.value
+        self.last_flush = (exe, inputs, outputs, storages)
         for fn in self.listeners:
             fn(exe, reason)
 
@@ -180,7 +187,7 @@ class Recorder:
 
         name = f"fused_graph_{len(self.graphs)}"
         exe = executables.Executable(
-            name=name, kind="fused", fn=jax.jit(graph),
+            name=name, kind="fused", fn=jax.jit(graph), raw=graph,
             args=tuple(executables.abstract(a) for a in inputs),
             ops=tuple(p.name for p in programs),
         )

@@ -62,8 +62,13 @@ def set_eager_mode(mode: EagerMode) -> _Switch:
     return _Switch(_set_mode, mode, _mode)
 
 
+# Wait for every executable to finish so its recorded time is execution time, not
+# dispatch time (the profiler turns this on for its per-executable table).
+time_executables = os.environ.get("TPU_AGENT_TIME_EXECUTABLES", "") == "1"
+
+
 def launch_blocking() -> bool:
-    return _mode is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
+    return time_executables or _mode is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
 
 
 def fused() -> bool:

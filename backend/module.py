@@ -71,6 +71,13 @@ def synchronize(device=None) -> None:
     _sync()
 
 
+def compile(fn=None, **options):  # noqa: A001 - TorchTPU's name
+    """Compile a training step (one XLA program) or a module (forward and backward programs)."""
+    from .compile import compile as _compile
+
+    return _compile(fn, **options)
+
+
 def mark_step() -> None:
     """Step boundary for scripts with no optimizer: flushes deferred work, notifies step hooks."""
     from .steps import mark_step as _mark

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 _listeners: list[Callable[[str], None]] = []
+suspended = False  # inside a compiled step's capture: the step ends when the call does
 
 
 def add_step_listener(fn: Callable[[str], None]) -> Callable[[], None]:
@@ -17,6 +18,8 @@ def step_boundary(source: str) -> None:
     """End of a training step: run pending fused work, then tell the listeners."""
     import sys
 
+    if suspended:
+        return
     lazy = sys.modules.get(__package__ + ".lazy")
     if lazy is not None:
         lazy.RECORDER.flush(source)

@@ -114,6 +114,8 @@ class TpuTensor(torch.Tensor):
     def jax(self):
         """The current `jax.Array` value (recomputed from the base for a stale view)."""
         box = self._storage_box
+        if Storage.recorder is not None and Storage.recorder.capture is not None:
+            return Storage.recorder.capture.read(self)
         if not self._view_chain:
             return box.array
         cache = self._cache

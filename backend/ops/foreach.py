@@ -34,7 +34,8 @@ def _element_lowering(base: str):
 
 def _make(schema, element_fn):
     indexed = [
-        str(arg.type).startswith("List[") or arg.name in _INDEXED_NAMES for arg in schema.arguments
+        str(arg.type).startswith("List[") or (arg.name in _INDEXED_NAMES and str(arg.type) == "Tensor")
+        for arg in schema.arguments
     ]
     names = [arg.name for arg in schema.arguments]
     params = inspect.signature(element_fn).parameters.values()
@@ -44,7 +45,8 @@ def _make(schema, element_fn):
     def lowering(*args, **kwargs):
         values = list(args) + [kwargs[n] for n in names[len(args):] if n in kwargs]
         out = []
-        for i in range(len(values[0])):
+        count = next(len(v) for j, v in enumerate(values) if indexed[j] and isinstance(v, (list, tuple)))
+        for i in range(count):
             element = [v[i] if indexed[j] and v is not None else v for j, v in enumerate(values)]
             # Trailing scalars that are positional here can be keyword-only per tensor (addcmul's value).
             extra = dict(zip(keyword_only, element[n_positional:]))

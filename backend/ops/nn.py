@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
+from jax._src.lax.windowed_reductions import _reduce_window_max  # differentiable, unlike a generic reduce
 
 from ..registry import lower
 from ._util import norm_dim
@@ -185,10 +186,14 @@ def _max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, nd):
         take_b = take_b & ~jnp.isnan(va)
         return jnp.where(take_b, vb, va), jnp.where(take_b, ib, ia)
 
-    values, indices = lax.reduce_window(
-        (self, flat_idx), (jnp.asarray(init, self.dtype), jnp.asarray(-1, jnp.int64)),
+    # Indices from a variadic reduction (not differentiable, so on a stopped gradient);
+    # values from a plain max, which JAX differentiates (a compiled module's backward is a VJP).
+    _, indices = lax.reduce_window(
+        (lax.stop_gradient(self), flat_idx), (jnp.asarray(init, self.dtype), jnp.asarray(-1, jnp.int64)),
         select, window, strides, full_pads, window_dilation=dil,
     )
+    padded = lax.pad(self, jnp.asarray(init, self.dtype), [(lo, hi, 0) for lo, hi in full_pads])
+    values = _reduce_window_max(padded, window, strides, [(0, 0)] * self.ndim, window_dilation=dil)
     return values, indices
 
 
