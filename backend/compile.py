@@ -44,23 +44,47 @@ _HYPERPARAMETERS = (int, float, bool, tuple)
 class Capture:
     """Provenance of graph inputs while a step runs under the recorder."""
 
-    def __init__(self, args_tensors: dict[int, tuple]):
+    def __init__(self, arg_tensors: dict[int, tuple], state_storages: dict[int, tuple] | None = None):
+        self.arg_tensors = arg_tensors  # id(tensor argument) -> its path in (args, kwargs)
+        self.owned = dict(state_storages or {})  # id(storage) -> path: module state, base-tensor args
         self.arg_arrays: dict[int, tuple] = {}  # id(array) -> path of the argument
-        self.args_by_storage = args_tensors  # id(storage) -> path
         self.storage_arrays: dict[int, weakref.ref] = {}  # id(array) -> storage
+        self.view_args: set[int] = set()  # storages under a tensor argument that is a view
         self.rng_counters: set[int] = set()
         self.rng_bases: set[int] = set()
         self.problems: list[str] = []
         self.optimizers: list = []
         self.keep: list = []  # arrays noted, kept alive so their ids stay unique
 
+    @classmethod
+    def for_arguments(cls, tree, state_storages=None) -> "Capture":
+        found = _tensor_paths(tree)
+        capture = cls({id(t): path for path, t in found}, state_storages)
+        for path, t in found:
+            if t._view_chain:
+                capture.view_args.add(id(t._storage_box))
+            else:
+                capture.owned.setdefault(id(t._storage_box), ("arg", path))
+        return capture
+
     def read(self, tensor: TpuTensor):
         box = tensor._storage_box
+        path = self.arg_tensors.get(id(tensor))
+        if path is not None and tensor._view_chain:
+            # A view passed as an argument (a batch sliced from a dataset tensor) is an input
+            # in its own right: its value, computed outside the graph.
+            with modes.eager_override():
+                value = tensor.jax_value_outside_capture()
+            self.arg_arrays[id(value)] = ("arg", path)
+            self.keep.append(value)
+            return value
         array = box.array
         if type(array) is not Lazy:
-            path = self.args_by_storage.get(id(box))
-            if path is not None:
-                self.arg_arrays[id(array)] = path
+            owner = self.owned.get(id(box))
+            if owner is not None:
+                self.arg_arrays[id(array)] = owner
+            elif id(box) in self.view_args:
+                self.problems.append("it reads beyond a view argument (the view's base)")
             else:
                 self.storage_arrays[id(array)] = weakref.ref(box)
             self.keep.append(array)
@@ -83,7 +107,7 @@ class Capture:
         for value in inputs:
             key = id(value)
             if key in self.arg_arrays:
-                out.append(("arg", self.arg_arrays[key]))
+                out.append(self.arg_arrays[key])
             elif key in self.storage_arrays:
                 out.append(("storage", self.storage_arrays[key]))
             elif key in self.rng_counters:
@@ -238,7 +262,7 @@ class CompiledStep:
             with modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), _steps_suspended():
                 return self.fn(*call_args[0], **call_args[1])
         RECORDER.flush("before capture")
-        capture = Capture({id(t._storage_box): path for path, t in _tensor_paths(call_args)})
+        capture = Capture.for_arguments(call_args)
         def before_optimizer_step(optimizer, args, kwargs):
             _make_capturable(optimizer)
             capture.optimizers.append(optimizer)
@@ -376,9 +400,8 @@ class _ForwardProgram:
     def capture(cls, module, args, kwargs):
         RECORDER.flush("before capture")
         named = dict(module.named_parameters()) | dict(module.named_buffers())
-        by_storage = {id(t._storage_box): ("state", name) for name, t in named.items() if isinstance(t, TpuTensor)}
-        by_storage.update({id(t._storage_box): ("arg", path) for path, t in _tensor_paths((args, kwargs))})
-        capture = Capture(by_storage)
+        state = {id(t._storage_box): ("state", name) for name, t in named.items() if isinstance(t, TpuTensor)}
+        capture = Capture.for_arguments((args, kwargs), state)
         RECORDER.capture = capture
         try:
             with torch.no_grad(), modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), _steps_suspended():
@@ -392,8 +415,8 @@ class _ForwardProgram:
         exe, inputs, outputs, storages = RECORDER.last_flush
         provenance = []
         for kind, value in capture.provenance(inputs):
-            if kind == "arg":
-                provenance.append(value)  # ("state", name) or ("arg", path)
+            if kind in ("arg", "state"):
+                provenance.append((kind, value))
             elif kind == "number":
                 provenance.append(("number", value))
             elif kind in ("rng_counter", "rng_base"):

@@ -471,8 +471,14 @@ def run_view(func, args, kwargs):
         if decomposed is not NotImplemented:
             return decomposed
         return unsupported(func, args, kwargs)
-    out = execute(func, lowering, args, kwargs)
     source = args[0] if args else kwargs.get("self")
+    if _index_view_of_concrete(func, source):
+        # A batch sliced from a dataset tensor: computed now, so fused graphs take it as an
+        # input instead of baking the index in (one graph for every batch, not one per index).
+        with modes.eager_override():
+            out = execute(func, lowering, args, kwargs)
+    else:
+        out = execute(func, lowering, args, kwargs)
     if not isinstance(source, TpuTensor):
         return out
     outs = out if isinstance(out, (list, tuple)) else [out]
@@ -482,6 +488,16 @@ def run_view(func, args, kwargs):
         view._view_chain = source._view_chain + (entry,)
         view._cache_version = source._storage_box.version
     return out
+
+
+INDEX_VIEWS = {aten.select.int, aten.slice.Tensor, aten.narrow.default, aten.unbind.int,
+               aten.split.Tensor, aten.split_with_sizes.default, aten.diagonal.default}
+
+
+def _index_view_of_concrete(func, source) -> bool:
+    if func not in INDEX_VIEWS or not modes.fused() or RECORDER.capture is not None:
+        return False
+    return isinstance(source, TpuTensor) and type(source.jax()) is not lazy.Lazy
 
 
 def run_mutating(func, args, kwargs):

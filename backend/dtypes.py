@@ -1,14 +1,13 @@
 """Dtype mapping between PyTorch and JAX.
 
-JAX runs with 64-bit types enabled so int64 indices and float64 keep PyTorch's
-semantics exactly (XLA emulates int64 on TPUs; float64 is not a TPU type).
+JAX runs with 64-bit types enabled (jax_setup.py) so int64 indices and float64
+keep PyTorch's semantics exactly (XLA emulates int64 on TPUs; float64 is not a
+TPU type).
 """
 
 from __future__ import annotations
 
-import jax
-
-jax.config.update("jax_enable_x64", True)
+from . import jax_setup  # noqa: F401  (before any JAX computation)
 
 import jax.numpy as jnp  # noqa: E402
 import ml_dtypes  # noqa: E402,F401

@@ -19,14 +19,17 @@ class Generation:
     hbm_bytes: int
     hbm_bandwidth: float  # bytes/s
     mxu: int  # systolic array edge
+    source: str = ""  # where the figures come from
 
+
+_DOCS = "https://cloud.google.com/tpu/docs/"
 
 GENERATIONS = {
-    "v4": Generation("v4", 275e12, 32 * GiB, 1.2e12, 128),
-    "v5e": Generation("v5e", 197e12, 16 * GiB, 0.819e12, 128),
-    "v5p": Generation("v5p", 459e12, 95 * GiB, 2.765e12, 128),
-    "v6e": Generation("v6e", 918e12, 32 * GiB, 1.64e12, 256),
-    "v7x": Generation("v7x", 2307e12, 192 * GiB, 7.37e12, 256),
+    "v4": Generation("v4", 275e12, 32 * GiB, 1.2e12, 128, _DOCS + "v4"),
+    "v5e": Generation("v5e", 197e12, 16 * GiB, 0.819e12, 128, _DOCS + "v5e"),
+    "v5p": Generation("v5p", 459e12, 95 * GiB, 2.765e12, 128, _DOCS + "v5p"),
+    "v6e": Generation("v6e", 918e12, 32 * GiB, 1.64e12, 256, _DOCS + "v6e"),
+    "v7x": Generation("v7x", 2307e12, 192 * GiB, 7.37e12, 256, _DOCS + "tpu7x"),
 }
 DEFAULT_GENERATION = "v5e"
 

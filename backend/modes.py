@@ -71,8 +71,24 @@ def launch_blocking() -> bool:
     return time_executables or _mode is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
 
 
+_eager_override = False
+
+
+class eager_override:
+    """Run op by op for a moment without ending the fused graph (no flush)."""
+
+    def __enter__(self):
+        global _eager_override
+        self._old, _eager_override = _eager_override, True
+
+    def __exit__(self, *exc):
+        global _eager_override
+        _eager_override = self._old
+        return False
+
+
 def fused() -> bool:
-    return _mode is EagerMode.DEFER_AND_FUSE
+    return _mode is EagerMode.DEFER_AND_FUSE and not _eager_override
 
 
 def current_precision() -> Precision:

@@ -78,6 +78,21 @@ def compile(fn=None, **options):  # noqa: A001 - TorchTPU's name
     return _compile(fn, **options)
 
 
+class _LazyModule:
+    """`torch.tpu.sharding` without importing JAX at `import torch`."""
+
+    def __init__(self, name):
+        self._name = name
+
+    def __getattr__(self, attr):
+        import importlib
+
+        return getattr(importlib.import_module(f"{__package__}.{self._name}"), attr)
+
+
+sharding = _LazyModule("sharding")
+
+
 def mark_step() -> None:
     """Step boundary for scripts with no optimizer: flushes deferred work, notifies step hooks."""
     from .steps import mark_step as _mark

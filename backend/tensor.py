@@ -128,6 +128,14 @@ class TpuTensor(torch.Tensor):
             self._cache_version = box.version
         return self._cache
 
+    def jax_value_outside_capture(self):
+        """This tensor's value computed from its base now, bypassing any step capture."""
+        from .views import apply_chain
+
+        if not self._view_chain:
+            return self._storage_box.array
+        return apply_chain(self._storage_box.array, self._view_chain)
+
     def set_jax(self, value) -> None:
         """Replace this tensor's value in place (a write through a view updates its base)."""
         box = self._storage_box

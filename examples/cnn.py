@@ -53,6 +53,8 @@ def main():
     # Dropout masks come from each device's own RNG stream (as on CUDA): compare
     # devices step by step with --dropout 0.
     parser.add_argument("--dropout", type=float, default=0.25)
+    # Compile the training step into one program, or the model into forward and backward programs.
+    parser.add_argument("--compile", choices=["none", "step", "model"], default="none")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
@@ -63,13 +65,23 @@ def main():
     model = SmallCNN(args.dropout).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
 
+    if args.compile == "model":
+        model = torch.compile(model)
+
+    def train_step(inputs, targets):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    if args.compile == "step":
+        train_step = torch.compile(train_step)
+
     model.train()
     for step in range(args.steps):
         i = step % NUM_BATCHES
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(images[i]), labels[i])
-        loss.backward()
-        optimizer.step()
+        loss = train_step(images[i], labels[i])
         print(f"step={step} loss={loss.item():.6f}")
 
 

@@ -39,6 +39,8 @@ def main():
     parser.add_argument("--device", default="tpu")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    # Compile the training step into one program, or the model into forward and backward programs.
+    parser.add_argument("--compile", choices=["none", "step", "model"], default="none")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
@@ -49,13 +51,23 @@ def main():
     model = MLP().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
+    if args.compile == "model":
+        model = torch.compile(model)
+
+    def train_step(inputs, targets):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    if args.compile == "step":
+        train_step = torch.compile(train_step)
+
     model.train()
     for step in range(args.steps):
         i = step % NUM_BATCHES
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(x[i]), y[i])
-        loss.backward()
-        optimizer.step()
+        loss = train_step(x[i], y[i])
         print(f"step={step} loss={loss.item():.6f}")
 
 

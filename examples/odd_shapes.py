@@ -43,6 +43,8 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=1e-4)
+    # Compile the training step into one program, or the model into forward and backward programs.
+    parser.add_argument("--compile", choices=["none", "step", "model"], default="none")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
@@ -54,13 +56,23 @@ def main():
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     loss_fn = nn.CrossEntropyLoss()
 
+    if args.compile == "model":
+        model = torch.compile(model)
+
+    def train_step(inputs, targets):
+        optimizer.zero_grad()
+        loss = loss_fn(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    if args.compile == "step":
+        train_step = torch.compile(train_step)
+
     model.train()
     for step in range(args.steps):
         i = step % NUM_BATCHES
-        optimizer.zero_grad()
-        loss = loss_fn(model(x[i]), y[i])
-        loss.backward()
-        optimizer.step()
+        loss = train_step(x[i], y[i])
         print(f"step={step} loss={loss.item():.6f}")
 
 

@@ -90,6 +90,8 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=1e-3)
+    # Compile the training step into one program, or the model into forward and backward programs.
+    parser.add_argument("--compile", choices=["none", "step", "model"], default="none")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
@@ -101,15 +103,25 @@ def main():
     model = TinyGPT().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
 
-    model.train()
-    for step in range(args.steps):
-        batch = tokens[step % NUM_BATCHES]
-        inputs, targets = batch[:, :-1], batch[:, 1:]  # predict the next token
+    if args.compile == "model":
+        model = torch.compile(model)
+
+    def train_step(inputs, targets):
         optimizer.zero_grad()
         logits = model(inputs)
         loss = F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
         loss.backward()
         optimizer.step()
+        return loss
+
+    if args.compile == "step":
+        train_step = torch.compile(train_step)
+
+    model.train()
+    for step in range(args.steps):
+        batch = tokens[step % NUM_BATCHES]
+        inputs, targets = batch[:, :-1], batch[:, 1:]  # predict the next token
+        loss = train_step(inputs, targets)
         print(f"step={step} loss={loss.item():.6f}")
 
 

@@ -50,7 +50,8 @@ _UNARY = {
     aten.erfc: jax.scipy.special.erfc,
     aten.erfinv: jax.scipy.special.erfinv,
     aten.lgamma: jax.scipy.special.gammaln,
-    aten.digamma: jax.scipy.special.digamma,
+    # PyTorch's digamma is -inf at +0 and +inf at -0 (JAX gives NaN).
+    aten.digamma: lambda x: jnp.where(x == 0, jnp.copysign(jnp.inf, -x), jax.scipy.special.digamma(x)),
     aten.sigmoid: jax.nn.sigmoid,
     aten.sign: jnp.sign,
     aten.sgn: jnp.sign,

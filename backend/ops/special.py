@@ -29,6 +29,11 @@ def _float(x):
 # --- gamma family ------------------------------------------------------------------
 
 
+def digamma(x):
+    """digamma with PyTorch's values at the poles: -inf at +0, +inf at -0 (NaN below)."""
+    return jnp.where(x == 0, jnp.copysign(jnp.inf, -x), jss.digamma(x))
+
+
 _ZETA_A = (12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606e9, 7.47242496e10,
            -2.950130727918164224e12, 1.1646782814350067249e14, -4.5979787224074726105e15,
            1.8152105401943546773e17, -7.1661652561756670113e18)
@@ -56,7 +61,8 @@ def _hurwitz_zeta(x, q):
         return i2, a2, b2, s2, done2
 
     s0 = q ** -x
-    start_done = pole_q | bad_q | (x <= 1)
+    # Non-finite inputs would never leave the loop: they are settled after it.
+    start_done = pole_q | bad_q | (x <= 1) | ~jnp.isfinite(q) | jnp.isnan(x)
     _, a, b, s, _ = lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), q, s0, s0, start_done))
     early = jnp.abs(b / s) < eps
     w = a
@@ -78,7 +84,10 @@ def _hurwitz_zeta(x, q):
     out = jnp.where(x == 1, jnp.inf, out)
     out = jnp.where(x < 1, jnp.nan, out)
     out = jnp.where(pole_q & (x >= 1), jnp.inf, out)
-    return jnp.where(bad_q & ~pole_q & (x >= 1), jnp.nan, out)
+    out = jnp.where(bad_q & ~pole_q & (x >= 1), jnp.nan, out)
+    out = jnp.where(jnp.isnan(q) | jnp.isnan(x), jnp.nan, out)
+    out = jnp.where(jnp.isinf(q) & (q > 0) & (x > 1), 0.0, out)
+    return jnp.where(jnp.isinf(q) & (q < 0) & (x >= 1), jnp.nan, out)
 
 
 def _trigamma(x):
@@ -100,7 +109,7 @@ def _trigamma(x):
 def polygamma(n, self):
     x = _float(self)
     if n == 0:
-        return jss.digamma(x)
+        return digamma(x)
     if n == 1:
         return _trigamma(x)
     # psi^(n)(x) = (-1)^(n+1) n! zeta(n + 1, x)
@@ -121,16 +130,26 @@ def zeta(self, other):
     return _hurwitz_zeta(x.astype(dtype), q.astype(dtype))
 
 
+def _igamma_edges(out, a, x, complement):
+    """PyTorch's special cases of the regularized incomplete gamma functions."""
+    lo, hi = (1.0, 0.0) if complement else (0.0, 1.0)
+    out = jnp.where(jnp.isinf(x), hi, out)
+    out = jnp.where(jnp.isinf(a), jnp.where(jnp.isinf(x), jnp.nan, lo), out)
+    out = jnp.where(x == 0, lo, out)
+    out = jnp.where(a == 0, jnp.where(x > 0, hi, jnp.nan), out)
+    return jnp.where((x < 0) | (a < 0), jnp.nan, out)
+
+
 @lower(aten.igamma)
 def igamma(self, other):
     a, x = jnp.broadcast_arrays(_float(self), _float(other))
-    return jss.gammainc(a, x)
+    return _igamma_edges(jss.gammainc(a, x), a, x, complement=False)
 
 
 @lower(aten.igammac)
 def igammac(self, other):
     a, x = jnp.broadcast_arrays(_float(self), _float(other))
-    return jss.gammaincc(a, x)
+    return _igamma_edges(jss.gammaincc(a, x), a, x, complement=True)
 
 
 @lower(aten.frexp.Tensor)
@@ -193,71 +212,53 @@ def _poly_args(x, n):
     return x, n.astype(jnp.int64)
 
 
-@lower(aten.special_chebyshev_polynomial_t)
-def chebyshev_t(x, n):
-    x, n = _poly_args(x, n)
-    p = _recurrence(x, n, jnp.ones_like(x), x, lambda k, x, p, q: 2 * x * p - q)
-    # PyTorch's closed forms: cos(n acos x) for large n inside (-1, 1), and the endpoints.
-    trig = jnp.cos(n.astype(x.dtype) * jnp.arccos(jnp.clip(x, -1, 1)))
-    p = jnp.where((n > 6) & (jnp.abs(x) < 1), trig, p)
+def _chebyshev(kind, y, n, threshold):
+    """Chebyshev polynomials of the four kinds at y, as PyTorch computes them: exact
+    values at y = +-1, the trigonometric closed form for degrees above `threshold`
+    inside (-1, 1), else the recurrence p_{k+1} = 2 y p_k - p_{k-1}."""
+    first = {"t": y, "u": y + y, "v": y + y - 1, "w": y + y + 1}[kind]
+    p = _recurrence(y, n, jnp.ones_like(y), first, lambda k, y, p, q: (y + y) * p - q)
+    nf = n.astype(y.dtype)
     odd = n % 2 == 1
-    p = jnp.where(jnp.abs(x) == 1, jnp.where((x > 0) | ~odd, 1.0, -1.0).astype(x.dtype), p)
-    return jnp.where(n < 0, 0, p)
+    theta = jnp.arccos(jnp.clip(y, -1, 1))
+    if kind == "t":
+        trig = jnp.cos(nf * theta)
+        at_one, at_minus_one = jnp.ones_like(y), jnp.where(odd, -1.0, 1.0)
+    elif kind == "u":
+        s = jnp.sin(theta)
+        trig = jnp.where(s != 0, jnp.sin((nf + 1) * theta) / jnp.where(s != 0, s, 1),
+                         (nf + 1) * jnp.cos((nf + 1) * theta) / y)
+        at_one, at_minus_one = nf + 1, jnp.where(odd, -(nf + 1), nf + 1)
+    elif kind == "v":
+        at_one, at_minus_one = jnp.ones_like(y), jnp.where(odd, -(nf + nf + 1), nf + nf + 1)
+        trig = jnp.where(jnp.sin(theta / 2) != 1, jnp.cos((nf + 0.5) * theta) / jnp.cos(theta / 2), at_minus_one)
+    else:
+        at_one, at_minus_one = nf + nf + 1, jnp.where(odd, -1.0, 1.0)
+        trig = jnp.where(jnp.cos(theta / 2) != 1, jnp.sin((nf + 0.5) * theta) / jnp.sin(theta / 2),
+                         jnp.where(y > 0, at_one, at_minus_one))
+    p = jnp.where((n > threshold) & (jnp.abs(y) < 1), trig, p)
+    p = jnp.where(y == 1, at_one, jnp.where(y == -1, at_minus_one, p))
+    return jnp.where(n < 0, 0, p).astype(y.dtype)
 
 
-@lower(aten.special_chebyshev_polynomial_u)
-def chebyshev_u(x, n):
-    x, n = _poly_args(x, n)
-    p = _recurrence(x, n, jnp.ones_like(x), 2 * x, lambda k, x, p, q: 2 * x * p - q)
-    theta = jnp.arccos(jnp.clip(x, -1, 1))
-    s = jnp.sin(theta)
-    trig = jnp.where(s != 0, jnp.sin((n + 1).astype(x.dtype) * theta) / jnp.where(s != 0, s, 1),
-                     (n + 1).astype(x.dtype) * jnp.cos((n + 1).astype(x.dtype) * theta) / jnp.cos(theta))
-    p = jnp.where((n > 8) & (jnp.abs(x) < 1), trig, p)
-    odd = n % 2 == 1
-    end = (n + 1).astype(x.dtype)
-    p = jnp.where(jnp.abs(x) == 1, jnp.where((x > 0) | ~odd, end, -end), p)
-    return jnp.where(n < 0, 0, p)
+# PyTorch switches to the closed form above these degrees (Math.h).
+_THRESHOLDS = {"t": 6, "u": 8, "v": 8, "w": 8}
+_SHIFTED_THRESHOLDS = {"t": 6, "u": 6, "v": 6, "w": 4}
 
 
-@lower(aten.special_chebyshev_polynomial_v)
-def chebyshev_v(x, n):
-    x, n = _poly_args(x, n)
-    p = _recurrence(x, n, jnp.ones_like(x), 2 * x - 1, lambda k, x, p, q: 2 * x * p - q)
-    theta = jnp.arccos(jnp.clip(x, -1, 1))
-    half = jnp.sin(theta / 2)
-    nf = n.astype(x.dtype)
-    trig = jnp.where(half != 0, jnp.cos((nf + 0.5) * theta) / jnp.cos(theta / 2), jnp.where(n % 2 == 0, nf + nf + 1, -(nf + nf + 1)))
-    trig = jnp.where(jnp.cos(theta / 2) != 0, trig, jnp.where(n % 2 == 0, nf + nf + 1, -(nf + nf + 1)))
-    p = jnp.where((n > 8) & (jnp.abs(x) < 1), trig, p)
-    p = jnp.where(x == 1, 1.0, p)
-    p = jnp.where(x == -1, jnp.where(n % 2 == 0, nf + nf + 1, -(nf + nf + 1)), p)
-    return jnp.where(n < 0, 0, p)
+def _chebyshev_lowering(kind, shifted):
+    def lowering(x, n):
+        x, n = _poly_args(x, n)
+        if shifted:
+            return _chebyshev(kind, x + x - 1, n, _SHIFTED_THRESHOLDS[kind])
+        return _chebyshev(kind, x, n, _THRESHOLDS[kind])
+
+    return lowering
 
 
-@lower(aten.special_chebyshev_polynomial_w)
-def chebyshev_w(x, n):
-    x, n = _poly_args(x, n)
-    p = _recurrence(x, n, jnp.ones_like(x), 2 * x + 1, lambda k, x, p, q: 2 * x * p - q)
-    theta = jnp.arccos(jnp.clip(x, -1, 1))
-    nf = n.astype(x.dtype)
-    c = jnp.cos(theta / 2)
-    trig = jnp.where(c != 0, jnp.sin((nf + 0.5) * theta) / jnp.sin(theta / 2), jnp.where(n % 2 == 0, 1.0, -1.0))
-    trig = jnp.where(jnp.sin(theta / 2) != 0, trig, nf + nf + 1)
-    p = jnp.where((n > 8) & (jnp.abs(x) < 1), trig, p)
-    p = jnp.where(x == 1, nf + nf + 1, p)
-    p = jnp.where(x == -1, jnp.where(n % 2 == 0, 1.0, -1.0), p)
-    return jnp.where(n < 0, 0, p)
-
-
-def _shifted(fn):
-    return lambda x, n: fn(x + x - 1, n)
-
-
-lower(aten.special_shifted_chebyshev_polynomial_t)(_shifted(chebyshev_t))
-lower(aten.special_shifted_chebyshev_polynomial_u)(_shifted(chebyshev_u))
-lower(aten.special_shifted_chebyshev_polynomial_v)(_shifted(chebyshev_v))
-lower(aten.special_shifted_chebyshev_polynomial_w)(_shifted(chebyshev_w))
+for _kind in "tuvw":
+    lower(getattr(aten, f"special_chebyshev_polynomial_{_kind}"))(_chebyshev_lowering(_kind, False))
+    lower(getattr(aten, f"special_shifted_chebyshev_polynomial_{_kind}"))(_chebyshev_lowering(_kind, True))
 
 
 @lower(aten.special_hermite_polynomial_h)

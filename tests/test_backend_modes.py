@@ -1,0 +1,129 @@
+"""Fused and compiled execution: same losses as the CPU, one program per step, recompilations."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from test_examples_tpu import losses
+
+MODES = {
+    "fused": ({"TORCH_TPU_DEFER_AND_FUSE": "1"}, []),
+    "compiled step": ({}, ["--compile", "step"]),
+    "compiled model": ({}, ["--compile", "model"]),
+}
+
+
+@pytest.mark.parametrize("name", ["mlp", "odd_shapes", "cnn", "transformer"])
+def test_example_matches_cpu_in_fused_and_compiled_modes(name, monkeypatch):
+    cpu = losses(name, "cpu")
+    for mode, (env, extra) in MODES.items():
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        tpu = losses(name, "tpu", *extra)
+        for key in env:
+            monkeypatch.delenv(key)
+        for step, (a, b) in enumerate(zip(cpu, tpu)):
+            assert b == pytest.approx(a, rel=1e-4), f"{mode}, step {step}: cpu {a} tpu {b}"
+
+
+def run_python(code: str, **env) -> str:
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                         timeout=600, env={**os.environ, **env})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_transformer_runs_one_fused_program_per_step_without_recompiling():
+    out = run_python("""
+        import runpy, sys
+        from tpu_agent.backend import executables, lazy
+        sys.argv = ["transformer.py", "--steps", "6"]
+        runpy.run_path("examples/transformer.py", run_name="__main__")
+        graphs = [e for e in executables.all() if e.kind == "fused"]
+        steady = [e.calls for e in graphs]
+        print("GRAPHS", len(graphs), "CALLS", steady, "FLUSHES", lazy.RECORDER.flushes,
+              "RECOMPILES", len(lazy.RECORDER.recompiles))
+    """, TORCH_TPU_DEFER_AND_FUSE="1")
+    line = next(l for l in out.splitlines() if l.startswith("GRAPHS"))
+    parts = line.split()
+    # Warm-up (the optimizer creates its state in step 1) compiles one graph; steps 2..6 reuse one more.
+    assert parts[1] == "2", line
+    assert parts[-3] == "6", line  # one flush (one program run) per step
+    assert parts[-1] == "1", line  # the steady graph is the only compile after the first
+
+
+def test_a_batch_shape_change_in_the_last_step_is_one_recompilation_naming_the_shape():
+    out = run_python("""
+        import torch, torch.nn.functional as F
+        from tpu_agent.backend import lazy
+        torch.manual_seed(0)
+        model = torch.nn.Linear(16, 4).to("tpu")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(6):
+            batch = 8 if step < 5 else 5
+            x = torch.randn(batch, 16).to("tpu")
+            y = torch.randint(0, 4, (batch,)).to("tpu")
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        for r in lazy.RECORDER.recompiles:
+            print("RECOMPILE", r.at_flush, r.changed_shapes)
+    """, TORCH_TPU_DEFER_AND_FUSE="1")
+    lines = [l for l in out.splitlines() if l.startswith("RECOMPILE")]
+    assert len(lines) == 1, out
+    assert "float32[5, 16]" in lines[0] and "int64[5]" in lines[0], lines[0]
+
+
+def test_compiled_step_replays_one_program():
+    out = run_python("""
+        import torch, torch.nn.functional as F
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to("tpu")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        x = torch.randn(8, 16).to("tpu"); y = torch.randint(0, 4, (8,)).to("tpu")
+
+        @torch.compile
+        def step(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        for _ in range(8):
+            step(x, y)
+        target = step._target
+        print("REPLAYS", target.replays, "CAPTURES", target.captures, "REASON", target.reason_not_replayed)
+    """)
+    line = next(l for l in out.splitlines() if l.startswith("REPLAYS"))
+    assert line.split()[1] == "5" and line.split()[3] == "3" and line.endswith("None"), line
+
+
+def test_compiled_step_recaptures_when_the_learning_rate_changes():
+    out = run_python("""
+        import torch
+        model = torch.nn.Linear(4, 1).to("tpu")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.ones(2, 4).to("tpu")
+
+        @torch.tpu.compile
+        def step(x):
+            opt.zero_grad()
+            loss = model(x).sum()
+            loss.backward()
+            opt.step()
+            return loss
+
+        for _ in range(4):
+            step(x)
+        before = model.weight.cpu().clone()
+        opt.param_groups[0]["lr"] = 0.0
+        step(x)
+        print("UNCHANGED", torch.equal(before, model.weight.cpu()))
+    """)
+    assert "UNCHANGED True" in out, out
