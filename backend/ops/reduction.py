@@ -313,3 +313,214 @@ def softmax_backward(grad_output, output, dim, input_dtype):
 def log_softmax_backward(grad_output, output, dim, input_dtype):
     d = norm_dim(dim, output.ndim)
     return grad_output - jnp.exp(output) * jnp.sum(grad_output, axis=d, keepdims=True)
+
+
+# --- order statistics, histograms, searching ------------------------------------------
+
+
+def _median(self, dim, keepdim, ignore_nan):
+    """The lower median along `dim` and its index (stable sort: ties resolve to the
+    occurrence PyTorch's CPU kernel returns for sorted runs). NaN propagates unless ignored."""
+    if self.ndim == 0:
+        return self, jnp.zeros((), jnp.int64)
+    d = norm_dim(dim, self.ndim)
+    x = jnp.moveaxis(self, d, -1)
+    n = x.shape[-1]
+    order = jnp.argsort(x, axis=-1, stable=True)  # NaNs sort last
+    nans = jnp.sum(jnp.isnan(x), axis=-1) if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.zeros(x.shape[:-1], jnp.int64)
+    if ignore_nan:
+        k = jnp.maximum(n - nans - 1, 0) // 2
+    else:
+        # Any NaN: the median is NaN, at the first NaN's position in the sorted order.
+        k = jnp.where(nans > 0, n - nans, (n - 1) // 2)
+    k = jnp.minimum(k, n - 1)[..., None]
+    idx = jnp.take_along_axis(order, k, axis=-1)
+    values = jnp.take_along_axis(x, idx, axis=-1)
+    values, idx = jnp.moveaxis(values, -1, d), jnp.moveaxis(idx, -1, d)
+    if not keepdim:
+        values, idx = jnp.squeeze(values, d), jnp.squeeze(idx, d)
+    return values, idx.astype(jnp.int64)
+
+
+@lower(aten.median.default)
+def median(self):
+    if self.size == 0:
+        return jnp.asarray(jnp.nan, self.dtype)
+    return _median(self.reshape(-1), 0, False, False)[0]
+
+
+@lower(aten.median.dim)
+def median_dim(self, dim, keepdim=False):
+    return _median(self, dim, keepdim, False)
+
+
+@lower(aten.nanmedian.default)
+def nanmedian(self):
+    if self.size == 0:
+        return jnp.asarray(jnp.nan, self.dtype)
+    return _median(self.reshape(-1), 0, False, True)[0]
+
+
+@lower(aten.nanmedian.dim)
+def nanmedian_dim(self, dim, keepdim=False):
+    return _median(self, dim, keepdim, True)
+
+
+@lower(aten.mode.default)
+def mode(self, dim=-1, keepdim=False):
+    """The most frequent value (the smallest among equally frequent ones) and its last index."""
+    if self.ndim == 0:
+        return self, jnp.zeros((), jnp.int64)
+    d = norm_dim(dim, self.ndim)
+    x = jnp.moveaxis(self, d, -1)
+    n = x.shape[-1]
+    s = jnp.sort(x, axis=-1)
+    # The length of the run of equal values ending at each sorted position; the first
+    # maximum ends the longest run of the smallest such value.
+    positions = jnp.arange(n)
+    starts = jnp.concatenate([jnp.ones(s.shape[:-1] + (1,), bool), s[..., 1:] != s[..., :-1]], axis=-1)
+    run_start = lax.cummax(jnp.where(starts, positions, 0), axis=s.ndim - 1)
+    best = jnp.argmax(positions - run_start, axis=-1)[..., None]
+    values = jnp.take_along_axis(s, best, axis=-1)
+    idx = jnp.max(jnp.where(x == values, positions, -1), axis=-1, keepdims=True)
+    values, idx = jnp.moveaxis(values, -1, d), jnp.moveaxis(idx, -1, d)
+    if not keepdim:
+        values, idx = jnp.squeeze(values, d), jnp.squeeze(idx, d)
+    return values, idx.astype(jnp.int64)
+
+
+def _search_side(right, side):
+    if side is not None:
+        return side
+    return "right" if right else "left"
+
+
+@lower(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
+def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
+    side = _search_side(right, side)
+    seq = sorted_sequence
+    if sorter is not None:
+        seq = jnp.take_along_axis(seq, sorter, axis=-1)
+    values = jnp.asarray(self)
+    out_dtype = jnp.int32 if out_int32 else jnp.int64
+    if seq.ndim == 1:
+        return jnp.searchsorted(seq, values, side=side).astype(out_dtype)
+    lead = seq.shape[:-1]
+    flat_seq = seq.reshape((-1, seq.shape[-1]))
+    flat_vals = values.reshape((flat_seq.shape[0], -1))
+    out = jax.vmap(lambda s, v: jnp.searchsorted(s, v, side=side))(flat_seq, flat_vals)
+    return out.reshape(lead + values.shape[len(lead):]).astype(out_dtype)
+
+
+@lower(aten.bucketize.Tensor, aten.bucketize.Scalar)
+def bucketize(self, boundaries, *, out_int32=False, right=False):
+    out = jnp.searchsorted(boundaries, jnp.asarray(self), side="right" if right else "left")
+    return out.astype(jnp.int32 if out_int32 else jnp.int64)
+
+
+def _histogram_counts(x, edges, weight, local_search):
+    """Counts of x in the bins given by `edges` (the last bin is closed), PyTorch's way:
+    a linear estimate of the bin, corrected against the edges when `local_search`."""
+    bins = edges.shape[0] - 1
+    lo, hi = edges[0], edges[-1]
+    pos = jnp.floor((x - lo) * bins / (hi - lo)).astype(jnp.int64)
+    pos = jnp.clip(pos, 0, bins - 1)
+    if local_search:
+        pos = jnp.where(edges[pos] > x, pos - 1, jnp.where(edges[jnp.minimum(pos + 1, bins)] <= x, pos + 1, pos))
+        pos = jnp.clip(pos, 0, bins - 1)
+    inside = (x >= lo) & (x <= hi)
+    w = jnp.ones_like(x) if weight is None else weight.astype(x.dtype)
+    w = jnp.where(inside, w, 0)
+    return jnp.zeros((bins,), x.dtype).at[pos].add(w)
+
+
+@lower(aten.histc.default)
+def histc(self, bins=100, min=0, max=0):
+    x = self.reshape(-1)
+    lo, hi = jnp.asarray(min, x.dtype), jnp.asarray(max, x.dtype)
+    if x.size:
+        same = lo == hi
+        lo, hi = jnp.where(same, jnp.min(x), lo), jnp.where(same, jnp.max(x), hi)
+    same = lo == hi
+    lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
+    edges = jnp.linspace(lo, hi, bins + 1, dtype=x.dtype)
+    return _histogram_counts(x, edges, None, local_search=False)
+
+
+@lower(aten.histogram.bin_ct)
+def histogram_bin_ct(self, bins=100, *, range=None, weight=None, density=False):
+    x = self.reshape(-1)
+    if range is not None:
+        lo, hi = jnp.asarray(range[0], x.dtype), jnp.asarray(range[1], x.dtype)
+    elif x.size:
+        lo, hi = jnp.min(x), jnp.max(x)
+    else:
+        lo, hi = jnp.asarray(0, x.dtype), jnp.asarray(0, x.dtype)
+    same = lo == hi
+    lo, hi = jnp.where(same, lo - 0.5, lo), jnp.where(same, hi + 0.5, hi)
+    edges = jnp.linspace(lo, hi, bins + 1, dtype=x.dtype)
+    hist = _histogram_counts(x, edges, None if weight is None else weight.reshape(-1), local_search=True)
+    if density:
+        hist = hist / (jnp.sum(hist) * jnp.diff(edges))
+    return hist, edges
+
+
+@lower(aten.histogram.bins_tensor)
+def histogram_bins_tensor(self, bins, *, weight=None, density=False):
+    x = self.reshape(-1)
+    nb = bins.shape[0] - 1
+    pos = jnp.searchsorted(bins, x, side="right") - 1
+    pos = jnp.where(x == bins[-1], nb - 1, pos)
+    inside = (x >= bins[0]) & (x <= bins[-1])
+    w = jnp.ones_like(x) if weight is None else weight.reshape(-1).astype(x.dtype)
+    hist = jnp.zeros((nb,), x.dtype).at[jnp.clip(pos, 0, nb - 1)].add(jnp.where(inside, w, 0))
+    if density:
+        hist = hist / (jnp.sum(hist) * jnp.diff(bins))
+    return hist, bins
+
+
+@lower(aten.equal.default)
+def equal(self, other):
+    if self.shape != other.shape:
+        return jnp.asarray(False)
+    return jnp.all(self == other)
+
+
+@lower(aten.allclose.default)
+def allclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    return jnp.all(jnp.isclose(self, other, rtol=rtol, atol=atol, equal_nan=equal_nan))
+
+
+@lower(aten.segment_reduce.default)
+def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
+    if indices is not None:
+        raise NotImplementedError("segment_reduce with indices")
+    axis = norm_dim(axis, data.ndim)
+    if lengths is None:
+        lengths = jnp.diff(offsets, axis=-1)
+    n = data.shape[axis]
+    segments = lengths.shape[-1]
+    lead = data.shape[:axis]
+
+    def one(d, lens):
+        ids = jnp.repeat(jnp.arange(segments), lens, total_repeat_length=n)
+        ops = {"sum": jax.ops.segment_sum, "mean": jax.ops.segment_sum, "max": jax.ops.segment_max,
+               "min": jax.ops.segment_min, "prod": jax.ops.segment_prod}
+        out = ops[reduce](d, ids, num_segments=segments)
+        shape = (segments,) + (1,) * (d.ndim - 1)
+        empty = (lens == 0).reshape(shape)
+        # `initial` starts every segment's reduction, empty or not.
+        if initial is not None:
+            combine = {"sum": jnp.add, "mean": jnp.add, "max": jnp.maximum, "min": jnp.minimum,
+                       "prod": jnp.multiply}[reduce]
+            out = combine(out, jnp.asarray(initial, out.dtype))
+        if reduce == "mean":
+            out = out / jnp.maximum(lens, 1).reshape(shape).astype(out.dtype)
+        default = {"sum": 0, "mean": jnp.nan, "max": -jnp.inf, "min": jnp.inf, "prod": 1}[reduce]
+        return jnp.where(empty, default if initial is None else initial, out).astype(d.dtype)
+
+    moved = jnp.moveaxis(data, axis, len(lead))
+    flat = moved.reshape((-1,) + moved.shape[len(lead):])
+    out = jax.vmap(one)(flat, lengths.reshape((-1, segments)))
+    out = out.reshape(lead + out.shape[1:])
+    return out

@@ -463,3 +463,117 @@ def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None
 def unique2(self, sorted=True, return_inverse=False, return_counts=False):
     values, inverse, counts = np.unique(np.asarray(self), return_inverse=True, return_counts=True)
     return jnp.asarray(values), jnp.asarray(inverse.reshape(self.shape)), jnp.asarray(counts)
+
+
+# --- more indexing: reductions into an index, masks, flat positions -----------------
+
+
+@lower(aten.index_reduce.default)
+def index_reduce(self, dim, index, source, reduce, *, include_self=True):
+    if self.ndim == 0:
+        out = index_reduce(self.reshape(1), 0, index.reshape(-1), source.reshape(1), reduce, include_self=include_self)
+        return out.reshape(())
+    d = norm_dim(dim, self.ndim)
+    x = jnp.moveaxis(self, d, 0)
+    src = jnp.moveaxis(source.astype(self.dtype), d, 0)
+    if reduce == "prod":
+        base = x if include_self else x.at[index].set(1)
+        out = base.at[index].multiply(src)
+    elif reduce in ("amax", "amin"):
+        if jnp.issubdtype(x.dtype, jnp.floating):
+            fill = -jnp.inf if reduce == "amax" else jnp.inf
+        else:
+            info = jnp.iinfo(x.dtype)
+            fill = info.min if reduce == "amax" else info.max
+        base = x if include_self else x.at[index].set(fill)
+        out = base.at[index].max(src) if reduce == "amax" else base.at[index].min(src)
+    elif reduce == "mean":
+        base = x if include_self else x.at[index].set(0)
+        total = base.at[index].add(src)
+        count = jnp.zeros(x.shape[:1], x.dtype).at[index].add(1) + (1 if include_self else 0)
+        count = jnp.maximum(count, 1).reshape((-1,) + (1,) * (x.ndim - 1))
+        out = total / count if jnp.issubdtype(x.dtype, jnp.floating) else jnp.floor_divide(total, count)
+    else:
+        raise NotImplementedError(f"index_reduce with reduce={reduce!r}")
+    return jnp.moveaxis(out, 0, d).astype(self.dtype)
+
+
+@lower(aten.masked_scatter.default)
+def masked_scatter(self, mask, source):
+    """Fill the True positions of `mask`, in row-major order, from consecutive `source` elements."""
+    self, mask = jnp.broadcast_arrays(self, mask)
+    flat = source.reshape(-1).astype(self.dtype)
+    if flat.size == 0:
+        return self
+    order = jnp.clip(jnp.cumsum(mask.reshape(-1)) - 1, 0, flat.size - 1)
+    return jnp.where(mask, flat[order].reshape(self.shape), self)
+
+
+def _flat_index(index, n):
+    index = index.reshape(-1)
+    return jnp.where(index < 0, index + n, index)
+
+
+@lower(aten.put.default)
+def put(self, index, source, accumulate=False):
+    flat = self.reshape(-1)
+    idx = _flat_index(index, flat.size)
+    src = source.reshape(-1).astype(self.dtype)
+    out = flat.at[idx].add(src) if accumulate else flat.at[idx].set(src)
+    return out.reshape(self.shape)
+
+
+@lower(aten.take.default)
+def take(self, index):
+    flat = self.reshape(-1)
+    return flat[_flat_index(index, flat.size)].reshape(index.shape)
+
+
+@lower(aten.nonzero_static.default)
+def nonzero_static(self, *, size, fill_value=-1):
+    if self.ndim == 0:
+        return jnp.zeros((size, 0), jnp.int64)
+    coords = jnp.nonzero(self, size=size, fill_value=fill_value)
+    return jnp.stack(coords, axis=-1).astype(jnp.int64)
+
+
+def _scatter_positions(self, view):
+    """Scatter `value` into the positions of `self` that the view function selects."""
+    def scatter(value):
+        positions = view(jnp.arange(self.size).reshape(self.shape))
+        value = jnp.broadcast_to(value, positions.shape).astype(self.dtype)
+        return self.reshape(-1).at[positions.reshape(-1)].set(value.reshape(-1)).reshape(self.shape)
+
+    return scatter
+
+
+@lower(aten.diagonal_scatter.default)
+def diagonal_scatter(self, src, offset=0, dim1=0, dim2=1):
+    return _scatter_positions(self, lambda a: jnp.diagonal(a, offset, norm_dim(dim1, a.ndim), norm_dim(dim2, a.ndim)))(src)
+
+
+@lower(aten.as_strided_scatter.default)
+def as_strided_scatter(self, src, size, stride, storage_offset=None):
+    return _scatter_positions(self, lambda a: as_strided(a, size, stride, storage_offset))(src)
+
+
+@lower(aten.copy.default)
+def copy(self, src, non_blocking=False):
+    return jnp.broadcast_to(src, self.shape).astype(self.dtype)
+
+
+@lower(aten.embedding_renorm.default)
+def embedding_renorm(self, indices, max_norm, norm_type):
+    """Rescale the rows named by `indices` whose norm exceeds max_norm (as PyTorch: by max_norm / (norm + 1e-7))."""
+    idx = indices.reshape(-1)
+    rows = self[idx]
+    norms = jnp.sum(jnp.abs(rows) ** norm_type, axis=-1, keepdims=True) ** (1.0 / norm_type)
+    scale = jnp.where(norms > max_norm, max_norm / (norms + 1e-7), 1.0)
+    return self.at[idx].set((rows * scale).astype(self.dtype))
+
+
+@lower(aten.repeat_interleave.Tensor, jit=False)
+def repeat_interleave(repeats, *, output_size=None):
+    # The output length is the sum of `repeats`: a value, hence unjitted.
+    total = int(jnp.sum(repeats)) if output_size is None else output_size
+    return jnp.repeat(jnp.arange(repeats.shape[0]), repeats, total_repeat_length=total)
