@@ -49,7 +49,6 @@ class Capture:
         self.owned = dict(state_storages or {})  # id(storage) -> path: module state, base-tensor args
         self.arg_arrays: dict[int, tuple] = {}  # id(array) -> path of the argument
         self.storage_arrays: dict[int, weakref.ref] = {}  # id(array) -> storage
-        self.view_args: set[int] = set()  # storages under a tensor argument that is a view
         self.rng_counters: set[int] = set()
         self.rng_bases: set[int] = set()
         self.problems: list[str] = []
@@ -61,30 +60,16 @@ class Capture:
         found = _tensor_paths(tree)
         capture = cls({id(t): path for path, t in found}, state_storages)
         for path, t in found:
-            if t._view_chain:
-                capture.view_args.add(id(t._storage_box))
-            else:
-                capture.owned.setdefault(id(t._storage_box), ("arg", path))
+            capture.owned.setdefault(id(t._storage_box), ("arg", path))
         return capture
 
     def read(self, tensor: TpuTensor):
         box = tensor._storage_box
-        path = self.arg_tensors.get(id(tensor))
-        if path is not None and tensor._view_chain:
-            # A view passed as an argument (a batch sliced from a dataset tensor) is an input
-            # in its own right: its value, computed outside the graph.
-            with modes.eager_override():
-                value = tensor.jax_value_outside_capture()
-            self.arg_arrays[id(value)] = ("arg", path)
-            self.keep.append(value)
-            return value
         array = box.array
         if type(array) is not Lazy:
             owner = self.owned.get(id(box))
             if owner is not None:
                 self.arg_arrays[id(array)] = owner
-            elif id(box) in self.view_args:
-                self.problems.append("it reads beyond a view argument (the view's base)")
             else:
                 self.storage_arrays[id(array)] = weakref.ref(box)
             self.keep.append(array)
@@ -165,8 +150,9 @@ def _hyperparameters(optimizers) -> tuple:
 class _Plan:
     """A captured step that can be replayed."""
 
-    def __init__(self, exe, provenance, outputs, return_tree, return_map, optimizers):
+    def __init__(self, exe, provenance, outputs, return_tree, return_map, optimizers, shardings):
         self.exe = exe
+        self.shardings = shardings  # per input: the placement it had at capture (sharded batches)
         self.provenance = provenance
         self.outputs = outputs  # [(weakref to storage, output index)]
         self.return_tree = return_tree
@@ -189,7 +175,11 @@ class _Plan:
         base = None
         for kind, value in self.provenance:
             if kind == "arg":
-                inputs.append(_get_path(args, value).jax())
+                array = _get_path(args, value).jax()
+                wanted = self.shardings[len(inputs)]
+                if wanted is not None and array.sharding != wanted:
+                    array = jax.device_put(array, wanted)  # as the step's sharding hook placed it
+                inputs.append(array)
             elif kind == "storage":
                 box = value()
                 if box is None:
@@ -262,6 +252,7 @@ class CompiledStep:
             with modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), _steps_suspended():
                 return self.fn(*call_args[0], **call_args[1])
         RECORDER.flush("before capture")
+        rebased = _RebasedViews(call_args)
         capture = Capture.for_arguments(call_args)
         def before_optimizer_step(optimizer, args, kwargs):
             _make_capturable(optimizer)
@@ -270,13 +261,15 @@ class CompiledStep:
         hook = register_optimizer_step_pre_hook(before_optimizer_step)
         RECORDER.capture = capture
         try:
-            with modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), _steps_suspended():
+            with rebased, modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), _steps_suspended():
                 result = self.fn(*call_args[0], **call_args[1])
                 returned = _tensor_paths(result)
                 RECORDER.flush("capture end")
         finally:
             RECORDER.capture = None
             hook.remove()
+        if rebased.written:
+            capture.problems.append("it writes into a tensor argument that is a view")
         self.captures += 1
         if RECORDER.last_flush is None:
             return result
@@ -295,7 +288,9 @@ class CompiledStep:
                 return result
             return_map[path] = index_of[id(lz)]
         optimizers = list(dict.fromkeys(capture.optimizers))
-        plan = _Plan(exe, provenance, out_map, result, return_map, optimizers)
+        shardings = [getattr(v, "sharding", None) if kind == "arg" else None
+                     for (kind, _), v in zip(provenance, inputs)]
+        plan = _Plan(exe, provenance, out_map, result, return_map, optimizers, shardings)
         previous = self.candidates.get(signature)
         if previous is not None and previous.key() == plan.key():
             self.plans[signature] = plan
@@ -335,6 +330,34 @@ def _make_capturable(optimizer) -> None:
     for group in optimizer.param_groups:
         if "capturable" in group and not group["capturable"]:
             group["capturable"] = True
+
+
+class _RebasedViews:
+    """During a capture, a tensor argument that is a view (a batch sliced from a dataset)
+    stands on its own storage holding its value: the graph takes that value as an input,
+    and views the step derives from it chain from it, not from the dataset."""
+
+    def __init__(self, tree):
+        self.views = [t for _, t in _tensor_paths(tree) if t._view_chain]
+        self.saved = []
+        self.written = False
+
+    def __enter__(self):
+        from .tensor import Storage
+
+        for t in self.views:
+            box = Storage(t.jax())
+            self.saved.append((t, t._storage_box, t._view_chain, box))
+            t._storage_box, t._view_chain, t._cache, t._cache_version = box, (), box.array, box.version
+        return self
+
+    def __exit__(self, *exc):
+        for t, old_box, chain, box in self.saved:
+            t._storage_box, t._view_chain, t._cache_version = old_box, chain, -1
+            if box.version:
+                self.written = True
+                t.set_jax(box.array)
+        return False
 
 
 class _steps_suspended:
@@ -401,10 +424,11 @@ class _ForwardProgram:
         RECORDER.flush("before capture")
         named = dict(module.named_parameters()) | dict(module.named_buffers())
         state = {id(t._storage_box): ("state", name) for name, t in named.items() if isinstance(t, TpuTensor)}
+        rebased = _RebasedViews((args, kwargs))
         capture = Capture.for_arguments((args, kwargs), state)
         RECORDER.capture = capture
         try:
-            with torch.no_grad(), modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), _steps_suspended():
+            with rebased, torch.no_grad(), modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), _steps_suspended():
                 result = module(*args, **kwargs)
                 returned = _tensor_paths(result)
                 RECORDER.flush("capture end")

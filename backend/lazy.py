@@ -158,7 +158,7 @@ class Recorder:
             exe = self._compile(key, nodes, plan, out_refs, inputs)
         t0 = time.perf_counter()
         values = exe.fn(*inputs)
-        if modes.time_executables:
+        if modes.launch_blocking():
             jax.block_until_ready(values)
         exe.calls += 1
         exe.time_s += time.perf_counter() - t0

@@ -67,8 +67,13 @@ def set_eager_mode(mode: EagerMode) -> _Switch:
 time_executables = os.environ.get("TPU_AGENT_TIME_EXECUTABLES", "") == "1"
 
 
+# XLA's CPU client deadlocks when two programs with collectives over simulated devices
+# are in flight at once; sharding.set_mesh turns this on for such meshes.
+serialize_programs = False
+
+
 def launch_blocking() -> bool:
-    return time_executables or _mode is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
+    return time_executables or serialize_programs or _mode is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
 
 
 _eager_override = False

@@ -29,8 +29,11 @@ _mesh: Mesh | None = None
 def set_mesh(axes: dict[str, int] | None) -> Mesh | None:
     """Build the mesh (axis name -> size, product = device count used) or clear it with None."""
     global _mesh
+    from . import modes
+
     if axes is None:
         _mesh = None
+        modes.serialize_programs = False
         return None
     devices = jax.devices()
     size = math.prod(axes.values())
@@ -38,6 +41,7 @@ def set_mesh(axes: dict[str, int] | None) -> Mesh | None:
         raise ValueError(f"a mesh of {dict(axes)} needs {size} devices; {len(devices)} are available "
                          "(on a CPU host set TPU_AGENT_DEVICES)")
     _mesh = Mesh(np.array(devices[:size]).reshape(tuple(axes.values())), tuple(axes.keys()))
+    modes.serialize_programs = size > 1 and jax.default_backend() == "cpu"
     return _mesh
 
 
@@ -80,7 +84,7 @@ def shard_tensor(tensor: TpuTensor, spec) -> None:
     from .dispatch import materialize
 
     array = materialize(tensor)
-    tensor._storage_box.write(jax.device_put(array, NamedSharding(mesh, PartitionSpec(*spec))))
+    tensor._storage_box.place(jax.device_put(array, NamedSharding(mesh, PartitionSpec(*spec))))
 
 
 def shard_module(module: torch.nn.Module, rules) -> list[tuple[str, tuple]]:

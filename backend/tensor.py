@@ -28,6 +28,10 @@ class Storage:
         if type(array) is Storage.lazy_type:
             Storage.recorder.track(self)
 
+    def place(self, array) -> None:
+        """Same values, new placement (sharding): views stay valid, so no new version."""
+        self.array = array
+
     def write(self, array) -> None:
         self.array = array
         self.version += 1
@@ -127,14 +131,6 @@ class TpuTensor(torch.Tensor):
             self._cache = apply_chain(box.array, self._view_chain)
             self._cache_version = box.version
         return self._cache
-
-    def jax_value_outside_capture(self):
-        """This tensor's value computed from its base now, bypassing any step capture."""
-        from .views import apply_chain
-
-        if not self._view_chain:
-            return self._storage_box.array
-        return apply_chain(self._storage_box.array, self._view_chain)
 
     def set_jax(self, value) -> None:
         """Replace this tensor's value in place (a write through a view updates its base)."""

@@ -384,10 +384,12 @@ def native_batch_norm_backward(grad_out, input, weight, running_mean, running_va
         out = (x - mean.reshape(shape)) * rstd.reshape(shape)
         return out * w.reshape(shape) if w is not None else out
 
-    _, vjp = jax.vjp(f, input, weight)
+    ones = jnp.ones((input.shape[1],), input.dtype)
+    _, vjp = jax.vjp(f, input, weight if weight is not None else ones)
     gi, gw = vjp(grad_out)
     gb = jnp.sum(grad_out, axis=axes) if output_mask[2] else None
-    return (gi if output_mask[0] else None, gw if output_mask[1] else None, gb)
+    # As PyTorch's meta kernel: grad_input always, the others as output_mask asks.
+    return gi, (gw if output_mask[1] else None), gb
 
 
 @lower(aten.native_group_norm.default)
@@ -481,3 +483,243 @@ def smooth_l1_loss(self, target, reduction=1, beta=1.0):
 
 
 del norm_dim
+
+
+# --- more pooling: 3-d average, adaptive max / 3-d average ---------------------------------
+
+
+@lower(aten.avg_pool3d.default)
+def avg_pool3d(self, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True, divisor_override=None):
+    return _avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 3)
+
+
+@lower(aten.avg_pool3d_backward.default)
+def avg_pool3d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    _, vjp = jax.vjp(lambda x: _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 3), self)
+    return vjp(grad_output)[0]
+
+
+def _adaptive_windows(n, o):
+    """Per output position: the input positions of its window (padded) and which are real."""
+    starts = np.array([(i * n) // o for i in range(o)])
+    ends = np.array([-(-((i + 1) * n) // o) for i in range(o)])
+    k = int((ends - starts).max()) if o else 0
+    pos = starts[:, None] + np.arange(k)[None, :]
+    return np.minimum(pos, n - 1), pos < ends[:, None]
+
+
+def _adaptive_gather(self, output_size):
+    """Windows of adaptive pooling over the last len(output_size) dims: the gathered values
+    with the window positions moved last and flattened, the validity mask, the flat indices."""
+    nd = len(output_size)
+    spatial = self.shape[-nd:]
+    lead = self.ndim - nd
+    x = self
+    valid = np.ones((), bool)
+    flat = np.zeros((), np.int64)
+    for i, (n, o) in enumerate(zip(spatial, output_size)):
+        pos, ok = _adaptive_windows(n, o)
+        axis = lead + 2 * i
+        x = jnp.take(x, jnp.asarray(pos.reshape(-1)), axis=axis).reshape(x.shape[:axis] + pos.shape + x.shape[axis + 1:])
+        valid = valid[..., None, None] & ok
+        flat = flat[..., None, None] * n + pos
+    # (..., o1, k1, o2, k2, ...) -> (..., o1, o2, ..., k1 * k2 * ...)
+    outs = [lead + 2 * i for i in range(nd)]
+    ks = [lead + 2 * i + 1 for i in range(nd)]
+    x = jnp.transpose(x, tuple(range(lead)) + tuple(outs) + tuple(ks))
+    x = x.reshape(x.shape[: lead + nd] + (int(np.prod(x.shape[lead + nd:])),))
+    perm = tuple(range(0, 2 * nd, 2)) + tuple(range(1, 2 * nd, 2))
+    valid = valid.transpose(perm).reshape(tuple(output_size) + (-1,))
+    flat = flat.transpose(perm).reshape(tuple(output_size) + (-1,))
+    return x, jnp.asarray(valid), jnp.asarray(flat)
+
+
+def _adaptive_max_pool(self, output_size):
+    x, valid, flat = _adaptive_gather(self, output_size)
+    low = -jnp.inf if jnp.issubdtype(self.dtype, jnp.floating) else jnp.iinfo(self.dtype).min
+    x = jnp.where(valid, x, low)
+    pick = jnp.argmax(x, axis=-1)[..., None]
+    values = jnp.take_along_axis(x, pick, axis=-1)[..., 0]
+    indices = jnp.take_along_axis(jnp.broadcast_to(flat, x.shape), pick, axis=-1)[..., 0]
+    return values, indices.astype(jnp.int64)
+
+
+@lower(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default)
+def adaptive_max_pool(self, output_size):
+    return _adaptive_max_pool(self, tuple(output_size))
+
+
+@lower(aten.adaptive_max_pool2d_backward.default)
+def adaptive_max_pool2d_backward(grad_output, self, indices):
+    return _max_pool_backward(grad_output, self, indices, 2)
+
+
+@lower(aten.adaptive_max_pool3d_backward.default)
+def adaptive_max_pool3d_backward(grad_output, self, indices):
+    return _max_pool_backward(grad_output, self, indices, 3)
+
+
+@lower(aten._adaptive_avg_pool3d.default)
+def adaptive_avg_pool3d(self, output_size):
+    x, valid, _ = _adaptive_gather(self, tuple(output_size))
+    total = jnp.sum(jnp.where(valid, x, 0), axis=-1)
+    return (total / jnp.sum(valid, axis=-1).astype(total.dtype)).astype(self.dtype)
+
+
+@lower(aten._adaptive_avg_pool3d_backward.default)
+def adaptive_avg_pool3d_backward(grad_output, self):
+    _, vjp = jax.vjp(lambda x: adaptive_avg_pool3d(x, grad_output.shape[-3:]), self)
+    return vjp(grad_output)[0]
+
+
+# --- distances, bilinear, embedding bags -------------------------------------------------
+
+
+def _pairwise(diff, p):
+    """The p-norm over the last axis of pairwise differences, PyTorch's special p included."""
+    a = jnp.abs(diff)
+    if p == 0:
+        return jnp.sum((a != 0).astype(a.dtype), axis=-1)
+    if p == float("inf"):
+        return jnp.max(a, axis=-1) if a.shape[-1] else jnp.zeros(a.shape[:-1], a.dtype)
+    if p == 1:
+        return jnp.sum(a, axis=-1)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(a * a, axis=-1))
+    return jnp.sum(a**p, axis=-1) ** (1.0 / p)
+
+
+@lower(aten._cdist_forward.default, static_floats=True)
+def cdist(x1, x2, p, compute_mode):
+    r1, r2 = x1.shape[-2], x2.shape[-2]
+    batch = jnp.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
+    x1 = jnp.broadcast_to(x1, batch + x1.shape[-2:])
+    x2 = jnp.broadcast_to(x2, batch + x2.shape[-2:])
+    # compute_mode: None / 0 = matmul form when either side has more than 25 rows, 1 = always, 2 = never.
+    use_mm = p == 2 and (compute_mode == 1 or ((compute_mode is None or compute_mode == 0) and (r1 > 25 or r2 > 25)))
+    if use_mm:
+        # PyTorch's _euclidean_dist: |a|^2 - 2 a.b + |b|^2 as one matmul, clamped at 0.
+        n1 = jnp.sum(x1 * x1, axis=-1, keepdims=True)
+        n2 = jnp.sum(x2 * x2, axis=-1, keepdims=True)
+        a = jnp.concatenate([-2 * x1, n1, jnp.ones_like(n1)], axis=-1)
+        b = jnp.concatenate([x2, jnp.ones_like(n2), n2], axis=-1)
+        return jnp.sqrt(jnp.maximum(jnp.matmul(a, jnp.swapaxes(b, -1, -2)), 0))
+    return _pairwise(x1[..., :, None, :] - x2[..., None, :, :], p)
+
+
+@lower(aten._pdist_forward.default, static_floats=True)
+def pdist(self, p=2.0):
+    n = self.shape[0]
+    i, j = np.triu_indices(n, 1)
+    return _pairwise(self[jnp.asarray(i)] - self[jnp.asarray(j)], p)
+
+
+@lower(aten._trilinear.default)
+def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    def expand(x, dims):
+        for d in sorted(dims):
+            x = jnp.expand_dims(x, d)
+        return x
+
+    prod = expand(i1, expand1) * expand(i2, expand2) * expand(i3, expand3)
+    return jnp.sum(prod, axis=tuple(sumdim)) if sumdim else prod
+
+
+@lower(aten._embedding_bag_forward_only.default, aten._embedding_bag.default)
+def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """Bags of embedding rows reduced by sum (0), mean (1) or max (2). Returns the output,
+    each index's bag, each bag's size and (for max) the row index chosen per feature."""
+    if indices.ndim == 2:  # fixed-size bags given as a matrix
+        bags, per = indices.shape
+        offsets = jnp.arange(bags) * per
+        indices = indices.reshape(-1)
+        include_last_offset = False
+    n = indices.shape[0]
+    bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
+    bag_of = jnp.searchsorted(offsets, jnp.arange(n), side="right") - 1
+    if include_last_offset:
+        bag_of = jnp.minimum(bag_of, bags - 1)
+    keep = indices != padding_idx if padding_idx >= 0 else jnp.ones((n,), bool)
+    rows = weight[indices]
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights[:, None].astype(rows.dtype)
+    seg = jnp.where(keep, bag_of, bags)  # padding goes to a dropped extra segment
+    counts = jax.ops.segment_sum(keep.astype(jnp.int64), seg, num_segments=bags + 1)[:bags]
+    if mode == 2:
+        out = jax.ops.segment_max(rows, seg, num_segments=bags + 1)[:bags]
+        out = jnp.where(counts[:, None] > 0, out, 0)
+        # The first position reaching the max, per bag and feature.
+        hit = (rows == out[jnp.minimum(seg, bags - 1)]) & (seg < bags)[:, None]
+        first = jax.ops.segment_min(jnp.where(hit, jnp.arange(n)[:, None], n), seg, num_segments=bags + 1)[:bags]
+        max_indices = jnp.where(counts[:, None] > 0, indices[jnp.minimum(first, n - 1)], 0).astype(jnp.int64)
+    else:
+        out = jax.ops.segment_sum(rows, seg, num_segments=bags + 1)[:bags]
+        if mode == 1:
+            out = out / jnp.maximum(counts, 1)[:, None].astype(out.dtype)
+        max_indices = jnp.zeros((0,), jnp.int64)
+    # bag_size has one entry per offset (include_last_offset's extra one is 0), as PyTorch's.
+    bag_size = jnp.concatenate([counts, jnp.zeros((offsets.shape[0] - bags,), counts.dtype)])
+    return out.astype(weight.dtype), bag_of.astype(jnp.int64), bag_size, max_indices
+
+
+# --- fractional max pooling ----------------------------------------------------------------
+
+
+def _fractional_starts(sample, n, o, k):
+    """PyTorch's generate_intervals, per plane: window starts from a U(0, 1) sample,
+    computed in the sample's precision; the last window ends at the input's end."""
+    if o <= 1:
+        return jnp.full(sample.shape + (o,), n - k, jnp.int64)
+    alpha = jnp.asarray((n - k), sample.dtype) / jnp.asarray(o - 1, sample.dtype)
+    i = jnp.arange(o - 1, dtype=sample.dtype)
+    s = sample[..., None]
+    starts = ((i + s) * alpha).astype(jnp.int64) - (s * alpha).astype(jnp.int64)
+    return jnp.concatenate([starts, jnp.full(sample.shape + (1,), n - k, jnp.int64)], axis=-1)
+
+
+def _fractional_max_pool(self, kernel_size, output_size, random_samples, order):
+    """Max over windows at pseudo-random starts. `order[d]` is the column of random_samples
+    that drives spatial dim d. Returns values and flat spatial indices (first max wins)."""
+    nd = len(kernel_size)
+    batched = self.ndim == nd + 2
+    x = self if batched else self[None]
+    n, c = x.shape[:2]
+    spatial = x.shape[2:]
+    flat = jnp.zeros((n, c), jnp.int64)
+    valid_shape = (n, c)
+    for d in range(nd):
+        starts = _fractional_starts(random_samples[..., order[d]], spatial[d], output_size[d], kernel_size[d])
+        pos = starts[..., :, None] + jnp.arange(kernel_size[d])  # (n, c, o_d, k_d)
+        # Grow the flat index by one (o_d, k_d) pair of axes per dim.
+        flat = flat[..., None, None] * spatial[d] + pos.reshape((n, c) + (1, 1) * d + pos.shape[2:])
+        valid_shape = valid_shape + pos.shape[2:]
+    outs = tuple(2 + 2 * d for d in range(nd))
+    ks = tuple(3 + 2 * d for d in range(nd))
+    flat = jnp.transpose(flat, (0, 1) + outs + ks).reshape((n, c) + tuple(output_size) + (-1,))
+    values = jnp.take_along_axis(x.reshape(n, c, -1), flat.reshape(n, c, -1), axis=-1).reshape(flat.shape)
+    pick = jnp.argmax(values, axis=-1)[..., None]
+    out = jnp.take_along_axis(values, pick, axis=-1)[..., 0]
+    idx = jnp.take_along_axis(flat, pick, axis=-1)[..., 0]
+    return (out, idx) if batched else (out[0], idx[0])
+
+
+@lower(aten.fractional_max_pool2d.default)
+def fractional_max_pool2d(self, kernel_size, output_size, random_samples):
+    # random_samples[..., 0] drives the width, [..., 1] the height.
+    return _fractional_max_pool(self, tuple(kernel_size), tuple(output_size), random_samples, (1, 0))
+
+
+@lower(aten.fractional_max_pool3d.default)
+def fractional_max_pool3d(self, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(self, tuple(kernel_size), tuple(output_size), random_samples, (0, 1, 2))
+
+
+@lower(aten.fractional_max_pool2d_backward.default)
+def fractional_max_pool2d_backward(grad_output, self, kernel_size, output_size, indices):
+    return _max_pool_backward(grad_output, self, indices, 2)
+
+
+@lower(aten.fractional_max_pool3d_backward.default)
+def fractional_max_pool3d_backward(grad_output, self, kernel_size, output_size, indices):
+    return _max_pool_backward(grad_output, self, indices, 3)

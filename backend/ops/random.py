@@ -114,3 +114,49 @@ def native_dropout(input, p, train, *, key):
 @lower(aten.native_dropout_backward.default)
 def native_dropout_backward(grad_output, mask, scale):
     return grad_output * mask.astype(grad_output.dtype) * scale
+
+
+@lower(aten.rand_like.default, random=True)
+def rand_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key):
+    return jax.random.uniform(key, self.shape, jdtype(dtype, _float(self.dtype)))
+
+
+@lower(aten.randn_like.default, random=True)
+def randn_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key):
+    return jax.random.normal(key, self.shape, jdtype(dtype, _float(self.dtype)))
+
+
+@lower(aten.randint_like.default, aten.randint_like.Tensor, random=True)
+def randint_like(self, high, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key):
+    out = jdtype(dtype, self.dtype)
+    return jax.random.randint(key, self.shape, 0, high, jnp.int64).astype(out)
+
+
+@lower(aten.randint_like.low_dtype, random=True)
+def randint_like_low(self, low, high, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key):
+    out = jdtype(dtype, self.dtype)
+    return jax.random.randint(key, self.shape, low, high, jnp.int64).astype(out)
+
+
+@lower(aten.multinomial.default, random=True)
+def multinomial(self, num_samples, replacement=False, *, generator=None, key):
+    """Draws category indices with probabilities proportional to the rows of `self`;
+    without replacement by the Gumbel top-k trick."""
+    logits = jnp.log(self.astype(_float(self.dtype)))
+    if replacement:
+        shape = (num_samples,) + self.shape[:-1]
+        draws = jax.random.categorical(key, logits, axis=-1, shape=shape)
+        return jnp.moveaxis(draws, 0, -1).astype(jnp.int64)
+    gumbel = jax.random.gumbel(key, self.shape, logits.dtype)
+    return jax.lax.top_k(logits + gumbel, num_samples)[1].astype(jnp.int64)
+
+
+@lower(aten.rrelu_with_noise_functional.default, random=True)
+def rrelu_with_noise_functional(self, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None, *, key):
+    """Randomized leaky ReLU: in training each negative input gets a slope drawn from
+    U(lower, upper), recorded in `noise` (1 for non-negative inputs); else the mean slope."""
+    if not training:
+        return jnp.where(self >= 0, self, self * ((lower + upper) / 2)).astype(self.dtype), noise
+    slope = jax.random.uniform(key, self.shape, _float(self.dtype), lower, upper)
+    neg = self < 0
+    return jnp.where(neg, self * slope, self).astype(self.dtype), jnp.where(neg, slope, 1).astype(noise.dtype)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 from jax import lax
 
@@ -524,3 +525,63 @@ def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, ax
     out = jax.vmap(one)(flat, lengths.reshape((-1, segments)))
     out = out.reshape(lead + out.shape[1:])
     return out
+
+
+def _histogramdd_edges(self, bins, range):
+    """Equal-width edges per dimension of the last axis of `self` (N points in D dims)."""
+    x = self.reshape(-1, self.shape[-1])
+    edges = []
+    for d, nb in enumerate(bins):
+        if range is not None:
+            lo, hi = jnp.asarray(range[2 * d], x.dtype), jnp.asarray(range[2 * d + 1], x.dtype)
+        elif x.shape[0]:
+            lo, hi = jnp.min(x[:, d]), jnp.max(x[:, d])
+        else:
+            lo, hi = jnp.asarray(0, x.dtype), jnp.asarray(0, x.dtype)
+        same = lo == hi
+        lo, hi = jnp.where(same, lo - 0.5, lo), jnp.where(same, hi + 0.5, hi)
+        edges.append(jnp.linspace(lo, hi, nb + 1, dtype=x.dtype))
+    return edges
+
+
+def _histogramdd(self, edges, weight, density, uniform):
+    x = self.reshape(-1, self.shape[-1])
+    n = x.shape[0]
+    flat = jnp.zeros((n,), jnp.int64)
+    inside = jnp.ones((n,), bool)
+    for d, e in enumerate(edges):
+        nb = e.shape[0] - 1
+        v = x[:, d]
+        if uniform:
+            pos = jnp.clip(jnp.floor((v - e[0]) * nb / (e[-1] - e[0])).astype(jnp.int64), 0, nb - 1)
+            pos = jnp.where(e[pos] > v, pos - 1, jnp.where(e[jnp.minimum(pos + 1, nb)] <= v, pos + 1, pos))
+        else:
+            pos = jnp.searchsorted(e, v, side="right") - 1
+            pos = jnp.where(v == e[-1], nb - 1, pos)
+        pos = jnp.clip(pos, 0, nb - 1)
+        inside = inside & (v >= e[0]) & (v <= e[-1])
+        flat = flat * nb + pos
+    shape = tuple(e.shape[0] - 1 for e in edges)
+    w = jnp.ones((n,), x.dtype) if weight is None else weight.reshape(-1).astype(x.dtype)
+    hist = jnp.zeros((int(np.prod(shape)),), x.dtype).at[flat].add(jnp.where(inside, w, 0)).reshape(shape)
+    if density:
+        hist = hist / jnp.sum(hist)
+        for d, e in enumerate(edges):
+            widths = jnp.diff(e).reshape((1,) * d + (-1,) + (1,) * (len(edges) - d - 1))
+            hist = hist / widths
+    return hist
+
+
+@lower(aten._histogramdd_bin_edges.default)
+def histogramdd_bin_edges(self, bins, *, range=None, weight=None, density=False):
+    return _histogramdd_edges(self, bins, range)
+
+
+@lower(aten._histogramdd_from_bin_cts.default)
+def histogramdd_from_bin_cts(self, bins, *, range=None, weight=None, density=False):
+    return _histogramdd(self, _histogramdd_edges(self, bins, range), weight, density, uniform=True)
+
+
+@lower(aten._histogramdd_from_bin_tensors.default)
+def histogramdd_from_bin_tensors(self, bins, *, weight=None, density=False):
+    return _histogramdd(self, list(bins), weight, density, uniform=False)
