@@ -218,7 +218,7 @@ def _new_program(name: str, kind: str, raw, args, jit: bool = True, source: str 
     if jit:
         executables.register(exe)
     STATS.compiles += 1
-    program = lazy.Program(exe.id, name if source is None else f"{name}[{source}]", raw, {})
+    program = lazy.Program(exe.id, name, raw, {}, scope=name if source is None else f"{name}[{source}]")
     return exe, program
 
 

@@ -58,9 +58,10 @@ class Program:
     """A function of arrays the recorder can replay: an op's lowering, a view, a cast."""
 
     id: int
-    name: str
+    name: str  # the aten op, or view_read / cast for helpers
     raw: Callable  # unjitted: traced inside the graph
     out_avals: dict  # input avals -> (treedef, [ShapeDtypeStruct])
+    scope: str = ""  # HLO metadata scope: the op and the user's source line, "aten.mm.default[train.py:42]"
 
     def abstract_eval(self, args):
         key = tuple(_aval_key(a) for a in args)
@@ -180,7 +181,7 @@ class Recorder:
             env = []
             for (program_id, refs), program, treedef in zip(plan, programs, treedefs):
                 call_args = [args[i] if kind else env[i][k] for kind, i, k in refs]
-                with jax.named_scope(program.name):
+                with jax.named_scope(program.scope or program.name):
                     out = program.raw(*call_args)
                 env.append(jax.tree_util.tree_leaves(out))
             return [env[i][k] for i, k in out_refs]

@@ -723,3 +723,65 @@ def fractional_max_pool2d_backward(grad_output, self, kernel_size, output_size, 
 @lower(aten.fractional_max_pool3d_backward.default)
 def fractional_max_pool3d_backward(grad_output, self, kernel_size, output_size, indices):
     return _max_pool_backward(grad_output, self, indices, 3)
+
+
+# --- grid sampling ---------------------------------------------------------------------------
+
+
+def _grid_source_index(coords, size, padding_mode, align_corners):
+    """Grid coordinates in [-1, 1] to input positions, with padding_mode 0 zeros, 1 border, 2 reflection."""
+    mul = (size * 0.5 - 0.5) if align_corners else (size * 0.5)
+    x = coords * mul + (size * 0.5 - 0.5)
+    if padding_mode == 0:
+        return x
+    if padding_mode == 2:
+        low, high = (0.0, size - 1.0) if align_corners else (-0.5, size - 0.5)
+        span = high - low
+        if span <= 0:
+            x = jnp.zeros_like(x)
+        else:
+            d = jnp.abs(x - low)
+            extra = jnp.fmod(d, span)
+            flips = jnp.floor(d / span).astype(jnp.int64)
+            x = jnp.where(flips % 2 == 0, extra + low, span + low - extra)
+    return jnp.clip(x, 0, size - 1)
+
+
+def _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
+    """Sample input (N, C, *spatial) at grid (N, *out, nd) (last coordinate = first spatial
+    dim reversed: x is width). Bilinear / trilinear (mode 0) or nearest (mode 1)."""
+    n, c = input.shape[:2]
+    spatial = input.shape[2:]
+    nd = len(spatial)
+    out_shape = grid.shape[1:-1]
+    pos = [_grid_source_index(grid[..., nd - 1 - d], spatial[d], padding_mode, align_corners) for d in range(nd)]
+    flat_input = input.reshape(n, c, -1)
+
+    def gather(idx):  # idx: per-dim integer positions (N, *out); out of bounds reads as 0
+        ok = jnp.ones(idx[0].shape, bool)
+        flat = jnp.zeros(idx[0].shape, jnp.int64)
+        for d in range(nd):
+            ok = ok & (idx[d] >= 0) & (idx[d] < spatial[d])
+            flat = flat * spatial[d] + jnp.clip(idx[d], 0, spatial[d] - 1)
+        flat = jnp.broadcast_to(flat.reshape(n, 1, -1), (n, c, flat[0].size))
+        vals = jnp.take_along_axis(flat_input, flat, axis=-1).reshape((n, c) + out_shape)
+        return jnp.where(ok[:, None], vals, 0)
+
+    if interpolation_mode == 1:
+        return gather([jnp.round(p).astype(jnp.int64) for p in pos])
+    if interpolation_mode != 0:
+        raise NotImplementedError(f"grid_sampler with interpolation_mode={interpolation_mode} and {nd} spatial dims")
+    lo = [jnp.floor(p) for p in pos]
+    out = jnp.zeros((n, c) + out_shape, input.dtype)
+    for corner in np.ndindex(*(2,) * nd):
+        idx, w = [], jnp.ones(grid.shape[:-1], input.dtype)
+        for d, bit in enumerate(corner):
+            w = w * ((pos[d] - lo[d]) if bit else (lo[d] + 1 - pos[d]))
+            idx.append((lo[d] + bit).astype(jnp.int64))
+        out = out + gather(idx) * w[:, None]
+    return out
+
+
+@lower(aten.grid_sampler_3d.default)
+def grid_sampler_3d(input, grid, interpolation_mode, padding_mode, align_corners):
+    return _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)
