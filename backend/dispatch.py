@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from . import dtypes, executables, lazy, modes, ops  # noqa: F401  (ops fills the registry)
+from . import dtypes, executables, lazy, modes, ops, padding  # noqa: F401  (ops fills the registry)
 from .lazy import RECORDER
 from .registry import LOWERINGS, Lowering
 from .state import RNG, STATS, cpu_fallback_enabled
@@ -322,6 +322,7 @@ def execute(func, lowering: Lowering, args, kwargs):
         if RECORDER.capture is not None:
             RECORDER.capture.note_rng(base, counter)
     key.append(modes.current_precision())
+    key.append(padding.multiple())
     key = tuple(key)
     entry = CACHE.get(key)
     if entry is None:

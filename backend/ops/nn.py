@@ -13,6 +13,7 @@ import torch
 from jax import lax
 from jax._src.lax.windowed_reductions import _reduce_window_max  # differentiable, unlike a generic reduce
 
+from .. import padding
 from ..registry import lower
 from ._util import norm_dim
 
@@ -24,17 +25,17 @@ aten = torch.ops.aten
 
 @lower(aten.mm.default)
 def mm(self, mat2):
-    return jnp.matmul(self, mat2)
+    return padding.matmul(self, mat2)
 
 
 @lower(aten.bmm.default)
 def bmm(self, mat2):
-    return jnp.matmul(self, mat2)
+    return padding.matmul(self, mat2)
 
 
 @lower(aten.matmul.default)
 def matmul(self, other):
-    return jnp.matmul(self, other)
+    return padding.matmul(self, other)
 
 
 @lower(aten.mv.default)
@@ -60,12 +61,12 @@ def _scaled(out, base, beta, alpha):
 
 @lower(aten.addmm.default)
 def addmm(self, mat1, mat2, *, beta=1, alpha=1):
-    return _scaled(jnp.matmul(mat1, mat2), self, beta, alpha)
+    return _scaled(padding.matmul(mat1, mat2), self, beta, alpha)
 
 
 @lower(aten.baddbmm.default)
 def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
-    return _scaled(jnp.matmul(batch1, batch2), self, beta, alpha)
+    return _scaled(padding.matmul(batch1, batch2), self, beta, alpha)
 
 
 @lower(aten.addmv.default)
@@ -785,3 +786,143 @@ def _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
 @lower(aten.grid_sampler_3d.default)
 def grid_sampler_3d(input, grid, interpolation_mode, padding_mode, align_corners):
     return _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)
+
+
+# --- antialiased resampling ------------------------------------------------------------------
+
+
+def _aa_linear(x):
+    return np.maximum(0.0, 1.0 - np.abs(x))
+
+
+def _aa_cubic(x, a=-0.5):
+    x = np.abs(x)
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return np.where(x < 1, near, np.where(x < 2, far, 0.0))
+
+
+def _aa_weights(in_size, out_size, align_corners, scale, filter_fn, interp_size):
+    """PyTorch's antialiasing interpolation weights (UpSampleKernel.cpp), one row per output
+    position: a triangle / cubic filter widened by the downscale factor, normalized."""
+    f32 = np.float32
+    if align_corners:
+        s = f32((in_size - 1) / (out_size - 1)) if out_size > 1 else f32(0)
+    else:
+        s = f32(1.0 / scale) if scale is not None and scale > 0 else f32(in_size / out_size)
+    support = f32(interp_size * 0.5) * s if s >= 1 else f32(interp_size * 0.5)
+    invscale = f32(1.0) / s if s >= 1 else f32(1.0)
+    w = np.zeros((out_size, in_size), np.float32)
+    for i in range(out_size):
+        center = s * f32(i + 0.5)
+        lo = max(int(center - support + f32(0.5)), 0)
+        hi = min(int(center + support + f32(0.5)), in_size)
+        j = np.arange(lo, hi)
+        row = filter_fn((j - center + f32(0.5)).astype(f32) * invscale).astype(f32)
+        total = row.sum(dtype=f32)
+        w[i, lo:hi] = row / total if total != 0 else row
+    return w
+
+
+def _upsample_aa(self, output_size, align_corners, scales, filter_fn, interp_size):
+    h, w = self.shape[-2:]
+    oh, ow = output_size
+    wh = _aa_weights(h, oh, align_corners, scales[0], filter_fn, interp_size)
+    ww = _aa_weights(w, ow, align_corners, scales[1], filter_fn, interp_size)
+    x = self.astype(jnp.float32) if self.dtype in (jnp.float16, jnp.bfloat16) else self
+    out = jnp.einsum("oh,...hw,pw->...op", jnp.asarray(wh, x.dtype), x, jnp.asarray(ww, x.dtype),
+                     precision=lax.Precision.HIGHEST)
+    return out.astype(self.dtype)
+
+
+def _aa_size(input, output_size, scale_factors):
+    if output_size is not None:
+        return tuple(output_size), (None, None)
+    h, w = input.shape[-2:]
+    return (int(h * scale_factors[0]), int(w * scale_factors[1])), tuple(scale_factors)
+
+
+@lower(aten._upsample_bilinear2d_aa.default, static_floats=True)
+def upsample_bilinear2d_aa(self, output_size, align_corners, scales_h=None, scales_w=None):
+    return _upsample_aa(self, output_size, align_corners, (scales_h, scales_w), _aa_linear, 2)
+
+
+@lower(aten._upsample_bilinear2d_aa.vec, static_floats=True)
+def upsample_bilinear2d_aa_vec(input, output_size, align_corners, scale_factors):
+    size, scales = _aa_size(input, output_size, scale_factors)
+    return _upsample_aa(input, size, align_corners, scales, _aa_linear, 2)
+
+
+@lower(aten._upsample_bicubic2d_aa.default, static_floats=True)
+def upsample_bicubic2d_aa(self, output_size, align_corners, scales_h=None, scales_w=None):
+    return _upsample_aa(self, output_size, align_corners, (scales_h, scales_w), _aa_cubic, 4)
+
+
+@lower(aten._upsample_bicubic2d_aa.vec, static_floats=True)
+def upsample_bicubic2d_aa_vec(input, output_size, align_corners, scale_factors):
+    size, scales = _aa_size(input, output_size, scale_factors)
+    return _upsample_aa(input, size, align_corners, scales, _aa_cubic, 4)
+
+
+# --- CTC loss --------------------------------------------------------------------------------
+
+
+def _ctc(log_probs, targets, input_lengths, target_lengths, blank, zero_infinity):
+    """CTC negative log likelihood by the forward (alpha) recursion in log space, over the
+    extended label sequence blank, l1, blank, l2, ..., blank. Returns (nll, log_alpha)."""
+    if log_probs.ndim == 2:  # unbatched (T, C)
+        nll, alpha = _ctc(log_probs[:, None], targets.reshape(1, -1), list(input_lengths),
+                          list(target_lengths), blank, zero_infinity)
+        return nll[0], alpha[0]
+    t_max, n, _ = log_probs.shape
+    # The lengths are Python lists here: the widest label sequence sets log_alpha's size.
+    s_max = max(target_lengths, default=0)
+    input_lengths = jnp.asarray(input_lengths, jnp.int64).reshape(n)
+    target_lengths = jnp.asarray(target_lengths, jnp.int64).reshape(n)
+    if targets.ndim == 1:  # concatenated targets: gather each sequence from its offset
+        offsets = jnp.cumsum(target_lengths) - target_lengths
+        idx = jnp.clip(offsets[:, None] + jnp.arange(s_max), 0, max(targets.shape[0] - 1, 0))
+        labels = targets[idx] if targets.shape[0] else jnp.zeros((n, 0), jnp.int64)
+    else:
+        labels = targets[:, :s_max]
+    length = 2 * s_max + 1
+    s = jnp.arange(length)
+    ext = jnp.where(s % 2 == 0, blank, labels[:, jnp.clip((s - 1) // 2, 0, max(s_max - 1, 0))] if s_max else blank)
+    ext = ext.astype(jnp.int64)
+    valid = s[None, :] < 2 * target_lengths[:, None] + 1
+    prev2 = jnp.concatenate([ext[:, :2], ext[:, :-2]], axis=1) if length > 2 else ext
+    skip = (s % 2 == 1)[None, :] & (s >= 2)[None, :] & (ext != prev2)
+    lp = jnp.take_along_axis(log_probs, jnp.broadcast_to(ext[None], (t_max, n, length)), axis=2)  # (T, N, L)
+    neg = jnp.asarray(-jnp.inf, log_probs.dtype)
+    init = jnp.where((s == 0)[None, :] | ((s == 1)[None, :] & (target_lengths[:, None] > 0)), lp[0], neg)
+    init = jnp.where(valid, init, neg)
+
+    def step(alpha, inputs):
+        t, lp_t = inputs
+        a1 = jnp.concatenate([jnp.full((n, 1), neg), alpha[:, :-1]], axis=1)
+        a2 = jnp.concatenate([jnp.full((n, 2), neg), alpha[:, :-2]], axis=1)[:, :length]
+        new = jnp.logaddexp(jnp.logaddexp(alpha, a1), jnp.where(skip, a2, neg)) + lp_t
+        new = jnp.where(valid, new, neg)
+        live = (t < input_lengths)[:, None]
+        return jnp.where(live, new, alpha), jnp.where(live, new, neg)
+
+    final, rest = lax.scan(step, init, (jnp.arange(1, t_max), lp[1:]))
+    log_alpha = jnp.concatenate([jnp.where((input_lengths > 0)[:, None], init, neg)[None], rest], axis=0)
+    last = jnp.take_along_axis(final, (2 * target_lengths)[:, None], axis=1)[:, 0]
+    before = jnp.take_along_axis(final, jnp.maximum(2 * target_lengths - 1, 0)[:, None], axis=1)[:, 0]
+    nll = -jnp.logaddexp(last, jnp.where(target_lengths > 0, before, neg))
+    if zero_infinity:
+        nll = jnp.where(jnp.isinf(nll), 0, nll)
+    return nll, jnp.transpose(log_alpha, (1, 0, 2))
+
+
+@lower(aten._ctc_loss.default)
+def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    return _ctc(log_probs, targets, list(input_lengths), list(target_lengths), blank, zero_infinity)
+
+
+@lower(aten._ctc_loss.Tensor, jit=False)
+def ctc_loss_tensor(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    # As PyTorch does, read the lengths to the host: log_alpha's size depends on them.
+    return _ctc(log_probs, targets, [int(v) for v in np.asarray(input_lengths).reshape(-1)],
+                [int(v) for v in np.asarray(target_lengths).reshape(-1)], blank, zero_infinity)
