@@ -638,8 +638,9 @@ def unsupported(func, args, kwargs):
         return cpu_fallback(func, args, kwargs)
     flat, _ = tree_flatten((args, kwargs))
     shapes = ", ".join(_describe(x) for x in flat if isinstance(x, torch.Tensor))
+    label = "aten op" if func.namespace == "aten" else "op"
     raise NotImplementedError(
-        f"aten op {func} is not supported on the tpu device (arguments: {shapes}); "
+        f"{label} {func} is not supported on the tpu device (arguments: {shapes}); "
         "set TPU_AGENT_CPU_FALLBACK=1 to run it on the CPU"
     )
 

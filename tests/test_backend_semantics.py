@@ -161,21 +161,29 @@ def test_bad_shapes_give_pytorchs_error():
         torch.mm(torch.ones(2, 3, device="tpu"), torch.ones(4, 5, device="tpu"))
 
 
-def test_unsupported_op_names_the_aten_op_and_shapes(monkeypatch):
+# An op with a CPU kernel and nothing else: never lowered, never decomposed.
+@torch.library.custom_op("tpu_agent_test::cube", mutates_args=())
+def cube(x: torch.Tensor) -> torch.Tensor:
+    return x * x * x
+
+
+def test_unsupported_op_names_the_op_and_shapes(monkeypatch):
     monkeypatch.delenv("TPU_AGENT_CPU_FALLBACK", raising=False)
     x = torch.ones(1, 2, 3, device="tpu")
-    with pytest.raises(NotImplementedError, match=r"aten\._cdist_forward\.default.*tpu:\[1, 2, 3\]:float32"):
-        torch.ops.aten._cdist_forward(x, x, 2.0, None)
+    with pytest.raises(NotImplementedError, match=r"tpu_agent_test\.cube\.default.*tpu:\[1, 2, 3\]:float32"):
+        cube(x)
+    with pytest.raises(NotImplementedError, match=r"aten op aten\._cslt_compress\.default is not supported"):
+        torch.ops.aten._cslt_compress(torch.ones(4, 8, device="tpu"))
 
 
 def test_cpu_fallback_is_opt_in_and_counted(monkeypatch):
     monkeypatch.setenv("TPU_AGENT_CPU_FALLBACK", "1")
-    a = torch.randn(1, 2, 3)
-    before = STATS.fallbacks["aten._cdist_forward.default"]
-    out = torch.ops.aten._cdist_forward(a.to("tpu"), a.to("tpu"), 2.0, None)
+    a = torch.randn(2, 3)
+    before = STATS.fallbacks["tpu_agent_test.cube.default"]
+    out = cube(a.to("tpu"))
     assert out.device.type == "tpu"
-    torch.testing.assert_close(out.cpu(), torch.ops.aten._cdist_forward(a, a, 2.0, None))
-    assert STATS.fallbacks["aten._cdist_forward.default"] == before + 1
+    torch.testing.assert_close(out.cpu(), a * a * a)
+    assert STATS.fallbacks["tpu_agent_test.cube.default"] == before + 1
 
 
 def test_launch_blocking_and_default_modes_agree():
