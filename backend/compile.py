@@ -252,7 +252,7 @@ class CompiledStep:
             with modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), _steps_suspended():
                 return self.fn(*call_args[0], **call_args[1])
         RECORDER.flush("before capture")
-        rebased = _RebasedViews(call_args)
+        rebased = _RebasedViews(call_args).__enter__()
         capture = Capture.for_arguments(call_args)
         def before_optimizer_step(optimizer, args, kwargs):
             _make_capturable(optimizer)
@@ -260,14 +260,16 @@ class CompiledStep:
 
         hook = register_optimizer_step_pre_hook(before_optimizer_step)
         RECORDER.capture = capture
+        RECORDER.last_flush = None
         try:
-            with rebased, modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), _steps_suspended():
+            with modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), _steps_suspended():
                 result = self.fn(*call_args[0], **call_args[1])
                 returned = _tensor_paths(result)
                 RECORDER.flush("capture end")
         finally:
             RECORDER.capture = None
             hook.remove()
+            rebased.__exit__(None, None, None)
         if rebased.written:
             capture.problems.append("it writes into a tensor argument that is a view")
         self.captures += 1
@@ -346,7 +348,13 @@ class _RebasedViews:
         from .tensor import Storage
 
         for t in self.views:
-            box = Storage(t.jax())
+            with modes.eager_override():  # the value now, outside any graph
+                value = t.jax()
+                if type(value) is Lazy:
+                    from .dispatch import materialize
+
+                    value = materialize(t)
+            box = Storage(value)
             self.saved.append((t, t._storage_box, t._view_chain, box))
             t._storage_box, t._view_chain, t._cache, t._cache_version = box, (), box.array, box.version
         return self
@@ -384,9 +392,12 @@ class _steps_suspended:
 class CompiledModule(torch.nn.Module):
     """`torch.compile(model)` on the tpu device."""
 
-    def __init__(self, module: torch.nn.Module):
+    def __init__(self, module: torch.nn.Module, call=None):
         super().__init__()
         self._orig_mod = module
+        # What computes the forward: the module itself, or (when its own `forward` is being
+        # replaced by this one) its original forward method.
+        self._call = call if call is not None else module
         self._programs: dict[tuple, _ForwardProgram] = {}
 
     def forward(self, *args, **kwargs):
@@ -395,9 +406,9 @@ class CompiledModule(torch.nn.Module):
                      tuple((k, tuple(v.shape), v.dtype) for k, v in state.items()))
         program = self._programs.get(signature)
         if program is None:
-            program = _ForwardProgram.capture(self._orig_mod, args, kwargs)
+            program = _ForwardProgram.capture(self._orig_mod, self._call, args, kwargs)
             if program is None:  # not capturable as a pure function: run it eagerly
-                return self._orig_mod(*args, **kwargs)
+                return self._call(*args, **kwargs)
             self._programs[signature] = program
         return program(self._orig_mod, args, kwargs)
 
@@ -420,20 +431,22 @@ class _ForwardProgram:
         self.backward_exe = None
 
     @classmethod
-    def capture(cls, module, args, kwargs):
+    def capture(cls, module, call, args, kwargs):
         RECORDER.flush("before capture")
         named = dict(module.named_parameters()) | dict(module.named_buffers())
         state = {id(t._storage_box): ("state", name) for name, t in named.items() if isinstance(t, TpuTensor)}
-        rebased = _RebasedViews((args, kwargs))
+        rebased = _RebasedViews((args, kwargs)).__enter__()
         capture = Capture.for_arguments((args, kwargs), state)
         RECORDER.capture = capture
+        RECORDER.last_flush = None
         try:
-            with rebased, torch.no_grad(), modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), _steps_suspended():
-                result = module(*args, **kwargs)
+            with torch.no_grad(), modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), _steps_suspended():
+                result = call(*args, **kwargs)
                 returned = _tensor_paths(result)
                 RECORDER.flush("capture end")
         finally:
             RECORDER.capture = None
+            rebased.__exit__(None, None, None)
         if RECORDER.last_flush is None or capture.problems:
             return None
         exe, inputs, outputs, storages = RECORDER.last_flush
@@ -514,7 +527,9 @@ def _rebuild_tensors(tree, return_map, outputs, path=()):
 class _GraphFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, program: _ForwardProgram, numbers, *tensors):
-        arrays = [t.jax() for t in tensors]
+        from .dispatch import materialize
+
+        arrays = [materialize(t) for t in tensors]  # inside fused mode, pending inputs run first
         fwd = _jitted(program, "forward", len(numbers))
         values = fwd(tuple(numbers), *arrays)
         ctx.program, ctx.numbers = program, numbers
@@ -526,15 +541,17 @@ class _GraphFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
+        from .dispatch import materialize
+
         tensors = ctx.saved_tensors
         program = ctx.program
-        arrays = [t.jax() for t in tensors]
+        arrays = [materialize(t) for t in tensors]
         cotangents = []
         for g, out in zip(grads, program.out_avals):
             if not isinstance(g, TpuTensor):
                 cotangents.append(jax.numpy.zeros(out.shape, out.dtype))
             else:
-                cotangents.append(g.jax())
+                cotangents.append(materialize(g))
         bwd = _jitted(program, "backward", len(ctx.numbers))
         input_grads = bwd(tuple(ctx.numbers), tuple(arrays), tuple(cotangents))
         out = [None, None]

@@ -80,7 +80,14 @@ def materialize(t: TpuTensor):
         RECORDER.flush("value read")
         value = t.jax()
         if type(value) is lazy.Lazy:
-            value = value.value
+            if value.value is None:
+                # A view's pending read (view caches are not graph outputs): its base is
+                # concrete now, so read through the view directly.
+                with modes.eager_override():
+                    t._cache_version = -1
+                    value = t.jax()
+            else:
+                value = value.value
     return value
 
 

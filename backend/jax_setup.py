@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 
 
-def configure() -> None:
+def configure_environment() -> None:
+    """Environment for XLA; cheap (no JAX import), so it runs when the package loads."""
     count = os.environ.get("TPU_AGENT_DEVICES", "")
     if count:
         if not count.isdigit() or int(count) < 1:
@@ -18,6 +19,10 @@ def configure() -> None:
         flags = os.environ.get("XLA_FLAGS", "")
         if "xla_force_host_platform_device_count" not in flags:
             os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+
+
+def configure() -> None:
+    configure_environment()
     import jax
 
     jax.config.update("jax_enable_x64", True)
