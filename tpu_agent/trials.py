@@ -1,0 +1,201 @@
+"""The parent side of timing trials: warm processes stepped under a gate.
+
+`TrialProcess` runs the user's script (or a rewritten copy) with a plan in a
+child process that stops at every step boundary and reports the step.
+`interleave` alternates steps of two such processes (A B A B ...) after each
+has warmed up, so both see the same machine. A crash, an out-of-memory error
+or a step that hangs past its timeout ends the trial with a reason, never the
+tool.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from tpu_agent.plan import Plan
+
+
+class StepRecord(BaseModel):
+    step: int
+    wall_s: float
+    loss: float | None = None
+    device_bytes: int = 0
+
+
+class TrialFailed(Exception):
+    def __init__(self, kind: str, message: str):
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind  # crashed | out_of_memory | timed_out | too_few_steps
+        self.message = message
+
+
+class TrialProcess:
+    """One warm child process running the script with a plan, one step per `step()` call."""
+
+    def __init__(self, script: Path, args: list[str], plan: Plan, *, cwd: Path, log_dir: Path,
+                 step_timeout: float = 300.0, env: dict[str, str] | None = None, name: str = "trial"):
+        self.script, self.args, self.plan = Path(script), list(args), plan
+        self.cwd, self.log_dir, self.step_timeout = Path(cwd), Path(log_dir), step_timeout
+        self.env = env or {}
+        self.name = name
+        self.proc: subprocess.Popen | None = None
+        self.notes: list[str] = []
+        self.steps: list[StepRecord] = []
+        self.first_step_info: dict = {}
+        self._buffer = b""
+
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        gate_read, self._gate = os.pipe()
+        self._report, report_write = os.pipe()
+        env = dict(os.environ)
+        env.update(self.env)
+        env["TPU_AGENT_TRIAL"] = json.dumps({"plan": self.plan.model_dump(mode="json"),
+                                             "gate_fd": gate_read, "report_fd": report_write})
+        self._log = open(self.log_dir / f"{self.name}.log", "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-P", "-m", "tpu_agent.child", str(self.script), *self.args],
+            cwd=self.cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+            pass_fds=(gate_read, report_write), start_new_session=True,
+        )
+        os.close(gate_read)
+        os.close(report_write)
+        ready = self._read(self.step_timeout + 120)  # imports, JAX start-up
+        self.notes = ready.get("notes", [])
+
+    def step(self) -> StepRecord:
+        self._go(b"g")
+        record = self._read(self.step_timeout)
+        if record.get("event") != "step":
+            self._fail_from_end(record)
+        step = StepRecord(**{k: record[k] for k in ("step", "wall_s", "loss", "device_bytes")})
+        if step.step == 1:
+            self.first_step_info = {k: record.get(k) for k in ("model", "sharded")}
+        self.steps.append(step)
+        return step
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            self._go(b"q")
+        except (BrokenPipeError, OSError):
+            pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._kill()
+        self._close()
+
+    # --- plumbing ------------------------------------------------------------------
+    def _go(self, byte: bytes) -> None:
+        os.write(self._gate, byte)
+
+    def _read(self, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._kill()
+                raise TrialFailed("timed_out", f"no step boundary within {timeout:.0f} s")
+            ready, _, _ = select.select([self._report], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(self._report, 65536)
+            if not chunk:  # the child is gone
+                self._fail_from_exit()
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def _fail_from_end(self, record: dict) -> None:
+        self._finish_process()
+        error = record.get("error") or f"the script ended after {record.get('steps')} steps"
+        kind = "too_few_steps" if record.get("status") == 0 else _kind(error, self._tail())
+        raise TrialFailed(kind, error if kind != "crashed" else f"{error}\n{self._tail()}")
+
+    def _fail_from_exit(self) -> None:
+        code = self._finish_process()
+        tail = self._tail()
+        raise TrialFailed(_kind("", tail), f"the process exited with {code}\n{tail}")
+
+    def _finish_process(self) -> int:
+        try:
+            code = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._kill()
+            code = -9
+        self._close()
+        return code
+
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+
+    def _close(self) -> None:
+        for fd in (getattr(self, "_gate", None), getattr(self, "_report", None)):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._gate = self._report = None
+        if not self._log.closed:
+            self._log.close()
+
+    def _tail(self, lines: int = 15) -> str:
+        try:
+            text = (self.log_dir / f"{self.name}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.rstrip().splitlines()[-lines:])
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc is not None and self.proc.poll() is None:
+            self.stop()
+        return False
+
+
+_OOM_MARKERS = ("MemoryError", "RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "OOM")
+
+
+def _kind(error: str, tail: str) -> str:
+    text = f"{error}\n{tail}"
+    return "out_of_memory" if any(m in text for m in _OOM_MARKERS) else "crashed"
+
+
+class Interleaved(BaseModel):
+    """Paired steps of baseline (A) and candidate (B), after each warmed up."""
+
+    a: list[StepRecord] = Field(default_factory=list)
+    b: list[StepRecord] = Field(default_factory=list)
+    warmup: int
+
+
+def interleave(a: TrialProcess, b: TrialProcess, *, warmup: int, pairs: int) -> Interleaved:
+    """A warms up, B warms up, then A B A B ... for `pairs` pairs."""
+    result = Interleaved(warmup=warmup)
+    for process in (a, b):
+        for _ in range(warmup):
+            process.step()
+    for _ in range(pairs):
+        result.a.append(a.step())
+        result.b.append(b.step())
+    return result
