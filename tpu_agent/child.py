@@ -97,6 +97,11 @@ def main(argv: list[str] | None = None) -> None:
         session.start()
     if trial is not None:
         trial.start()
+    elif "TPU_AGENT_PLAN" in os.environ:  # `tpu-agent run --plan`: the plan's run-time actions
+        from tpu_agent.apply import apply_runtime
+        from tpu_agent.plan import Plan
+
+        apply_runtime(Plan.model_validate_json(os.environ.pop("TPU_AGENT_PLAN")))
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:

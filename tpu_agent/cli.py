@@ -7,6 +7,7 @@ present and future, fails the same way (exit 1 job failed, 2 bad usage/input).
 
 from __future__ import annotations
 
+import enum
 import os
 import sys
 from pathlib import Path
@@ -31,7 +32,7 @@ PROG = "tpu-agent"
 
 app = typer.Typer(
     name=PROG,
-    help="Run PyTorch training scripts on a `tpu` device. (Profiling and tuning are not implemented yet.)",
+    help="Run, profile and tune PyTorch training scripts on a `tpu` device.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -56,7 +57,7 @@ def _root(
         typer.Option("--version", callback=_version_callback, is_eager=True, help="Print the version and exit."),
     ] = False,
 ) -> None:
-    """Run PyTorch training scripts on a `tpu` device. (Profiling and tuning are not implemented yet.)"""
+    """Run, profile and tune PyTorch training scripts on a `tpu` device."""
 
 
 # ---------------------------------------------------------------- doctor
@@ -70,6 +71,13 @@ def _flag(flag: bool | None, yes: str = "yes", no: str = "no") -> Text:
 
 def _value(value: str | None, missing: str = "missing") -> Text:
     return Text(value) if value else Text(missing, style="red")
+
+
+def _peak(env: Environment) -> Text:
+    if env.peak_flops_per_s is None:
+        return Text("not calibrated yet (the first `tpu-agent profile` measures it, or `tpu-agent doctor --calibrate`)",
+                    style="yellow")
+    return Text(f"{env.peak_flops_per_s / 1e9:,.1f} GFLOP/s  {env.peak_source}")
 
 
 def _show_environment(env: Environment) -> None:
@@ -88,6 +96,7 @@ def _show_environment(env: Environment) -> None:
         ("ANTHROPIC_API_KEY set", _flag(env.anthropic_api_key_set)),
         ("cache dir", Text(env.cache_dir)),
         ("runs dir", Text(env.runs_dir)),
+        ("peak FLOP/s (MFU)", _peak(env)),
     ]
     width = max(len(key) for key, _ in rows)
     for key, value in rows:
@@ -99,9 +108,10 @@ def _show_environment(env: Environment) -> None:
 @app.command()
 def doctor(
     json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    calibrate: Annotated[bool, typer.Option("--calibrate", help="Measure the CPU/GPU peak FLOP/s now (a few seconds) and cache it.")] = False,
 ) -> int:
-    """Report the environment: versions, JAX devices, TorchTPU, API key (yes/no), directories."""
-    env = collect_environment()
+    """Report the environment: versions, JAX devices, TorchTPU, API key (yes/no), directories, peak FLOP/s."""
+    env = collect_environment(calibrate=calibrate)
     if json_output:
         sys.stdout.write(env.model_dump_json(indent=2) + "\n")
     else:
@@ -120,6 +130,7 @@ def run(
         typer.Argument(metavar="ARGS", help="Arguments for the script; put `--` before them.", show_default=False),
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary line after the run.")] = False,
+    plan: Annotated[str | None, typer.Option("--plan", metavar="PLAN.json", help="Run with a plan: source edits on a copy, run-time actions in the backend.", show_default=False)] = None,
 ) -> int:
     """Run SCRIPT with the bundled `tpu` device loaded, as `python SCRIPT ARGS...` would.
 
@@ -129,8 +140,13 @@ def run(
     from tpu_agent.runner import run_script  # keeps `--help` and `doctor` lean
 
     check_script(script)
+    env = None
+    if plan is not None:
+        from tpu_agent.cmd_tune import run_with_plan
+
+        script, env = run_with_plan(script, script_args or [], plan)
     try:
-        result = run_script(script, script_args or [])  # as typed, like `python SCRIPT`
+        result = run_script(script, script_args or [], env=env)  # as typed, like `python SCRIPT`
     except OSError as exc:
         raise TpuAgentError(f"could not start the run: {exc}") from None
     if not quiet:
@@ -142,6 +158,89 @@ def run(
         status = "[green]exit 0[/green]" if result.ok else f"[red]exit {result.exit_code}[/red]"
         stderr.print(f"[dim]{PROG}:[/dim] {escape(script)} {status} after {result.duration_s:.2f} s; run recorded in {escape(str(run_dir))}")
     return result.exit_code
+
+
+# ---------------------------------------------------------------- profile
+
+
+class ProfileMode(str, enum.Enum):
+    eager = "eager"
+    fused = "fused"
+    compiled = "compiled-if-available"
+
+
+class TargetGeneration(str, enum.Enum):
+    v4 = "v4"
+    v5e = "v5e"
+    v5p = "v5p"
+    v6e = "v6e"
+    v7x = "v7x"
+
+
+@app.command()
+def profile(
+    script: Annotated[str, typer.Argument(metavar="SCRIPT", help="The training script, as you would pass it to python.", show_default=False)],
+    script_args: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="ARGS", help="Arguments for the script; put `--` before them.", show_default=False),
+    ] = None,
+    steps: Annotated[
+        int | None,
+        typer.Option("--steps", min=1, help="Stop the script cleanly after N measured steps (after warm-up). Default: run it to the end.", show_default=False),
+    ] = None,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="First K steps (compilation) left out of the statistics.")] = 2,
+    mode: Annotated[ProfileMode, typer.Option("--mode", help="How the device runs ops: op by op, fused into one program per step, or compiled where the backend can.")] = ProfileMode.fused,
+    devices: Annotated[int, typer.Option("--devices", min=1, help="Simulate N devices on the CPU.")] = 1,
+    target: Annotated[
+        TargetGeneration | None,
+        typer.Option("--target", help="TPU generation for a roofline estimate (and the padding report).", show_default=False),
+    ] = None,
+    dump_hlo: Annotated[bool, typer.Option("--dump-hlo/--no-dump-hlo", help="Write the optimized HLO of every executable that ran to the run directory.")] = True,
+    xla_dump: Annotated[bool, typer.Option("--xla-dump", help="Also turn on XLA's own dump (--xla_dump_to) into the run directory.")] = False,
+    trace: Annotated[
+        Path | None,
+        typer.Option("--trace", metavar="DIR", help="Record a jax.profiler trace of the measured steps (TensorBoard/XProf, Perfetto).", show_default=False),
+    ] = None,
+    time_executables: Annotated[bool, typer.Option("--time-executables", help="Wait for every executable so its recorded time is execution time (slower).")] = False,
+    output_dir: Annotated[
+        Path | None,
+        typer.Option("--output-dir", "-o", metavar="DIR", help="Where run directories go (default ./.tpu-agent/runs).", show_default=False),
+    ] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print profile.json to stdout (the script's output goes to stderr).")] = False,
+) -> int:
+    """Profile SCRIPT on the bundled `tpu` device: step time, FLOPs, MFU, memory, hot ops, padding waste.
+
+    Steps are found without changing the script (every optimizer step, or
+    torch.tpu.mark_step()). Writes profile.json, HLO files and a step-time plot
+    to .tpu-agent/runs/<time>-<script>/. The exit code is the script's own.
+    Example: [bold]tpu-agent profile train.py --steps 10 -- --epochs 1[/bold]
+    """
+    from tpu_agent.profile_cmd import profile as run_profile
+    from tpu_agent.profilers.schema import Settings
+
+    settings = Settings(
+        steps=steps, warmup=warmup, mode=mode.value, devices=devices, target=target.value if target else None,
+        dump_hlo=dump_hlo, xla_dump=xla_dump, trace_dir=str(trace) if trace else None,
+        time_executables=time_executables,
+    )
+    return run_profile(script, script_args or [], settings=settings, output_dir=output_dir,
+                       json_output=json_output, stdout=stdout, stderr=stderr)
+
+
+# ---------------------------------------------------------------- playbooks
+
+from tpu_agent.cmd_playbooks import app as _playbooks_app  # noqa: E402  (light: loads playbooks per command)
+
+app.add_typer(_playbooks_app, name="playbooks")
+
+from tpu_agent import cmd_diff, cmd_knobs  # noqa: E402  (light: libcst and profiles load per command)
+
+cmd_knobs.register(app)
+cmd_diff.register(app)
+
+from tpu_agent import cmd_tune  # noqa: E402  (light: optuna and the backend load per command)
+
+cmd_tune.register(app)
 
 
 # ---------------------------------------------------------------- entry

@@ -1,0 +1,150 @@
+"""The tune's deliverables: report.md (for a pull request), report.json, patch.diff, plan.json, plots.
+
+Every figure in report.md is either measured (with its interval and pair
+count) or labelled an estimate; a change is listed as accepted only with a
+verification behind it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tpu_agent.plan import PadDim, Plan
+from tpu_agent.tune import TuneResult, Verdict, _plan_text
+
+
+def write_all(result: TuneResult, script: Path) -> dict[str, Path]:
+    run_dir = Path(result.run_dir)
+    out = {"report.json": run_dir / "report.json", "report.md": run_dir / "report.md"}
+    out["report.json"].write_text(result.model_dump_json(indent=2) + "\n")
+    if result.best is not None:
+        plan_path = run_dir / "plan.json"
+        result.best.plan.save(plan_path)
+        out["plan.json"] = plan_path
+        if result.best.plan.of(PadDim):
+            from tpu_agent.rewrite import apply_pad_dims
+
+            rewrite = apply_pad_dims(result.best.plan, script, run_dir / "workspaces" / "final")
+            out["patch.diff"] = rewrite.write_patch(run_dir / "patch.diff")
+    out.update(_plots(result, run_dir))
+    out["report.md"].write_text(markdown(result, out))
+    return out
+
+
+def _fmt_speed(verdict: Verdict) -> str:
+    if not verdict.speed:
+        return "-"
+    s = verdict.speed
+    unit = " per sample" if s.get("per_sample") else ""
+    return f"{s['speedup']:.3f}x{unit} (95% CI {s['ci_low']:.3f}-{s['ci_high']:.3f}, {s['pairs']} pairs)"
+
+
+def markdown(result: TuneResult, files: dict[str, Path]) -> str:
+    lines = [f"## tpu-agent: {Path(result.script).name}", ""]
+    best = result.best
+    if best is not None:
+        s = best.speed or {}
+        lines += [
+            f"**Verified change:** {_plan_text(best.plan)}",
+            "",
+            "| | baseline | with the change |",
+            "|---|---|---|",
+            f"| median step time{' per sample' if s.get('per_sample') else ''} | "
+            f"{s.get('baseline_median_s', 0) * 1e3:.2f} ms | {s.get('candidate_median_s', 0) * 1e3:.2f} ms |",
+            f"| speedup (median of paired ratios) | 1.000x | {_fmt_speed(best)} |",
+        ]
+        if best.memory:
+            m = best.memory
+            lines.append(f"| device memory per device | {m['baseline_median_bytes'] / 2**20:.1f} MiB | "
+                         f"{m['candidate_median_bytes'] / 2**20:.1f} MiB ({m['saving']:.1%} saved, 95% CI "
+                         f"{m['ci_low']:.1%}-{m['ci_high']:.1%}) |")
+        if best.estimate_note:
+            lines += ["", f"*Time:* {best.estimate_note}."]
+        if best.numerics:
+            lines += ["", f"**Numerics:** {best.numerics['reason']}"]
+        lines += ["", f"Measured on {result.settings.target if result.settings.target != 'cpu' else 'this host'}: "
+                      f"baseline and candidate ran in fresh processes, steps interleaved (A B A B ...) after "
+                      f"{result.settings.warmup} warm-up steps each, device synchronized around every step; "
+                      f"accepted only if the interval's lower end clears {1 + result.settings.min_gain:.2f}x."]
+        if "patch.diff" in files:
+            lines += ["", "Apply with `git apply patch.diff` (or `tpu-agent tune --apply`)."]
+    else:
+        lines += ["**No change was verified.** The baseline stays as it is."]
+    if result.interrupted:
+        lines += ["", "*The search was interrupted; the study keeps every finished trial (`--resume` continues).*"]
+
+    lines += ["", "### Verification", "", "| change | result | speed | numerics |", "|---|---|---|---|"]
+    for v in result.verdicts:
+        num = v.numerics["reason"] if v.numerics else "-"
+        lines.append(f"| {_plan_text(v.plan)} | {'accepted' if v.accepted else 'rejected'}: {v.reason} | "
+                     f"{_fmt_speed(v)} | {num} |")
+    if not result.verdicts:
+        lines.append("| - | no trial was faster than the baseline in the search | - | - |")
+
+    lines += ["", f"### Candidates ({result.proposer} proposer)", ""]
+    for c in result.candidates:
+        why = "; ".join(e["what"] for e in c.get("evidence", [])[:2])
+        lines.append(f"{c['rank']}. **{c['title']}** ({c['proposer']}"
+                     f"{', playbook ' + c['playbook'] if c.get('playbook') else ''}): {why}")
+    for note in result.proposer_notes:
+        lines.append(f"- note: {note}")
+
+    lines += ["", f"### Trials (study `{result.study}`)", "",
+              "| # | state | speedup in search | memory | plan | note |", "|---|---|---|---|---|---|"]
+    for t in result.trials:
+        sp = f"{t.speedup:.3f}x" if t.speedup is not None else "-"
+        mem = f"{t.memory_ratio:.2f}x" if t.memory_ratio is not None else "-"
+        lines.append(f"| {t.number} | {t.state} | {sp} | {mem} | {_plan_text(t.plan)} | {t.reason[:80]} |")
+    lines += ["", "Search speedups are single-trial medians against a warm baseline, for ranking only; only the "
+                  "verification figures above are claims."]
+    for name in ("trials.png", "gain_per_action.png"):
+        if name in files:
+            lines += ["", f"![{name}]({name})"]
+    lines += ["", f"<sub>tpu-agent, {result.duration_s / 60:.1f} min, {len(result.trials)} trials</sub>", ""]
+    return "\n".join(lines)
+
+
+def _plots(result: TuneResult, run_dir: Path) -> dict[str, Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = {}
+    done = [t for t in result.trials if t.speedup is not None]
+    if done:
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        ax.plot([t.number for t in done], [t.speedup for t in done], "o", label="trial (median ratio)")
+        best = []
+        for t in done:
+            best.append(max(t.speedup, best[-1]) if best else t.speedup)
+        ax.step([t.number for t in done], best, where="post", label="best so far")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xlabel("trial")
+        ax.set_ylabel("speedup vs baseline (search)")
+        ax.legend()
+        fig.tight_layout()
+        out["trials.png"] = run_dir / "trials.png"
+        fig.savefig(out["trials.png"], dpi=110)
+        plt.close(fig)
+        by_kind: dict[str, list[float]] = {}
+        for t in done:
+            for a in t.plan.actions:
+                by_kind.setdefault(a.kind if not isinstance(a, PadDim) else f"pad {a.name or a.old}", []).append(t.speedup)
+        if by_kind:
+            fig, ax = plt.subplots(figsize=(7, 3.5))
+            names = sorted(by_kind)
+            ax.bar(names, [sorted(v)[len(v) // 2] for v in (by_kind[n] for n in names)])
+            ax.axhline(1.0, color="grey", lw=0.8)
+            ax.set_ylabel("median speedup of trials with it")
+            ax.tick_params(axis="x", rotation=30)
+            fig.tight_layout()
+            out["gain_per_action.png"] = run_dir / "gain_per_action.png"
+            fig.savefig(out["gain_per_action.png"], dpi=110)
+            plt.close(fig)
+    return out
+
+
+def plan_json(plan: Plan) -> str:
+    return json.dumps(plan.model_dump(mode="json"), indent=2)

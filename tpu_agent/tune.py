@@ -1,0 +1,559 @@
+"""`tpu-agent tune`: profile, propose, search with Optuna, verify, report.
+
+Flow: a baseline profile -> knobs and proposals -> an Optuna study whose
+search space is the candidates' options (one categorical per candidate,
+"off" included) -> each trial is a plan, timed step by step against a warm
+baseline process (interleaved) -> the best plans are verified in fresh
+processes (a confidence interval on the speedup, the numerics check) -> a
+report, a patch and the plan. Only verified changes are reported as gains.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import optuna
+from pydantic import BaseModel, Field
+
+from tpu_agent.errors import InputError, TpuAgentError
+from tpu_agent.plan import Mesh, PadDim, Plan
+from tpu_agent.stats import check_numerics, memory_saving, speedup
+from tpu_agent.trials import StepRecord, TrialFailed, TrialProcess
+
+STUDY_DB = "studies.db"
+OFF = "off"
+
+
+class TuneSettings(BaseModel):
+    trials: int = Field(20, ge=1)
+    timeout: float | None = Field(None, description="seconds for the search")
+    steps: int = Field(10, ge=5, description="interleaved pairs per trial")
+    pairs: int = Field(5, ge=5, description="interleaved pairs when verifying (at least `steps`)")
+    warmup: int = Field(3, ge=1, description="steps each process runs before it is timed (compilation)")
+    target: str = "cpu"
+    objective: str = Field("time", pattern="^(time|memory|both)$")
+    seed: int = 0
+    study: str | None = None
+    storage: str | None = None
+    resume: bool = False
+    min_gain: float = 0.03
+    loss_tol: float = 0.02
+    step_timeout: float = 300.0
+    devices: int | None = None
+    candidates: int = Field(6, ge=1, description="how many top candidates span the search space")
+    playbooks: list[str] = Field(default_factory=list, description="extra playbook directories")
+
+    def fingerprint(self, script: Path, args: list[str]) -> str:
+        """What makes two runs the same study: the script, its args and the measuring settings."""
+        keep = self.model_dump(include={"steps", "warmup", "target", "objective", "min_gain", "loss_tol", "devices"})
+        text = json.dumps({"script": str(script), "args": args, **keep}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class TrialRecord(BaseModel):
+    number: int
+    plan: Plan
+    state: str  # complete | numerics (measured, losses off) | failed | pruned | invalid | repeated
+    value: float | None = None
+    speedup: float | None = None
+    memory_ratio: float | None = None
+    reason: str = ""
+    duration_s: float = 0.0
+
+
+@dataclass
+class Space:
+    """The candidates whose options span the search, with their option lists."""
+
+    candidates: list
+    options: dict[str, list[tuple]] = field(default_factory=dict)
+
+    def plan_for(self, picks: dict[str, str]) -> Plan:
+        actions = []
+        for cand in self.candidates:
+            pick = picks.get(cand.id, OFF)
+            if pick != OFF:
+                actions.extend(self.options[cand.id][int(pick)])
+        return Plan(actions=actions)
+
+
+def open_study(settings: TuneSettings, name: str, fingerprint: str, runs_root: Path) -> optuna.Study:
+    storage = settings.storage or f"sqlite:///{(runs_root.parent / STUDY_DB).resolve()}"
+    try:
+        existing = optuna.study.get_all_study_names(storage=storage)
+    except Exception as exc:  # noqa: BLE001 - any backend failure: one clear line
+        raise InputError(f"cannot open the study storage {_redact(storage)}: {type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0][:200]}") from None
+    if name in existing:
+        study = optuna.load_study(study_name=name, storage=storage)
+        theirs = study.user_attrs.get("fingerprint")
+        if theirs != fingerprint:
+            raise InputError(f"study {name!r} exists with different settings (script, args or measuring "
+                                "options); pick another --study name")
+        if not settings.resume and study.trials:
+            raise InputError(f"study {name!r} already has {len(study.trials)} trials; pass --resume to continue it")
+        return study
+    sampler = optuna.samplers.TPESampler(seed=settings.seed)
+    # Timings on a shared machine are noisy: judge only after 4 pairs and 4 finished trials.
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=3)
+    study = optuna.create_study(study_name=name, storage=storage, direction="maximize",
+                                sampler=sampler, pruner=pruner)
+    study.set_user_attr("fingerprint", fingerprint)
+    return study
+
+
+def _redact(url: str) -> str:
+    return re.sub(r"//([^:/@]+):([^@]+)@", r"//\1:***@", url)
+
+
+def batch_size(plan: Plan, baseline_batch: int | None) -> int | None:
+    """The candidate's batch when a PadDim changes the batch literal (time is then per sample)."""
+    if baseline_batch is None:
+        return None
+    for action in plan.of(PadDim):
+        if action.name and "batch" in action.name.lower():
+            return action.new
+    return baseline_batch
+
+
+class Runner:
+    """Runs trials: a warm baseline process, one candidate process per trial, stepped in turns."""
+
+    def __init__(self, script: Path, args: list[str], settings: TuneSettings, run_dir: Path):
+        self.script, self.args, self.settings, self.run_dir = script, args, settings, run_dir
+        self.env = {"TPU_AGENT_DEVICES": str(settings.devices)} if settings.devices else {}
+        self.baseline: TrialProcess | None = None
+        self.baseline_count = 0
+        self.verifications = 0
+
+    def _baseline(self) -> TrialProcess:
+        if self.baseline is None or self.baseline.proc is None or self.baseline.proc.poll() is not None:
+            self.baseline_count += 1
+            self.baseline = self._process(self.script, Plan(), f"baseline-{self.baseline_count}")
+            self.baseline.start()
+            for _ in range(self.settings.warmup):
+                self.baseline.step()
+        return self.baseline
+
+    def _process(self, script: Path, plan: Plan, name: str) -> TrialProcess:
+        return TrialProcess(script, self.args, plan, cwd=Path.cwd(), log_dir=self.run_dir / "logs",
+                            step_timeout=self.settings.step_timeout, env=self.env, name=name)
+
+    def candidate(self, plan: Plan, name: str) -> TrialProcess:
+        script = self.script
+        if plan.of(PadDim):
+            from tpu_agent.rewrite import apply_pad_dims
+
+            rewrite = apply_pad_dims(plan, self.script, self.run_dir / "workspaces" / name)
+            script = rewrite.script
+        return self._process(script, plan, name)
+
+    def measure(self, plan: Plan, name: str, pairs: int, report=None, fresh_baseline: bool = False):
+        """(baseline steps, candidate steps, candidate's first-step info), interleaved."""
+        if fresh_baseline:
+            self.close()
+        base = self._baseline()
+        cand = self.candidate(plan, name)
+        try:
+            cand.start()
+            for _ in range(self.settings.warmup):
+                cand.step()
+            a: list[StepRecord] = []
+            b: list[StepRecord] = []
+            for i in range(pairs):
+                try:
+                    a.append(base.step())
+                except TrialFailed as exc:
+                    if exc.kind != "too_few_steps":
+                        raise
+                    base = self._baseline()  # the script ran out of steps: a fresh warm baseline
+                    a.append(base.step())
+                b.append(cand.step())
+                if report is not None:
+                    report(i, a, b)
+            return a, b, cand
+        finally:
+            cand.stop()
+
+    def close(self) -> None:
+        if self.baseline is not None:
+            self.baseline.stop()
+            self.baseline = None
+
+
+def losses_of(steps: list[StepRecord]) -> list[float]:
+    return [s.loss for s in steps if s.loss is not None]
+
+
+class Verdict(BaseModel):
+    """Whether a plan's gain is verified, with the numbers that decided it."""
+
+    plan: Plan
+    accepted: bool
+    reason: str
+    speed: dict | None = None  # stats.SpeedupEstimate
+    memory: dict | None = None  # stats.MemoryEstimate
+    numerics: dict | None = None  # stats.NumericsCheck
+    estimate_note: str | None = None  # a time gain that can only be estimated here (sharding on a CPU host)
+
+
+class TuneResult(BaseModel):
+    script: str
+    args: list[str]
+    settings: TuneSettings
+    study: str
+    storage: str
+    run_dir: str
+    baseline_profile: str | None = None
+    proposer: str = "offline"
+    proposer_notes: list[str] = Field(default_factory=list)
+    candidates: list[dict] = Field(default_factory=list)
+    trials: list[TrialRecord] = Field(default_factory=list)
+    verdicts: list[Verdict] = Field(default_factory=list)
+    best: Verdict | None = None
+    interrupted: bool = False
+    duration_s: float = 0.0
+
+
+def simulated_devices_only(plan: Plan) -> bool:
+    """A mesh over simulated CPU devices: its time cannot be measured honestly here."""
+    import jax
+
+    return plan.mesh is not None and jax.default_backend() == "cpu"
+
+
+def _objective_value(settings: TuneSettings, speed: float | None, memory_ratio: float | None) -> float:
+    if settings.objective == "time":
+        return speed or 0.0
+    if settings.objective == "memory":
+        return (1.0 / memory_ratio) if memory_ratio else 0.0
+    return (speed or 0.0) * ((1.0 / memory_ratio) if memory_ratio else 1.0)
+
+
+def search(study: optuna.Study, space: Space, runner: Runner, settings: TuneSettings, baseline_batch: int | None,
+           baseline_losses: dict[int, float], on_trial=None) -> list[TrialRecord]:
+    """Run the Optuna study; every finished trial is in the study's storage as it ends."""
+    records: list[TrialRecord] = []
+    measured = {t.user_attrs.get("plan_key"): t for t in study.trials
+                if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
+                and t.user_attrs.get("plan_key")}
+
+    def objective(trial: optuna.Trial) -> float:
+        picks = {c.id: trial.suggest_categorical(c.id, [OFF] + [str(i) for i in range(len(space.options[c.id]))])
+                 for c in space.candidates}
+        t0 = time.perf_counter()
+        try:
+            plan = space.plan_for(picks)
+        except ValueError as exc:
+            return _finish(trial, TrialRecord(number=trial.number, plan=Plan(), state="invalid",
+                                              reason=f"invalid combination: {exc}"), fail=True)
+        key = plan.key()
+        trial.set_user_attr("plan", plan.model_dump(mode="json"))
+        trial.set_user_attr("plan_key", key)
+        if key in measured and measured[key].number != trial.number:
+            earlier = measured[key]
+            record = TrialRecord(number=trial.number, plan=plan, state="repeated",
+                                 value=earlier.value, reason=f"same plan as trial {earlier.number}: not run again")
+            if earlier.value is None:
+                return _finish(trial, record, fail=True)
+            return _finish(trial, record)
+        invalid = _invalid_for_devices(plan, settings)
+        if invalid:
+            return _finish(trial, TrialRecord(number=trial.number, plan=plan, state="invalid", reason=invalid), fail=True)
+
+        cand_batch = batch_size(plan, baseline_batch)
+        per_sample = baseline_batch is not None and cand_batch != baseline_batch
+        scale = (cand_batch / baseline_batch) if per_sample else 1.0  # time per sample when the batch grows
+
+        def report(i, a, b):
+            ratio = sorted(scale * x.wall_s / y.wall_s for x, y in zip(a, b))[len(a) // 2]
+            trial.report(ratio, i)
+            if trial.should_prune():
+                raise optuna.TrialPruned(f"running median {ratio:.3f}x after {i + 1} pairs")
+
+        try:
+            a, b, cand = runner.measure(plan, f"trial-{trial.number}", settings.steps, report=report)
+        except optuna.TrialPruned as exc:
+            record = TrialRecord(number=trial.number, plan=plan, state="pruned", reason=str(exc),
+                                 duration_s=time.perf_counter() - t0)
+            records.append(record)
+            if on_trial:
+                on_trial(record)
+            raise
+        except TrialFailed as exc:
+            return _finish(trial, TrialRecord(number=trial.number, plan=plan, state="failed",
+                                              reason=f"{exc.kind}: {exc.message.splitlines()[0][:300]}",
+                                              duration_s=time.perf_counter() - t0), fail=True)
+        for s in runner.baseline.steps if runner.baseline else a:
+            if s.loss is not None:
+                baseline_losses.setdefault(s.step, s.loss)
+        ratios = [scale * x.wall_s / y.wall_s for x, y in zip(a, b)]
+        speed = sorted(ratios)[len(ratios) // 2]
+        # Numerics already in the search: the candidate's losses against the baseline's at the same steps.
+        pairs_ = [(baseline_losses[s.step], s.loss) for s in cand.steps if s.loss is not None and s.step in baseline_losses]
+        numerics = check_numerics([p[0] for p in pairs_], [p[1] for p in pairs_],
+                                  preserves_numerics=plan.preserves_numerics, loss_tol=settings.loss_tol) if pairs_ else None
+        mem_a = sorted(s.device_bytes for s in a)[len(a) // 2]
+        mem_b = sorted(s.device_bytes for s in b)[len(b) // 2]
+        memory_ratio = (mem_b / mem_a) if mem_a else None
+        value = _objective_value(settings, speed, memory_ratio)
+        if numerics is not None and not numerics.passed:
+            trial.set_user_attr("speedup", speed)
+            return _finish(trial, TrialRecord(number=trial.number, plan=plan, state="numerics", value=0.0,
+                                              speedup=speed, memory_ratio=memory_ratio,
+                                              duration_s=time.perf_counter() - t0, reason=numerics.reason))
+        trial.set_user_attr("speedup", speed)
+        trial.set_user_attr("memory_ratio", memory_ratio)
+        trial.set_user_attr("candidate_losses", losses_of(b))
+        record = TrialRecord(number=trial.number, plan=plan, state="complete", value=value, speedup=speed,
+                             memory_ratio=memory_ratio, duration_s=time.perf_counter() - t0,
+                             reason="; ".join(cand.notes))
+        return _finish(trial, record)
+
+    def _finish(trial, record: TrialRecord, fail: bool = False):
+        trial.set_user_attr("state", record.state)
+        trial.set_user_attr("reason", record.reason)
+        records.append(record)
+        if on_trial:
+            on_trial(record)
+        if fail:
+            raise _Failed(record.reason)
+        measured[record.plan.key()] = trial
+        return record.value
+
+    done = sum(1 for t in study.trials if t.state.is_finished())
+    remaining = max(settings.trials - done, 0)
+    if remaining:
+        study.optimize(objective, n_trials=remaining, timeout=settings.timeout, catch=(_Failed,),
+                       gc_after_trial=False)
+    return records
+
+
+class _Failed(Exception):
+    """A trial that could not produce a value: Optuna records it as FAIL and goes on."""
+
+
+def _invalid_for_devices(plan: Plan, settings: TuneSettings) -> str | None:
+    mesh = plan.mesh
+    if mesh is None:
+        return None
+    available = settings.devices or 1
+    if mesh.devices > available:
+        return f"invalid combination: mesh {dict(mesh.axes)} needs {mesh.devices} devices, {available} available"
+    return None
+
+
+def verify(plan: Plan, runner: Runner, settings: TuneSettings, baseline_batch: int | None) -> Verdict:
+    """Fresh processes for both, interleaved pairs, CI on the speedup, the numerics check."""
+    pairs = max(settings.pairs, settings.steps)
+    try:
+        runner.verifications += 1
+        a, b, cand = runner.measure(plan, f"verify-{runner.verifications}", pairs, fresh_baseline=True)
+    except TrialFailed as exc:
+        return Verdict(plan=plan, accepted=False, reason=f"verification run failed: {exc.kind}: {exc.message[:200]}")
+    finally:
+        runner.close()
+    numerics = check_numerics(
+        losses_of(a), losses_of(b), preserves_numerics=plan.preserves_numerics,
+        loss_tol=settings.loss_tol,
+    ) if losses_of(a) and losses_of(b) else None
+    cand_batch = batch_size(plan, baseline_batch)
+    per_sample = baseline_batch is not None and cand_batch != baseline_batch
+    speed = speedup([s.wall_s for s in a], [s.wall_s for s in b], min_gain=settings.min_gain, seed=settings.seed,
+                    baseline_batch=baseline_batch if per_sample else None,
+                    candidate_batch=cand_batch if per_sample else None)
+    memory = memory_saving([s.device_bytes for s in a], [s.device_bytes for s in b], min_gain=settings.min_gain,
+                           seed=settings.seed) if any(s.device_bytes for s in a) else None
+    estimate_note = None
+    if simulated_devices_only(plan):
+        estimate_note = ("time on simulated CPU devices is not a TPU's: the speed figure is measured here but "
+                         "not claimed; see the cost-model estimate")
+    time_ok = speed.accepted and estimate_note is None
+    memory_ok = memory is not None and memory.accepted
+    wanted = {"time": time_ok, "memory": memory_ok, "both": time_ok or memory_ok}[settings.objective]
+    numerics_ok = numerics is None or numerics.passed
+    if not numerics_ok:
+        reason = f"numerics: {numerics.reason}"
+    elif wanted:
+        parts = []
+        if time_ok:
+            parts.append(speed.reason)
+        if memory_ok and settings.objective != "time":
+            parts.append(memory.reason)
+        reason = "; ".join(parts)
+    else:
+        reason = speed.reason if settings.objective == "time" else (
+            memory.reason if memory is not None else "no device memory figures")
+        if estimate_note and settings.objective == "time":
+            reason = estimate_note
+    return Verdict(plan=plan, accepted=bool(wanted and numerics_ok), reason=reason,
+                   speed=speed.model_dump(), memory=memory.model_dump() if memory else None,
+                   numerics=numerics.model_dump() if numerics else None, estimate_note=estimate_note)
+
+
+
+def baseline_profile(script: Path, args: list[str], run_dir: Path, settings: TuneSettings):
+    """Profile the unchanged script in a child process (its output goes to a log)."""
+    from tpu_agent.profilers.schema import Profile, Settings
+    from tpu_agent.profilers.session import PROFILE_ENV, PROFILE_FILE
+    from tpu_agent.runner import run_script
+
+    prof_settings = Settings(steps=settings.steps, warmup=settings.warmup, mode="eager",
+                             devices=settings.devices or 1, target=None if settings.target == "cpu" else settings.target)
+    env = dict(os.environ)
+    env[PROFILE_ENV] = prof_settings.model_dump_json()
+    if settings.devices:
+        env["TPU_AGENT_DEVICES"] = str(settings.devices)
+    log = open(run_dir / "baseline-profile.log", "wb")
+    try:
+        result = run_script(script, args, runs_root=run_dir, env=env, stdout=log.fileno(), stderr=log.fileno())
+    finally:
+        log.close()
+    path = Path(result.run_dir) / PROFILE_FILE
+    if not path.exists():
+        tail = (run_dir / "baseline-profile.log").read_text(errors="replace").strip().splitlines()[-12:]
+        raise TpuAgentError("the baseline run failed (exit {}): {}".format(result.exit_code, " | ".join(tail)[-600:]))
+    return Profile.model_validate_json(path.read_text()), path
+
+
+def propose(proposer: str, profile, knobs, playbooks, *, audit_dir: Path, model: str | None):
+    """One round of proposals; the Claude proposer falls back to the offline one itself, out loud."""
+    if proposer == "claude":
+        from tpu_agent.proposers.claude import ClaudeProposer
+
+        kwargs = {"audit_dir": audit_dir}
+        if model:
+            kwargs["model"] = model
+        return ClaudeProposer(**kwargs).propose(profile, knobs=knobs, playbooks=playbooks)
+    from tpu_agent.proposers.offline import OfflineProposer
+
+    return OfflineProposer().propose(profile, knobs=knobs, playbooks=playbooks)
+
+
+def build_space(round_, knobs, limit: int) -> Space:
+    """The top candidates (and their options) that the search will combine."""
+    chosen, options = [], {}
+    for cand in round_.candidates:
+        try:
+            opts = cand.options()
+        except ValueError:
+            continue
+        if not opts:
+            continue
+        chosen.append(cand)
+        options[cand.id] = opts
+        if len(chosen) >= limit:
+            break
+    return Space(candidates=chosen, options=options)
+
+
+def run(script: Path, args: list[str], settings: TuneSettings, *, console, proposer: str = "offline",
+        runs_root: Path, model: str | None = None) -> TuneResult:
+    """The whole job; the result is written to the run directory as it goes."""
+    from tpu_agent import knobs as knob_scan
+    from tpu_agent.paths import new_run_dir
+    from tpu_agent.playbook import load_playbooks
+
+    t_start = time.perf_counter()
+    run_dir = new_run_dir(script, runs_root)
+    fingerprint = settings.fingerprint(script.resolve(), args)
+    name = settings.study or f"{script.stem}-{fingerprint[:8]}"
+    storage = settings.storage or f"sqlite:///{(runs_root.parent / STUDY_DB).resolve()}"
+    study = open_study(settings, name, fingerprint, runs_root)
+    result = TuneResult(script=str(script), args=args, settings=settings, study=name, storage=_redact(storage),
+                        run_dir=str(run_dir))
+
+    console.print(f"[bold]baseline[/bold]: profiling {script.name} ({settings.warmup} warm-up + {settings.steps} steps)")
+    profile, profile_path = baseline_profile(script, args, run_dir, settings)
+    result.baseline_profile = str(profile_path)
+    report = knob_scan.discover(script, profile=profile, script_args=args, profile_path=str(profile_path))
+    knobs = report.knobs
+    batch_knob = next((k for k in knobs if k.batch and not k.overridden), None)
+    baseline_batch = batch_knob.value if batch_knob else None
+
+    playbooks = load_playbooks(settings.playbooks, project_dir=script.resolve().parent)
+    round_ = propose(proposer, profile, knobs, playbooks, audit_dir=run_dir / "agent", model=model)
+    result.proposer = round_.proposer
+    result.proposer_notes = list(round_.notes)
+    for note in round_.notes:
+        console.print(f"[yellow]{note}[/yellow]")
+    space = build_space(round_, knobs, settings.candidates)
+    result.candidates = [c.model_dump(mode="json") for c in space.candidates]
+    if not space.candidates:
+        console.print("no candidate changes for this profile: nothing to search")
+        return _save(result, run_dir, t_start)
+    console.print(f"[bold]search[/bold]: {len(space.candidates)} candidates, {settings.trials} trials "
+                  f"(study {name!r})")
+    for c in space.candidates:
+        console.print(f"  {c.rank}. {c.title} [dim]({c.proposer}, {len(space.options[c.id])} options)[/dim]")
+
+    runner = Runner(script, args, settings, run_dir)
+    baseline_losses: dict[int, float] = {}
+
+    def on_trial(record: TrialRecord):
+        shown = f"{record.speedup:.3f}x" if record.speedup is not None else "-"
+        console.print(f"  trial {record.number:3d} {record.state:9s} {shown:>8s}  {_plan_text(record.plan)}"
+                      + (f"  [dim]{record.reason[:90]}[/dim]" if record.reason and record.state != "complete" else ""))
+        result.trials.append(record)
+        _save(result, run_dir, t_start)
+
+    try:
+        search(study, space, runner, settings, baseline_batch, baseline_losses, on_trial=on_trial)
+    except KeyboardInterrupt:
+        result.interrupted = True
+        console.print("[yellow]interrupted: finished trials are saved in the study; --resume continues[/yellow]")
+    finally:
+        runner.close()
+
+    if not result.interrupted:
+        for plan in _ranked_plans(study, settings)[:3]:
+            console.print(f"[bold]verify[/bold]: {_plan_text(plan)} (fresh processes, interleaved pairs)")
+            verdict = verify(plan, runner, settings, baseline_batch)
+            result.verdicts.append(verdict)
+            console.print(("  [green]accepted[/green]: " if verdict.accepted else "  [red]rejected[/red]: ")
+                          + verdict.reason)
+            if verdict.accepted:
+                result.best = verdict
+                break
+    return _save(result, run_dir, t_start)
+
+
+def _ranked_plans(study: optuna.Study, settings: TuneSettings) -> list[Plan]:
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and t.value is not None
+            and t.user_attrs.get("plan")]
+    done.sort(key=lambda t: t.value, reverse=True)
+    plans, seen = [], set()
+    for t in done:
+        plan = Plan.model_validate(t.user_attrs["plan"])
+        if not plan.actions or plan.key() in seen:
+            continue
+        if t.value <= 1.0:
+            break
+        seen.add(plan.key())
+        plans.append(plan)
+    return plans
+
+
+def _plan_text(plan: Plan) -> str:
+    if not plan.actions:
+        return "(no change)"
+    parts = []
+    for a in plan.actions:
+        if isinstance(a, PadDim):
+            parts.append(f"{a.name or 'literal'} {a.old}->{a.new} ({a.file}:{a.line})")
+        else:
+            fields = {k: v for k, v in a.model_dump().items() if k != "kind"}
+            parts.append(f"{a.kind} {json.dumps(fields, separators=(',', ':'))}")
+    return "; ".join(parts)
+
+
+def _save(result: TuneResult, run_dir: Path, t_start: float) -> TuneResult:
+    result.duration_s = time.perf_counter() - t_start
+    (run_dir / "tune.json").write_text(result.model_dump_json(indent=2) + "\n")
+    return result
