@@ -7,7 +7,9 @@ TPU type).
 
 from __future__ import annotations
 
-from . import jax_setup  # noqa: F401  (before any JAX computation)
+from . import jax_setup
+
+jax_setup.configure()  # before any JAX computation
 
 import jax.numpy as jnp  # noqa: E402
 import ml_dtypes  # noqa: E402,F401

@@ -26,6 +26,3 @@ def configure() -> None:
     import jax
 
     jax.config.update("jax_enable_x64", True)
-
-
-configure()

@@ -86,10 +86,11 @@ class TrialProcess:
     def stop(self) -> None:
         if self.proc is None:
             return
-        try:
-            self._go(b"q")
-        except (BrokenPipeError, OSError):
-            pass
+        if getattr(self, "_gate", None) is not None:
+            try:
+                self._go(b"q")
+            except (BrokenPipeError, OSError):
+                pass
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:

@@ -219,6 +219,7 @@ class TuneResult(BaseModel):
     best: Verdict | None = None
     interrupted: bool = False
     duration_s: float = 0.0
+    summary: dict | None = Field(None, description="for `tpu-agent diff`: the step time after the verified change")
 
 
 def simulated_devices_only(plan: Plan) -> bool:
@@ -240,7 +241,8 @@ def search(study: optuna.Study, space: Space, runner: Runner, settings: TuneSett
            baseline_losses: dict[int, float], on_trial=None) -> list[TrialRecord]:
     """Run the Optuna study; every finished trial is in the study's storage as it ends."""
     records: list[TrialRecord] = []
-    measured = {t.user_attrs.get("plan_key"): t for t in study.trials
+    # Plans already measured (this run or an earlier one of the study): plan key -> (trial number, value).
+    measured = {t.user_attrs["plan_key"]: (t.number, t.value) for t in study.trials
                 if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
                 and t.user_attrs.get("plan_key")}
 
@@ -256,13 +258,11 @@ def search(study: optuna.Study, space: Space, runner: Runner, settings: TuneSett
         key = plan.key()
         trial.set_user_attr("plan", plan.model_dump(mode="json"))
         trial.set_user_attr("plan_key", key)
-        if key in measured and measured[key].number != trial.number:
-            earlier = measured[key]
+        if key in measured:
+            number, value = measured[key]
             record = TrialRecord(number=trial.number, plan=plan, state="repeated",
-                                 value=earlier.value, reason=f"same plan as trial {earlier.number}: not run again")
-            if earlier.value is None:
-                return _finish(trial, record, fail=True)
-            return _finish(trial, record)
+                                 value=value, reason=f"same plan as trial {number}: not run again")
+            return _finish(trial, record, fail=value is None)
         invalid = _invalid_for_devices(plan, settings)
         if invalid:
             return _finish(trial, TrialRecord(number=trial.number, plan=plan, state="invalid", reason=invalid), fail=True)
@@ -274,7 +274,8 @@ def search(study: optuna.Study, space: Space, runner: Runner, settings: TuneSett
         def report(i, a, b):
             ratio = sorted(scale * x.wall_s / y.wall_s for x, y in zip(a, b))[len(a) // 2]
             trial.report(ratio, i)
-            if trial.should_prune():
+            # Clearly slow: under the median of earlier trials at this point, and slower than the baseline.
+            if ratio < 1.0 and trial.should_prune():
                 raise optuna.TrialPruned(f"running median {ratio:.3f}x after {i + 1} pairs")
 
         try:
@@ -322,9 +323,10 @@ def search(study: optuna.Study, space: Space, runner: Runner, settings: TuneSett
         records.append(record)
         if on_trial:
             on_trial(record)
+        if record.state != "repeated" and record.plan.actions:
+            measured.setdefault(record.plan.key(), (trial.number, None if fail else record.value))
         if fail:
             raise _Failed(record.reason)
-        measured[record.plan.key()] = trial
         return record.value
 
     done = sum(1 for t in study.trials if t.state.is_finished())
@@ -351,7 +353,7 @@ def _invalid_for_devices(plan: Plan, settings: TuneSettings) -> str | None:
 
 def verify(plan: Plan, runner: Runner, settings: TuneSettings, baseline_batch: int | None) -> Verdict:
     """Fresh processes for both, interleaved pairs, CI on the speedup, the numerics check."""
-    pairs = max(settings.pairs, settings.steps)
+    pairs = max(settings.pairs, settings.steps, 20)  # noise on a shared host: a fixed, ample sample
     try:
         runner.verifications += 1
         a, b, cand = runner.measure(plan, f"verify-{runner.verifications}", pairs, fresh_baseline=True)
@@ -369,7 +371,7 @@ def verify(plan: Plan, runner: Runner, settings: TuneSettings, baseline_batch: i
                     baseline_batch=baseline_batch if per_sample else None,
                     candidate_batch=cand_batch if per_sample else None)
     memory = memory_saving([s.device_bytes for s in a], [s.device_bytes for s in b], min_gain=settings.min_gain,
-                           seed=settings.seed) if any(s.device_bytes for s in a) else None
+                           seed=settings.seed) if all(s.device_bytes for s in a + b) else None
     estimate_note = None
     if simulated_devices_only(plan):
         estimate_note = ("time on simulated CPU devices is not a TPU's: the speed figure is measured here but "
@@ -461,6 +463,7 @@ def run(script: Path, args: list[str], settings: TuneSettings, *, console, propo
     from tpu_agent.playbook import load_playbooks
 
     t_start = time.perf_counter()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own lines say what happens
     run_dir = new_run_dir(script, runs_root)
     fingerprint = settings.fingerprint(script.resolve(), args)
     name = settings.study or f"{script.stem}-{fingerprint[:8]}"
@@ -472,6 +475,7 @@ def run(script: Path, args: list[str], settings: TuneSettings, *, console, propo
     console.print(f"[bold]baseline[/bold]: profiling {script.name} ({settings.warmup} warm-up + {settings.steps} steps)")
     profile, profile_path = baseline_profile(script, args, run_dir, settings)
     result.baseline_profile = str(profile_path)
+    result.summary = _summary(profile, None)
     report = knob_scan.discover(script, profile=profile, script_args=args, profile_path=str(profile_path))
     knobs = report.knobs
     batch_knob = next((k for k in knobs if k.batch and not k.overridden), None)
@@ -520,8 +524,22 @@ def run(script: Path, args: list[str], settings: TuneSettings, *, console, propo
                           + verdict.reason)
             if verdict.accepted:
                 result.best = verdict
+                result.summary = _summary(profile, verdict)
                 break
     return _save(result, run_dir, t_start)
+
+
+def _summary(profile, verdict: Verdict | None) -> dict:
+    """The baseline's figures; with a verified change, its measured step time (other figures unknown)."""
+    from tpu_agent.summary import from_profile
+
+    summary = from_profile(profile).model_copy(update={"source": "report"})
+    if verdict is not None and verdict.speed and not verdict.speed.get("per_sample"):
+        summary = summary.model_copy(update={
+            "step_time_s": verdict.speed["candidate_median_s"], "steps_measured": verdict.speed["pairs"],
+            "flops_per_step": None, "mfu": None, "peak_memory_bytes": None, "live_peak_bytes": None,
+            "padding_waste": None})
+    return summary.model_dump(mode="json")
 
 
 def _ranked_plans(study: optuna.Study, settings: TuneSettings) -> list[Plan]:

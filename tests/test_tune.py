@@ -1,0 +1,133 @@
+"""`tpu-agent tune` end to end on a tiny script: search, failures, resume, bad input."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import clean_env, run_tool
+
+TINY = textwrap.dedent("""
+    import argparse, os, sys, time
+    import torch
+    import torch.nn.functional as F
+
+    BATCH = 31
+    WIDTH = 63
+
+    # Failure injection for the tests: the profile run and the first baseline process run
+    # normally; every later process (the trials' candidates) fails at step 3.
+    counter = os.environ.get("TINY_COUNTER")
+    late = False
+    if counter:
+        with open(counter, "a+") as f:
+            f.seek(0)
+            late = len(f.read().splitlines()) >= 2
+            f.write("x\\n")
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=400)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, 4)).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(BATCH, WIDTH, generator=g).to("tpu")
+    y = torch.randint(0, 4, (BATCH,), generator=g).to("tpu")
+    for step in range(args.steps):
+        if late and step == 3:
+            if os.environ.get("TINY_FAIL") == "crash":
+                raise RuntimeError("boom in the candidate")
+            if os.environ.get("TINY_FAIL") == "hang":
+                time.sleep(3600)
+            if os.environ.get("TINY_FAIL") == "oom":
+                raise MemoryError("RESOURCE_EXHAUSTED: out of memory allocating 1 TiB")
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+""")
+
+
+@pytest.fixture()
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "tiny.py").write_text(TINY)
+    return tmp_path
+
+
+def tune(project: Path, *args: str, env: dict | None = None, timeout: float = 600):
+    base = ["tune", "tiny.py", "--steps", "5", "--warmup", "1", "--pairs", "5", "--seed", "0",
+            "--storage", f"sqlite:///{project / 'studies.db'}", "--json"]
+    return run_tool(*base, *args, cwd=project, env=clean_env(**(env or {})), timeout=timeout)
+
+
+def trials_in_db(project: Path, study: str) -> list[tuple[int, str]]:
+    con = sqlite3.connect(project / "studies.db")
+    rows = con.execute(
+        "select t.number, t.state from trials t join studies s on s.study_id = t.study_id "
+        "where s.study_name = ? order by t.number", (study,)).fetchall()
+    con.close()
+    return rows
+
+
+def result_of(proc) -> dict:
+    assert proc.returncode in (0, 130), proc.stderr[-3000:]
+    return json.loads(proc.stdout)["result"]
+
+
+def test_tune_records_trials_writes_a_report_and_resume_repeats_nothing(project: Path):
+    first = result_of(tune(project, "--trials", "3", "--study", "s1"))
+    assert len(first["trials"]) == 3
+    assert all(t["state"] in {"complete", "numerics", "pruned", "repeated", "invalid", "failed"} for t in first["trials"])
+    run_dir = Path(first["run_dir"])
+    assert (run_dir / "report.md").read_text().startswith("## tpu-agent: tiny.py")
+    assert json.loads((run_dir / "report.json").read_text())["summary"]["kind"] == "summary"
+    measured_plans = {json.dumps(t["plan"], sort_keys=True) for t in first["trials"] if t["state"] == "complete"}
+
+    again = tune(project, "--trials", "3", "--study", "s1")  # finished study, no --resume: refused
+    assert again.returncode == 2 and "pass --resume" in again.stderr
+
+    second = result_of(tune(project, "--trials", "6", "--study", "s1", "--resume"))
+    new = second["trials"]
+    assert len(new) == 3  # 6 in all, 3 already done
+    for t in new:
+        if json.dumps(t["plan"], sort_keys=True) in measured_plans:
+            assert t["state"] == "repeated", t  # a measured configuration is not run twice
+    assert [n for n, _ in trials_in_db(project, "s1")] == list(range(6))
+
+
+@pytest.mark.parametrize("failure,kind", [("crash", "crashed"), ("oom", "out_of_memory"), ("hang", "timed_out")])
+def test_a_failing_trial_is_recorded_and_the_study_goes_on(project: Path, failure: str, kind: str):
+    (project / "pyproject.toml").write_text("[tool.tpu-agent]\ntrial-timeout = 20.0\n")
+    env = {"TINY_FAIL": failure, "TINY_COUNTER": str(project / "counter")}
+    result = result_of(tune(project, "--trials", "3", "--study", f"f-{kind}", env=env))
+    states = [t["state"] for t in result["trials"]]
+    assert len(states) == 3
+    failed = [t for t in result["trials"] if t["state"] == "failed"]
+    assert failed and all(t["reason"].startswith(kind) for t in failed), result["trials"]
+
+
+def test_bad_inputs_are_one_line_and_exit_2(project: Path):
+    bad_storage = run_tool("tune", "tiny.py", "--storage", "postgresql://nobody@127.0.0.1:1/none", cwd=project,
+                           env=clean_env(), timeout=120)
+    assert bad_storage.returncode == 2 and bad_storage.stderr.startswith("error: cannot open the study storage")
+    assert len(bad_storage.stderr.strip().splitlines()) == 1
+
+    (project / "plan.json").write_text(json.dumps({"actions": [{"kind": "pad_ops", "multiple": 1}]}))
+    bad_plan = run_tool("run", "tiny.py", "--plan", "plan.json", cwd=project, env=clean_env())
+    assert bad_plan.returncode == 2 and "invalid plan plan.json: actions.0.pad_ops.multiple" in bad_plan.stderr
+
+    stale = {"actions": [{"kind": "pad_dim", "file": "tiny.py", "line": 6, "column": 8, "old": 32, "new": 64}]}
+    (project / "plan.json").write_text(json.dumps(stale))
+    moved = run_tool("run", "tiny.py", "--plan", "plan.json", cwd=project, env=clean_env())
+    assert moved.returncode == 2 and "the source has 31" in moved.stderr and len(moved.stderr.strip().splitlines()) == 1
+
+
+def test_a_study_name_with_other_settings_is_refused(project: Path):
+    result_of(tune(project, "--trials", "1", "--study", "clash"))
+    other = tune(project, "--trials", "1", "--study", "clash", "--objective", "memory", "--resume")
+    assert other.returncode == 2 and "exists with different settings" in other.stderr

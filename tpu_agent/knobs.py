@@ -1,0 +1,591 @@
+"""Knob discovery: the integer literals of a script that become tensor dims, and what to pad them to.
+
+A static scan with libcst, no code run. A literal is a knob when it reaches a
+size argument: directly (`nn.Linear(1023, 10)`), through a name
+(`BATCH = 127` ... `torch.randn(BATCH, ...)`), an attribute (`args.batch_size`,
+`cfg.d_model`), an argparse default or a parameter default, or through a call
+to a function or class of the script whose parameter is a size
+(`MLP(784, 1000)` with `nn.Linear(d_in, d_hidden)` inside). Names are matched
+by identifier, not by scope: a cheap approximation that errs towards showing
+a knob; measurement decides whether padding it pays.
+
+With a baseline Profile the knobs are matched by value against the dims of
+the hot ops (and of every dot/convolution in the padding report), and ranked
+by the FLOP share of the ops they appear in; values already a multiple of
+128 go last. Matching is by value: two knobs with the same value share
+their matches.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from tpu_agent.plan import PadDim
+
+MULTIPLES = (8, 128, 256)  # sublane rows, lanes / v4-v5 MXU edge, v6e-v7 MXU edge
+MAX_FILES = 50
+MAX_USES = 6
+
+# nn modules: which positional args / keywords are tensor dims.
+MODULE_DIMS: dict[str, tuple[tuple[int | None, str], ...]] = {
+    "Linear": ((0, "in_features"), (1, "out_features")),
+    "LazyLinear": ((0, "out_features"),),
+    "Bilinear": ((0, "in1_features"), (1, "in2_features"), (2, "out_features")),
+    "Embedding": ((0, "num_embeddings"), (1, "embedding_dim")),
+    "EmbeddingBag": ((0, "num_embeddings"), (1, "embedding_dim")),
+    "LayerNorm": ((0, "normalized_shape"),),
+    "RMSNorm": ((0, "normalized_shape"),),
+    "GroupNorm": ((1, "num_channels"),),
+    "MultiheadAttention": ((0, "embed_dim"), (1, "num_heads")),
+    "TransformerEncoderLayer": ((0, "d_model"), (1, "nhead"), (None, "dim_feedforward")),
+    "TransformerDecoderLayer": ((0, "d_model"), (1, "nhead"), (None, "dim_feedforward")),
+    "Transformer": ((0, "d_model"), (1, "nhead"), (None, "dim_feedforward")),
+    "LSTM": ((0, "input_size"), (1, "hidden_size")),
+    "GRU": ((0, "input_size"), (1, "hidden_size")),
+    "RNN": ((0, "input_size"), (1, "hidden_size")),
+    "LSTMCell": ((0, "input_size"), (1, "hidden_size")),
+    "GRUCell": ((0, "input_size"), (1, "hidden_size")),
+}
+for _n in ("Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"):
+    MODULE_DIMS[_n] = ((0, "in_channels"), (1, "out_channels"))
+for _n in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d"):
+    MODULE_DIMS[_n] = ((0, "num_features"),)
+
+# torch factories whose positional args (or the tuple among them) are sizes.
+FACTORIES = {"randn", "rand", "zeros", "ones", "empty", "randint", "full", "arange", "eye", "randperm", "linspace"}
+# Tensor methods whose args are sizes.
+SIZE_METHODS = {"view", "reshape", "expand", "repeat", "tile", "new_zeros", "new_ones", "new_empty", "new_full",
+                "unflatten"}
+# Keywords that carry a dim in any call (a DataLoader's batch_size, a user's GPT(vocab_size=...)).
+DIM_KEYWORDS = {
+    "batch_size", "hidden_size", "hidden_dim", "embed_dim", "embedding_dim", "d_model", "dim_feedforward",
+    "in_features", "out_features", "num_embeddings", "in_channels", "out_channels", "num_classes", "vocab_size",
+    "n_embd", "d_ff", "intermediate_size", "num_features", "seq_len", "max_seq_len", "block_size", "n_positions",
+    "max_position_embeddings", "num_heads", "n_head", "nhead", "size",
+}
+BATCH_NAME = re.compile(r"(^|_)(batch|batch_?size|bs)$", re.I)
+
+Where = Literal["constant", "argparse", "parameter", "literal"]
+
+
+class Knob(BaseModel):
+    """One integer literal that becomes a tensor dim, with the values worth trying."""
+
+    file: str = Field(description="relative to the script's directory, as PadDim.file")
+    line: int = Field(description="1-based")
+    column: int = Field(description="0-based, in characters (libcst's, as PadDim.column)")
+    value: int
+    name: str | None = Field(None, description="the constant, parameter or option it sets; None: a bare literal")
+    where: Where = Field(description="constant | argparse (a default) | parameter (a default) | literal (in a call)")
+    uses: list[str] = Field(description="how it becomes a dim, e.g. 'nn.Linear(in_features) at odd_shapes.py:26'")
+    candidates: list[int] = Field(description="next multiples of 8, 128 and 256 above the value, deduplicated")
+    aligned_to: int = Field(description="the largest of 8/128/256 that divides the value (1: none)")
+    derived: list[int] = Field(default_factory=list, description="other dims computed from it, e.g. 3 * D_MODEL")
+    batch: bool = Field(False, description="it sets the batch size: compare speed per sample")
+    overridden: str | None = Field(None, description="why its value is not the one used, e.g. set on the command line")
+    group: str | None = Field(None, description="bare literals of one value in one function or class body: "
+                              "usually one dim written twice (Conv2d(3, 16) then BatchNorm2d(16)), so padded together")
+    matched_ops: int = Field(0, description="hot ops of the profile with this value among their dims")
+    flop_share: float | None = Field(None, description="their share of the step's FLOPs; None: no profile")
+    padded_to: int | None = Field(None, description="the padding report's target size for this value (estimate)")
+    padding_waste: float | None = Field(None, description="estimate: its share of the profile's padded dot/conv work")
+
+    def pad_dim(self, new: int) -> PadDim:
+        return PadDim(file=self.file, line=self.line, column=self.column, old=self.value, new=new, name=self.name)
+
+
+def pad_group(knobs: Sequence[Knob], knob: Knob, new: int) -> list[PadDim]:
+    """PadDim actions for `knob` and every knob of its group (a named knob is a group of one)."""
+    if knob.group is None:
+        return [knob.pad_dim(new)]
+    return [k.pad_dim(new) for k in knobs if k.group == knob.group]
+
+
+class KnobReport(BaseModel):
+    script: str
+    files: list[str] = Field(description="the files scanned: the script and the local modules it imports")
+    profile: str | None = Field(None, description="the profile matched against; None: static only")
+    note: str = Field(description="where the ranking comes from, in one line")
+    knobs: list[Knob]
+
+
+def candidates_for(value: int) -> list[int]:
+    """Next multiples of 8, 128 and 256 that are larger than `value`; never smaller, no repeats."""
+    out = sorted({-(-value // m) * m for m in MULTIPLES} - {value})
+    return [c for c in out if c > value]
+
+
+def aligned_to(value: int) -> int:
+    return max((m for m in MULTIPLES if value % m == 0), default=1)
+
+
+# ------------------------------------------------------------------ scanning
+
+
+@dataclass
+class _Def:
+    ident: str
+    file: str
+    line: int
+    column: int
+    value: int
+    where: Where
+    name: str
+    options: tuple[str, ...] = ()
+
+
+@dataclass
+class _Call:
+    callee: str
+    method: bool
+    args: list[tuple[str | None, object]]  # (keyword or None, expression)
+    where: str
+
+
+@dataclass
+class _Scan:
+    defs: list[_Def] = field(default_factory=list)
+    sites: list[tuple[object, str, str, bool]] = field(default_factory=list)  # (expression, use, "file:line", literal ok)
+    calls: list[_Call] = field(default_factory=list)
+    params: dict[str, list[str]] = field(default_factory=dict)  # local callable -> its parameters (no self)
+    files: list[str] = field(default_factory=list)
+    positions: dict[int, tuple[str, int, int, int, str]] = field(default_factory=dict)  # id(Integer) -> file, line, col, value, scope
+    trees: list = field(default_factory=list)  # keeps the visited trees alive, so node ids stay unique
+
+
+def _full_name(node) -> str:
+    from libcst.helpers import get_full_name_for_node
+
+    return get_full_name_for_node(node) or ""
+
+
+def _string(node) -> str | None:
+    import libcst as cst
+
+    if isinstance(node, cst.SimpleString):
+        value = node.evaluated_value
+        return value if isinstance(value, str) else None
+    return None
+
+
+class _Collector:
+    """Builds the libcst visitor for one file and feeds `_Scan`."""
+
+    def __init__(self, scan: _Scan, rel: str):
+        self.scan = scan
+        self.rel = rel
+
+    def visitor(self):
+        import libcst as cst
+        from libcst.metadata import PositionProvider
+
+        collector = self
+
+        class Visitor(cst.CSTVisitor):
+            METADATA_DEPENDENCIES = (PositionProvider,)
+
+            def __init__(self):
+                super().__init__()
+                self.scopes: list[tuple[str, str]] = []  # ("class" | "def", name)
+
+            def pos(self, node) -> tuple[int, int]:
+                start = self.get_metadata(PositionProvider, node).start
+                return start.line, start.column
+
+            def at(self, node) -> str:
+                return f"{Path(collector.rel).name}:{self.pos(node)[0]}"
+
+            def add_def(self, ident: str, node, where: Where, name: str, options=()) -> None:
+                if isinstance(node, cst.Integer):
+                    value = node.evaluated_value
+                    if isinstance(value, int) and value >= 2:
+                        line, col = self.pos(node)
+                        collector.scan.defs.append(_Def(ident, collector.rel, line, col, value, where, name, tuple(options)))
+
+            def visit_Integer(self, node):
+                value = node.evaluated_value
+                if isinstance(value, int) and value >= 2:
+                    scope = ".".join(name for _, name in self.scopes) or "<module>"
+                    collector.scan.positions[id(node)] = (collector.rel, *self.pos(node), value, scope)
+
+            # scopes
+            def visit_ClassDef(self, node):
+                self.scopes.append(("class", node.name.value))
+
+            def leave_ClassDef(self, node):
+                self.scopes.pop()
+
+            def visit_FunctionDef(self, node):
+                params = [p for p in (*node.params.posonly_params, *node.params.params)]
+                names = [p.name.value for p in params] + [p.name.value for p in node.params.kwonly_params]
+                in_class = bool(self.scopes) and self.scopes[-1][0] == "class"
+                if in_class and names and names[0] in ("self", "cls"):
+                    names = names[1:]
+                if in_class and node.name.value == "__init__":
+                    collector.scan.params[self.scopes[-1][1]] = names
+                else:
+                    collector.scan.params.setdefault(node.name.value, names)
+                for p in (*params, *node.params.kwonly_params):
+                    if p.default is not None:
+                        self.add_def(p.name.value, p.default, "parameter", p.name.value)
+                self.scopes.append(("def", node.name.value))
+
+            def leave_FunctionDef(self, node):
+                self.scopes.pop()
+
+            # constants
+            def visit_Assign(self, node):
+                if len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
+                    name = node.targets[0].target.value
+                    self.add_def(name, node.value, "constant", name)
+
+            def visit_AnnAssign(self, node):
+                if isinstance(node.target, cst.Name) and node.value is not None:
+                    self.add_def(node.target.value, node.value, "constant", node.target.value)
+
+            # calls
+            def visit_Call(self, node):
+                full = _full_name(node.func)
+                last = full.rsplit(".", 1)[-1]
+                positional = [a.value for a in node.args if a.keyword is None and not a.star]
+                keywords = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
+                where = self.at(node)
+
+                def site(expr, use, literal_ok=True):
+                    collector.scan.sites.append((expr, use, where, literal_ok))
+
+                if last == "add_argument":
+                    self.argparse(node, positional, keywords)
+                if last in MODULE_DIMS and (full == last or ".nn." in f".{full}" or full.startswith("nn.")):
+                    for index, kw in MODULE_DIMS[last]:
+                        expr = keywords.get(kw) if index is None or index >= len(positional) else positional[index]
+                        if expr is not None:
+                            site(expr, f"nn.{last}({kw})")
+                elif full.startswith("torch.") and last in FACTORIES and full.count(".") == 1:
+                    if last in ("randint",):
+                        chosen = [e for e in positional if isinstance(e, (cst.Tuple, cst.List))]
+                    elif last == "full":
+                        chosen = positional[:1]
+                    elif last == "linspace":
+                        chosen = positional[2:3]
+                    elif last == "arange":
+                        chosen = positional[:2]
+                    else:
+                        chosen = positional
+                    for expr in chosen:
+                        site(expr, f"torch.{last} size")
+                    if "size" in keywords:
+                        site(keywords["size"], f"torch.{last} size")
+                elif full == "torch.reshape" and len(positional) > 1:
+                    site(positional[1], "torch.reshape", literal_ok=False)
+                elif isinstance(node.func, cst.Attribute) and last in SIZE_METHODS and not full.startswith("torch."):
+                    chosen = positional[1:] if last == "unflatten" else positional[:1] if last == "new_full" else positional
+                    for expr in chosen:
+                        # A bare literal here must agree with the tensor's size: padding it alone breaks the view.
+                        site(expr, f".{last}()", literal_ok=not last.startswith(("view", "reshape", "expand", "repeat", "tile", "unflatten")))
+                elif last == "one_hot" and len(positional) > 1:
+                    site(positional[1], "F.one_hot(num_classes)")
+                for kw, expr in keywords.items():
+                    if kw in DIM_KEYWORDS and not (last in MODULE_DIMS and any(kw == k for _, k in MODULE_DIMS[last])):
+                        if kw == "size" and not full.startswith("torch."):
+                            continue
+                        site(expr, f"{last}({kw}=)")
+                if last and last not in MODULE_DIMS:
+                    args = [(None, e) for e in positional] + list(keywords.items())
+                    collector.scan.calls.append(_Call(last, isinstance(node.func, cst.Attribute), args, where))
+
+            def argparse(self, node, positional, keywords):
+                options = tuple(s for s in (_string(e) for e in positional) if s and s.startswith("-"))
+                default = keywords.get("default")
+                if not options or not isinstance(default, cst.Integer):
+                    return
+                kind = keywords.get("type")
+                if kind is not None and _full_name(kind) != "int":
+                    return
+                dest = _string(keywords["dest"]) if "dest" in keywords else None
+                longs = [o for o in options if o.startswith("--")]
+                shown = max(longs or options, key=len)
+                ident = dest or shown.lstrip("-").replace("-", "_")
+                self.add_def(ident, default, "argparse", shown, options)
+
+        return Visitor()
+
+
+def _local_imports(module, path: Path, root: Path) -> list[Path]:
+    """The script-directory modules that `module` (at `path`) imports."""
+    import libcst as cst
+
+    found: list[Path] = []
+
+    def resolve(base: Path, dotted: str) -> None:
+        parts = [p for p in dotted.split(".") if p]
+        target = base.joinpath(*parts) if parts else base
+        for candidate in (target.with_suffix(".py") if parts else None, target / "__init__.py"):
+            if candidate is not None and candidate.is_file() and candidate.resolve().is_relative_to(root):
+                found.append(candidate)
+
+    class Imports(cst.CSTVisitor):
+        def visit_Import(self, node):
+            for alias in node.names:
+                resolve(root, _full_name(alias.name))
+
+        def visit_ImportFrom(self, node):
+            dots = len(node.relative)
+            base = root if dots == 0 else path.parent.joinpath(*([".."] * (dots - 1))).resolve()
+            dotted = _full_name(node.module) if node.module is not None else ""
+            resolve(base, dotted)
+            if not isinstance(node.names, cst.ImportStar):
+                for alias in node.names:  # `from pkg import sizes` may name a module
+                    resolve(base, f"{dotted}.{_full_name(alias.name)}")
+
+    module.visit(Imports())
+    return found
+
+
+def _scan_files(script: Path) -> _Scan:
+    import libcst as cst
+    from libcst.metadata import MetadataWrapper
+
+    root = script.parent.resolve()
+    scan = _Scan()
+    queue, seen = [script.resolve()], set()
+    while queue and len(seen) < MAX_FILES:
+        path = queue.pop(0)
+        if path in seen:
+            continue
+        seen.add(path)
+        try:
+            module = cst.parse_module(path.read_bytes())
+        except (OSError, cst.ParserSyntaxError):
+            if path == script.resolve():
+                raise
+            continue  # a helper module we cannot read is skipped, not fatal
+        rel = path.relative_to(root).as_posix()
+        scan.files.append(rel)
+        wrapper = MetadataWrapper(module)
+        scan.trees.append(wrapper)
+        wrapper.visit(_Collector(scan, rel).visitor())
+        queue.extend(_local_imports(module, path, root))
+    return scan
+
+
+# ------------------------------------------------------------------ analysis
+
+
+def _elements(expr) -> list:
+    import libcst as cst
+
+    if isinstance(expr, (cst.Tuple, cst.List)):
+        return [e.value for e in expr.elements if not isinstance(e, (cst.StarredElement,))]
+    return [expr]
+
+
+def _identifiers(expr) -> set[str]:
+    """Names and attribute names an expression reads (not the functions it calls)."""
+    import libcst as cst
+
+    found: set[str] = set()
+
+    class Names(cst.CSTVisitor):
+        def visit_Call(self, node):
+            for arg in node.args:
+                arg.value.visit(self)
+            if isinstance(node.func, cst.Attribute):
+                node.func.value.visit(self)
+            return False
+
+        def visit_Attribute(self, node):
+            found.add(node.attr.value)
+            return False
+
+        def visit_Name(self, node):
+            found.add(node.value)
+
+        def visit_Subscript(self, node):
+            return False  # x.shape[0], cfg["h"]: not a constant's own value
+
+    expr.visit(Names())
+    return found
+
+
+def _evaluate(expr, constants: dict[str, int]) -> int | None:
+    import libcst as cst
+
+    if isinstance(expr, cst.Integer):
+        value = expr.evaluated_value
+        return value if isinstance(value, int) else None
+    if isinstance(expr, cst.Name):
+        return constants.get(expr.value)
+    if isinstance(expr, cst.Attribute):
+        return constants.get(expr.attr.value)
+    if isinstance(expr, cst.BinaryOperation):
+        left, right = _evaluate(expr.left, constants), _evaluate(expr.right, constants)
+        if left is None or right is None:
+            return None
+        op = type(expr.operator).__name__
+        if op == "Add":
+            return left + right
+        if op == "Subtract":
+            return left - right
+        if op == "Multiply":
+            return left * right
+        if op == "FloorDivide" and right:
+            return left // right
+    return None
+
+
+@dataclass
+class _Uses:
+    uses: dict[str, list[str]] = field(default_factory=dict)  # identifier -> use descriptions
+    derived: dict[str, set[int]] = field(default_factory=dict)
+    batch: set[str] = field(default_factory=set)
+    literals: dict[int, str] = field(default_factory=dict)  # id(Integer) -> its use
+
+
+def _analyse(scan: _Scan) -> _Uses:
+    import libcst as cst
+
+    result = _Uses()
+    values: dict[str, set[int]] = {}
+    for d in scan.defs:
+        values.setdefault(d.ident, set()).add(d.value)
+    constants = {k: next(iter(v)) for k, v in values.items() if len(v) == 1}
+    literal_ids = result.literals
+
+    def record(expr, use: str, where: str, literal_ok: bool = True) -> bool:
+        grew = False
+        batch_use = "batch_size" in use
+        for element in _elements(expr):
+            if isinstance(element, cst.Integer):
+                if literal_ok and id(element) not in literal_ids:
+                    literal_ids[id(element)] = f"{use} at {where}"
+                    grew = True
+                continue
+            idents = _identifiers(element)
+            value = None if isinstance(element, (cst.Name, cst.Attribute)) else _evaluate(element, constants)
+            for ident in idents:
+                uses = result.uses.setdefault(ident, [])
+                text = f"{use} at {where}"
+                if text not in uses:
+                    uses.append(text)
+                    grew = True
+                if value is not None and value >= 2:
+                    result.derived.setdefault(ident, set()).add(value)
+                if batch_use:
+                    result.batch.add(ident)
+        return grew
+
+    for expr, use, where, literal_ok in scan.sites:
+        record(expr, use, where, literal_ok)
+
+    # Calls to the script's own functions and classes: an argument is a dim when its parameter is one.
+    for _ in range(6):
+        grew = False
+        for call in scan.calls:
+            params = scan.params.get(call.callee)
+            if not params:
+                continue
+            for index, (kw, expr) in enumerate(call.args):
+                param = kw if kw is not None else (params[index] if index < len(params) else None)
+                if param is None or param not in params or param not in result.uses:
+                    continue
+                first = result.uses[param][0].split(" at ")[0]
+                grew |= record(expr, f"{call.callee}({param}) -> {first}", call.where)
+        if not grew:
+            break
+    return result
+
+
+def _dims(shape: str) -> set[int]:
+    return {int(d) for group in re.findall(r"\[([\d,\s]*)\]", shape) for d in group.replace(" ", "").split(",") if d}
+
+
+def _profile_ops(profile) -> list[tuple[set[int], float]]:
+    """(dims, share of the step's FLOPs) of every hot op, and of every dot/conv in the padding report not among them."""
+    ops = {(op.executable, op.instruction): (_dims(" ".join([op.shape, *op.operands])), op.share)
+           for op in profile.hot_ops}
+    total = profile.flops.per_step if profile.flops is not None and profile.flops.per_step else None
+    if profile.padding is not None and total:
+        for op in profile.padding.ops:
+            key = (op.executable, op.instruction)
+            if key not in ops:
+                ops[key] = (_dims(f"{op.lhs} {op.rhs}") | {op.m, op.k, op.n}, op.flops_per_step / total)
+    return list(ops.values())
+
+
+def _match_profile(knobs: list[Knob], profile) -> None:
+    ops = _profile_ops(profile)
+    padding = {d.size: d for d in profile.padding.dims} if profile.padding is not None else {}
+    for knob in knobs:
+        values = {knob.value, *knob.derived}
+        hits = [share for dims, share in ops if dims & values]
+        knob.matched_ops = len(hits)
+        knob.flop_share = min(1.0, sum(hits))
+        for v in sorted(values):
+            if v in padding:
+                knob.padded_to = padding[v].padded_to
+                knob.padding_waste = padding[v].share_of_padded_work
+                break
+
+
+def _overridden(options: Sequence[str], script_args: Sequence[str]) -> str | None:
+    for arg in script_args:
+        if arg == "--":
+            break
+        for opt in options:
+            if arg == opt or (opt.startswith("--") and arg.startswith(opt + "=")):
+                return f"{opt} is given on the command line: the default is not used"
+    return None
+
+
+def discover(script: Path | str, *, profile=None, script_args: Sequence[str] = (), profile_path: str | None = None,
+             note: str | None = None) -> KnobReport:
+    """Scan `script` (and the local modules it imports) for knobs; rank them by a Profile when given."""
+    script = Path(script)
+    scan = _scan_files(script)
+    uses = _analyse(scan)
+    knobs: dict[tuple[str, int, int], Knob] = {}
+    for d in scan.defs:
+        if d.ident not in uses.uses:
+            continue
+        knob = Knob(
+            file=d.file, line=d.line, column=d.column, value=d.value, name=d.name, where=d.where,
+            uses=uses.uses[d.ident][:MAX_USES], candidates=candidates_for(d.value), aligned_to=aligned_to(d.value),
+            derived=sorted(uses.derived.get(d.ident, set()) - {d.value}),
+            batch=bool(BATCH_NAME.search(d.ident)) or d.ident in uses.batch,
+            overridden=_overridden(d.options, script_args) if d.options else None,
+        )
+        knobs.setdefault((d.file, d.line, d.column), knob)
+    for node_id, use in uses.literals.items():
+        if node_id not in scan.positions:
+            continue  # a literal below 2 (a 1 in view(-1, 1)): nothing to pad
+        file, line, column, value, scope = scan.positions[node_id]
+        knobs.setdefault((file, line, column), Knob(
+            file=file, line=line, column=column, value=value, name=None, where="literal", uses=[use],
+            group=f"{file}:{scope}:{value}",
+            candidates=candidates_for(value), aligned_to=aligned_to(value), batch="batch_size" in use,
+        ))
+    found = list(knobs.values())
+    if profile is not None:
+        _match_profile(found, profile)
+    order = {f: i for i, f in enumerate(scan.files)}
+
+    def rank(k: Knob):
+        share = k.flop_share or 0.0
+        return (k.overridden is not None, not k.candidates, k.aligned_to >= 128, -share, -(k.padding_waste or 0.0),
+                order.get(k.file, 0), k.line, k.column)
+
+    found.sort(key=rank)
+    if note is None:
+        note = (f"ranked by the FLOP share of the profile's hot ops whose dims they match ({profile_path}); "
+                "values already a multiple of 128 last"
+                if profile is not None else "static only: no profile, so not ranked by hot ops; values already a "
+                "multiple of 128 last")
+    return KnobReport(script=str(script), files=scan.files, profile=profile_path if profile is not None else None,
+                      note=note, knobs=found)
