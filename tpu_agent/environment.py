@@ -48,6 +48,10 @@ class Environment(BaseModel):
     anthropic_api_key_set: bool
     cache_dir: str
     runs_dir: str
+    peak_flops_per_s: float | None = Field(
+        None, description="the device's peak FLOP/s for MFU: a TPU's datasheet figure, else the cached calibration"
+    )
+    peak_source: str | None = Field(None, description="where the peak comes from; None: not calibrated yet")
     problems: list[str] = Field(default_factory=list)
 
 
@@ -111,11 +115,24 @@ def _importable(name: str) -> bool:
         return False
 
 
-def collect_environment(cwd: Path | None = None) -> Environment:
+def _probe_peak(problems: list[str], calibrate: bool) -> tuple[float | None, str | None]:
+    """The MFU peak: read from the calibration cache, measured now only when asked."""
+    try:
+        from tpu_agent.profilers.peaks import current_peak
+
+        peak = current_peak(measure=calibrate)
+    except Exception as exc:  # noqa: BLE001
+        problems.append(f"could not read the peak FLOP/s: {_one_line(exc)}")
+        return None, None
+    return (peak.flops_per_s, peak.source) if peak is not None else (None, None)
+
+
+def collect_environment(cwd: Path | None = None, calibrate: bool = False) -> Environment:
     """Probe the interpreter, torch, jax and the settings tpu-agent depends on."""
     problems: list[str] = []
     torch_version, torch_tpu_device = _probe_torch(problems)
     jax_backend, jax_devices = _probe_jax(problems)
+    peak, peak_source = _probe_peak(problems, calibrate) if jax_devices else (None, None)
     return Environment(
         tpu_agent_version=__version__,
         python_version=platform.python_version(),
@@ -133,5 +150,7 @@ def collect_environment(cwd: Path | None = None) -> Environment:
         anthropic_api_key_set=bool(os.environ.get("ANTHROPIC_API_KEY")),
         cache_dir=str(cache_dir()),
         runs_dir=str(runs_dir(cwd)),
+        peak_flops_per_s=peak,
+        peak_source=peak_source,
         problems=problems,
     )

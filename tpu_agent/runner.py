@@ -12,7 +12,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -79,12 +80,18 @@ def run_script(
     *,
     runs_root: Path | None = None,
     env: Mapping[str, str] | None = None,
+    stdout: int | None = None,
+    stderr: int | None = None,
+    pass_fds: Sequence[int] = (),
+    monitor: Callable[[subprocess.Popen[bytes]], AbstractContextManager[object]] | None = None,
 ) -> RunResult:
     """Run `script` with `args` as `python script args` would, in the current cwd.
 
-    stdin, stdout and stderr are inherited, so the user sees their script's
-    output and traceback live. The result is also written to `run.json` in the
-    new run directory.
+    stdin, stdout and stderr are inherited unless `stdout`/`stderr` say
+    otherwise (a file descriptor, or `subprocess.PIPE` for a `monitor` to
+    relay), so the user sees their script's output and traceback live.
+    `monitor(proc)` is entered while the child runs (a progress display).
+    The result is also written to `run.json` in the new run directory.
     """
     run_dir = new_run_dir(Path(script), runs_root)
     command = child_command(script, args)  # as given: the child resolves it like python does
@@ -93,8 +100,9 @@ def run_script(
 
     started_at = datetime.now(timezone.utc)
     t0 = time.perf_counter()
-    proc = subprocess.Popen(command, env=child_env)
-    returncode = _wait(proc)
+    proc = subprocess.Popen(command, env=child_env, stdout=stdout, stderr=stderr, pass_fds=tuple(pass_fds))
+    with monitor(proc) if monitor is not None else nullcontext():
+        returncode = _wait(proc)
     duration = time.perf_counter() - t0
 
     sig = -returncode if returncode < 0 else None

@@ -255,21 +255,28 @@ def _index_tuple(self, indices):
     return tuple(out)
 
 
-@lower(aten.index.Tensor)
+@jax.jit
+def _index_int(self, indices):
+    return self[_index_tuple(self, indices)]
+
+
+# Unjitted by the dispatcher because a boolean mask's result size is its number of Trues:
+# masks become integer indices on the host, then the (jitted, cached) integer gather runs.
+@lower(aten.index.Tensor, jit=False)
 def index(self, indices):
     if any(i is not None and i.dtype == jnp.bool_ for i in indices):
         return _index_bool(self, indices)
-    return self[_index_tuple(self, indices)]
+    return _index_int(self, list(indices))
 
 
 def _index_bool(self, indices):
     expanded = []
     for idx in indices:
         if idx is not None and idx.dtype == jnp.bool_:
-            expanded.extend(jnp.nonzero(idx))
+            expanded.extend(jnp.asarray(i) for i in np.nonzero(np.asarray(idx)))
         else:
             expanded.append(idx)
-    return self[_index_tuple(self, expanded)]
+    return _index_int(self, expanded)
 
 
 @lower(aten.index_put.default)

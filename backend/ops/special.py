@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 import jax.scipy.special as jss
 import torch
@@ -546,6 +545,3 @@ def legendre_p(x, n):
     odd = n % 2 == 1
     p = jnp.where(jnp.abs(x) == 1, jnp.where((x > 0) | ~odd, 1.0, -1.0).astype(x.dtype), p)
     return jnp.where(n < 0, 0, p)
-
-
-del jax

@@ -1,0 +1,281 @@
+"""Turns what the session collected, and the executables the backend kept, into a `Profile`.
+
+Each section is built on its own: one that fails becomes a note, and the rest
+of the profile (the partial profile of a crashed script included) is kept.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tpu_agent.backend.generations import DEFAULT_GENERATION
+
+from . import analysis, flopcheck, hlo, peaks
+from .schema import (Device, Executable, Files, Flops, Memory, Profile, Recompilation, Steps,
+                     Transfers)
+
+if TYPE_CHECKING:
+    from .session import Session
+
+HOT_OPS = 25
+
+
+def _guarded(notes: list[str], what: str, fn: Callable, default=None):
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001
+        notes.append(f"could not compute {what}: {type(exc).__name__}: {exc}")
+        return default
+
+
+def _file_name(index: int, name: str) -> str:
+    return f"{index:04d}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)[:80]}.hlo.txt"
+
+
+def build_profile(session: "Session", exit_code: int, error: str | None) -> Profile:
+    from tpu_agent.backend import executables
+    from tpu_agent.backend.lazy import RECORDER
+    from tpu_agent.backend.state import STATS
+
+    d = session.data
+    s = session.settings
+    notes = list(d.notes)
+
+    # ---- which steps are measured, and the window of executable calls they cover
+    steps = d.steps
+    start = d.window_start
+    end = d.window_end
+    measured = [st for st in steps if not st.warmup]
+    if end is not None and measured and (start is not None or s.warmup == 0 or d.whole_run):
+        window_steps = len(measured)  # start None: the window opens at the script's start
+    else:
+        start = None  # warm-up never ended: measure from the script's start
+        window_steps = len(steps)
+        if steps:
+            notes.append(f"the script ended after {len(steps)} step(s), all within the {s.warmup}-step warm-up: "
+                         "FLOPs and statistics include warm-up")
+    base_calls = start.calls if start else {}
+    end_calls = end.calls if end else {}
+
+    def in_window(exe) -> int:
+        return end_calls.get(exe.id, 0) - base_calls.get(exe.id, 0)
+
+    ran = [e for e in executables.all() if e.calls > 0]
+    hlo_dir = session.run_dir / "hlo" if s.dump_hlo else None
+    if hlo_dir is not None:
+        hlo_dir.mkdir(parents=True, exist_ok=True)
+
+    infos: list[analysis.ExeInfo] = []
+    exe_rows: list[Executable] = []
+    region_xla = region_dot = 0.0
+    xla_peak = (None, None)
+    for index, exe in enumerate(ran):
+        cost = _guarded(notes, f"the cost of {exe.name}", exe.cost, {}) or {}
+        memory = _guarded(notes, f"the memory of {exe.name}", exe.memory, {}) or {}
+        text = _guarded(notes, f"the HLO of {exe.name}", exe.hlo_text, None)
+        module = _guarded(notes, f"the HLO analysis of {exe.name}", lambda: hlo.parse_module(text), None) if text else None
+        ops = hlo.hot_ops(module) if module is not None else []
+        hlo_file = None
+        if hlo_dir is not None and text is not None:
+            path = hlo_dir / _file_name(index, exe.name)
+            path.write_text(text)
+            hlo_file = str(path)
+        per_step = in_window(exe) / window_steps if window_steps else 0.0
+        info = analysis.ExeInfo(exe.name, exe.kind, exe.source, per_step, cost.get("flops", 0.0),
+                                cost.get("bytes_accessed", 0.0), ops)
+        infos.append(info)
+        if d.region_calls is not None:
+            n = d.region_calls.get(exe.id, 0)
+            region_xla += n * info.flops
+            region_dot += n * info.dot_conv_flops
+        peak_bytes = memory.get("peak_bytes")
+        if peak_bytes is not None and (xla_peak[0] is None or peak_bytes > xla_peak[0]):
+            xla_peak = (peak_bytes, exe.name)
+        exe_rows.append(Executable(
+            name=exe.name, kind=exe.kind, source=exe.source, ops=len(exe.ops), calls=exe.calls,
+            calls_per_step=per_step, time_s=exe.time_s, time_is_execution=s.time_executables,
+            flops=info.flops, bytes_accessed=info.bytes_accessed, transcendentals=cost.get("transcendentals", 0.0),
+            memory=memory, hlo_file=hlo_file,
+        ))
+
+    # ---- steps
+    stats = analysis.step_stats(steps)
+    if s.steps is not None and not d.stopped and not d.whole_run and exit_code == 0 and measured:
+        notes.append(f"the script ended after {len(steps)} step(s), before the {s.warmup} warm-up + {s.steps} "
+                     "measured steps asked for")
+    if d.whole_run:
+        notes.insert(0, "no step markers: the whole run is one region (no optimizer step, no torch.tpu.mark_step())")
+    if d.whole_run and stats is not None:
+        stats.basis = "the whole run as one region (start-up, compilation and FlopCounterMode included)"
+    elif any(st.instrumented and not st.warmup for st in steps) and stats is not None:
+        left_out = "FlopCounterMode" not in stats.basis
+        notes.append("step 1 ran under FlopCounterMode for the FLOP cross-check: "
+                     + ("it is left out of the statistics" if left_out else "its time is in the statistics (no other step)"))
+    compiled_measured = [st.index for st in steps if st.compiled and not st.warmup]
+    if compiled_measured and stats and "excluding" in stats.basis:
+        notes.append(f"{len(compiled_measured)} measured step(s) compiled something and are left out of the "
+                     f"statistics: {_ranges(compiled_measured)}")
+    steps_section = Steps(markers=d.markers, whole_run=d.whole_run, stopped_by_profiler=d.stopped, items=steps,
+                          stats=stats, compile_s=d.compile_s, compiles=d.compiles)
+
+    # ---- FLOPs, peak, MFU
+    flops_per_step = sum(i.flops * i.calls_per_step for i in infos)
+    bytes_per_step = sum(i.bytes_accessed * i.calls_per_step for i in infos)
+    device = _guarded(notes, "the device", lambda: _device(), None)
+    peak = None
+    if device is not None:
+        peak = _guarded(notes, "the device's peak", lambda: peaks.device_peak(
+            device.platform, device.device_kind, device.count, notes=notes), None)
+    achieved = flops_per_step / stats.median_s if stats and stats.median_s > 0 else None
+    check = None
+    if d.counter_flops is not None and d.region is not None:
+        check = flopcheck.compare(d.region, region_xla, region_dot, d.counter_flops, d.counter_by_op)
+    flops = Flops(
+        per_step=flops_per_step, bytes_per_step=bytes_per_step,
+        transcendentals_per_step=sum(r.transcendentals * r.calls_per_step for r in exe_rows),
+        dot_conv_per_step=sum(i.dot_conv_flops * i.calls_per_step for i in infos),
+        achieved_flops_per_s=achieved, peak=peak,
+        mfu=achieved / peak.flops_per_s if achieved is not None and peak else None, check=check,
+    )
+
+    # ---- the rest
+    growth = _live_growth(steps)
+    if growth:
+        notes.append(growth)
+    memory = Memory(xla_peak_bytes=xla_peak[0], xla_peak_executable=xla_peak[1], live_peak_bytes=d.live_peak,
+                    live_end_bytes=d.live_end, device_stats=d.device_stats)
+    hot = _guarded(notes, "the hot ops", lambda: analysis.hot_ops(infos, flops_per_step, HOT_OPS), [])
+    pad_gen = s.padding_generation or s.target or (device.generation if device else None) or DEFAULT_GENERATION
+    pad = _guarded(notes, "the padding report", lambda: analysis.padding_report(infos, pad_gen), None)
+    target = None
+    if s.target:
+        target = _guarded(notes, "the roofline estimate", lambda: analysis.roofline(infos, s.target, flops_per_step))
+    recompiles = _guarded(notes, "the recompilations", lambda: _recompilations(RECORDER, d, s.warmup, ran), [])
+    window_stats = (start.stats if start else (0, 0, 0, 0), end.stats if end else (0, 0, 0, 0))
+    transfers = _transfers(STATS, window_stats, window_steps)
+    if STATS.fallbacks:
+        notes.append(f"{sum(STATS.fallbacks.values())} op call(s) fell back to the CPU: "
+                     + ", ".join(f"{op} x{n}" for op, n in STATS.fallbacks.most_common(5)))
+    if device is not None and s.devices > 1 and device.platform == "cpu":
+        notes.append(f"{device.count} simulated CPU devices share this machine's cores; the peak is the whole CPU's")
+
+    mode_used = _mode_used(ran, d.markers)
+    if s.mode == "compiled-if-available" and mode_used != "compiled" and any("torch.tpu.compile is available" in n
+                                                                              for n in notes):
+        notes.append("nothing was compiled: the script calls neither torch.compile nor torch.tpu.compile on its "
+                     "step or model, so it ran fused")
+    status = "stopped" if d.stopped else ("failed" if exit_code != 0 else "complete")
+    if d.stopped:
+        exit_code = 0
+    environment = _guarded(notes, "the environment", _environment, None)
+    return Profile(
+        status=status, exit_code=exit_code, error=error, created_at=datetime.now(timezone.utc),
+        script=os.path.abspath(session.script), args=list(session.args), cwd=os.getcwd(),
+        run_dir=str(session.run_dir), settings=s, mode_used=mode_used,
+        environment=environment, device=device, steps=steps_section, flops=flops, memory=memory,
+        executables=sorted(exe_rows, key=lambda r: -(r.flops * r.calls_per_step)),
+        hot_ops=hot, padding=pad, recompilations=recompiles, transfers=transfers,
+        fallbacks=dict(STATS.fallbacks), target=target,
+        files=Files(hlo_dir=str(hlo_dir) if hlo_dir else None,
+                    xla_dump_dir=str(session.run_dir / "xla_dump") if s.xla_dump else None,
+                    trace_dir=d.trace_dir),
+        notes=notes,
+    )
+
+
+def _live_growth(steps) -> str | None:
+    """A note when live device memory grows step after step (something keeps each step's buffers)."""
+    live = [st.live_bytes for st in steps if not st.warmup and st.live_bytes is not None]
+    if len(live) < 3:
+        return None
+    per_step = (live[-1] - live[0]) / (len(live) - 1)
+    rising = sum(b > a for a, b in zip(live, live[1:])) / (len(live) - 1)
+    if per_step > max(1 << 20, 0.01 * live[0]) and rising >= 0.8:
+        return (f"live device buffers grew by {per_step / (1 << 20):.1f} MiB per measured step "
+                f"({live[0] / (1 << 20):.0f} to {live[-1] / (1 << 20):.0f} MiB): buffers outlive their step")
+    return None
+
+
+def _ranges(indices: list[int]) -> str:
+    out, start, prev = [], None, None
+    for i in indices:
+        if start is None:
+            start = prev = i
+        elif i == prev + 1:
+            prev = i
+        else:
+            out.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = i
+    if start is not None:
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return "steps " + ", ".join(out)
+
+
+def _device() -> Device:
+    import jax
+
+    from tpu_agent.backend.generations import current_generation
+
+    devices = jax.devices()
+    platform = devices[0].platform
+    if platform == "tpu":
+        gen = peaks.tpu_generation(devices[0].device_kind)
+        return Device(platform=platform, device_kind=devices[0].device_kind, count=len(devices),
+                      generation=gen.name if gen else None, emulated=False)
+    return Device(platform=platform, device_kind=devices[0].device_kind, count=len(devices),
+                  generation=current_generation().name, emulated=True)
+
+
+def _environment():
+    from tpu_agent.environment import collect_environment
+
+    return collect_environment()
+
+
+def _mode_used(ran, markers: list[str]) -> str:
+    from tpu_agent.backend import modes
+
+    # A compiled step replays its graph (kind "fused") and marks its own steps; a compiled module is "compiled".
+    if "compiled_step" in markers or any(e.kind == "compiled" for e in ran):
+        return "compiled"
+    return "fused" if modes.fused() else "eager"
+
+
+def _recompilations(recorder, d, warmup: int, ran) -> list[Recompilation]:
+    rows = []
+    for r, step in zip(recorder.recompiles, d.recompile_steps):
+        reason = ("input shapes changed" if r.changed_shapes else
+                  "a new graph with the same input shapes (the ops or their constant arguments differ, "
+                  "e.g. an integer index baked into the program)")
+        rows.append(Recompilation(step=step, executable=r.graph, kind="fused", shapes=r.changed_shapes,
+                                  reason=reason, compile_s=r.compile_time_s))
+    for exe in ran:
+        step = d.registered_steps.get(exe.id)
+        if exe.kind == "fused" or step is None or step <= max(warmup, 1):
+            continue
+        shapes = [f"{getattr(a, 'dtype', '')}{list(getattr(a, 'shape', ()))}" for a in exe.args if hasattr(a, "shape")]
+        rows.append(Recompilation(step=step, executable=exe.name, kind=exe.kind, shapes=shapes,
+                                  reason="first compiled after warm-up (a new op signature)"))
+    return rows
+
+
+def _transfers(stats, window, steps: int) -> Transfers:
+    (h0, hb0, d0, db0), (h1, hb1, d1, db1) = window
+    n = steps or 1
+    return Transfers(
+        h2d_count=stats.h2d_count, h2d_bytes=stats.h2d_bytes, d2h_count=stats.d2h_count, d2h_bytes=stats.d2h_bytes,
+        h2d_count_per_step=(h1 - h0) / n, h2d_bytes_per_step=(hb1 - hb0) / n,
+        d2h_count_per_step=(d1 - d0) / n, d2h_bytes_per_step=(db1 - db0) / n,
+    )
+
+
+def write_profile(profile: Profile, path: Path) -> None:
+    """Atomically: a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(profile.model_dump_json(indent=2) + "\n")
+    tmp.replace(path)

@@ -1,0 +1,270 @@
+"""`profile.json`: what the tuner and the agent read about a run. Versioned; see the README.
+
+Provenance is part of the contract. Times, counts, transfers and live memory
+are measured. FLOPs and bytes are counted by static analysis (XLA's cost
+analysis, PyTorch's FlopCounterMode, HLO shapes). Anything that comes from a
+model of a TPU (padding waste, roofline times) is an `Estimate` or lives in a
+model whose `estimate` field is True, and the terminal says "estimate" beside it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from tpu_agent.environment import Environment
+
+SCHEMA_VERSION = 1
+
+Mode = Literal["eager", "fused", "compiled-if-available"]
+
+
+class Estimate(BaseModel):
+    """A number from a model of the hardware, not from a measurement."""
+
+    estimate: Literal[True] = True
+    value: float
+    unit: str
+    basis: str = Field(description="how it was estimated, in one line")
+
+
+class Settings(BaseModel):
+    steps: int | None = Field(None, description="measured steps requested (after warm-up); None: until the script ends")
+    warmup: int = Field(2, description="first steps excluded from statistics (compilation)")
+    mode: Mode = "fused"
+    devices: int = Field(1, description="simulated CPU devices (XLA --xla_force_host_platform_device_count)")
+    target: str | None = Field(None, description="TPU generation for the roofline estimate")
+    padding_generation: str | None = Field(None, description="TPU generation the padding report models "
+                                           "(None: --target, else the device's generation)")
+    dump_hlo: bool = True
+    xla_dump: bool = False
+    trace_dir: str | None = None
+    time_executables: bool = False
+
+
+class Device(BaseModel):
+    platform: str = Field(description="JAX platform the device runs on: cpu, gpu or tpu")
+    device_kind: str
+    count: int = Field(description="JAX devices visible to the process")
+    generation: str | None = Field(None, description="TPU generation: the real chip's, or the one the bundled device reports")
+    emulated: bool = Field(description="True: the bundled device on a CPU/GPU pretends to be a TPU of `generation`")
+
+
+class Peak(BaseModel):
+    flops_per_s: float
+    dtype: str
+    measured: bool = Field(description="True: measured here by a matmul calibration; False: a datasheet figure")
+    source: str
+
+
+class Step(BaseModel):
+    index: int = Field(description="1-based; step k ends at the k-th step marker")
+    wall_s: float = Field(description="measured, device synchronized at both ends")
+    compile_s: float = Field(0.0, description="measured time spent tracing, lowering and compiling inside this step")
+    warmup: bool = False
+    instrumented: bool = Field(False, description="FlopCounterMode ran in this step: its time is not representative")
+    compiled: bool = Field(False, description="something was compiled in this step")
+    live_bytes: int | None = Field(None, description="device buffers alive at the step's end")
+
+
+class StepStats(BaseModel):
+    count: int
+    median_s: float
+    p10_s: float
+    p90_s: float
+    mean_s: float
+    basis: str = Field(description="which steps the statistics cover")
+
+
+class Steps(BaseModel):
+    markers: list[str] = Field(description="what marked steps: optimizer, mark_step, compiled_step; empty: none "
+                               "(the whole run is one region)")
+    whole_run: bool = Field(False, description="no step markers: the one region is the whole run")
+    stopped_by_profiler: bool = Field(False, description="--steps reached: the script was stopped at a step boundary")
+    items: list[Step] = Field(default_factory=list)
+    stats: StepStats | None = None
+    compile_s: float = Field(0.0, description="measured compile time over the whole run")
+    compiles: int = Field(0, description="XLA compilations over the whole run")
+
+
+class FlopCheck(BaseModel):
+    """XLA's count and PyTorch's FlopCounterMode on the same region."""
+
+    region: str = Field(description="the region both counted, e.g. 'step 1 (from the script start)'")
+    xla_flops: float = Field(description="XLA cost analysis of the executables run in the region, per execution")
+    xla_dot_conv_flops: float = Field(description="the dots' and convolutions' share, from HLO shapes")
+    flop_counter_flops: float = Field(description="torch.utils.flop_counter.FlopCounterMode, tpu tensors only")
+    flop_counter_by_op: dict[str, float] = Field(default_factory=dict)
+    relative_difference: float = Field(description="xla_flops / flop_counter_flops - 1")
+    dot_conv_relative_difference: float | None = None
+    agrees: bool = Field(description="the totals are within tolerance")
+    dot_conv_agrees: bool = Field(False, description="XLA's dots and convolutions are within tolerance of FlopCounterMode")
+    tolerance: float = 0.10
+    explanation: str
+
+
+class Flops(BaseModel):
+    per_step: float = Field(description="XLA cost analysis: FLOPs of the executables run per measured step (counted)")
+    bytes_per_step: float = Field(description="XLA cost analysis: bytes accessed per measured step (counted)")
+    transcendentals_per_step: float = 0.0
+    dot_conv_per_step: float = Field(0.0, description="dots' and convolutions' FLOPs per step, from HLO shapes")
+    achieved_flops_per_s: float | None = Field(None, description="per_step / median step time")
+    peak: Peak | None = None
+    mfu: float | None = Field(None, description="achieved / peak.flops_per_s")
+    check: FlopCheck | None = None
+
+
+class Memory(BaseModel):
+    xla_peak_bytes: int | None = Field(None, description="largest peak of any executable run (XLA memory analysis, per device)")
+    xla_peak_executable: str | None = None
+    live_peak_bytes: int | None = Field(None, description="measured: most device buffer bytes alive at a step boundary")
+    live_end_bytes: int | None = Field(None, description="measured: device buffer bytes alive at the end of the run")
+    device_stats: dict[str, int] = Field(default_factory=dict, description="the runtime's memory_stats(), where it has them")
+
+
+class Executable(BaseModel):
+    name: str
+    kind: str = Field(description="eager | fused | helper | compiled")
+    source: str | None = None
+    ops: int = Field(0, description="aten ops inside (fused graphs, compiled steps)")
+    calls: int = Field(description="executions over the whole run")
+    calls_per_step: float = Field(description="executions per measured step")
+    time_s: float = Field(description="host time of its calls over the whole run")
+    time_is_execution: bool = Field(description="True: each call was waited for; False: dispatch time only")
+    flops: float = Field(description="XLA cost analysis, per execution")
+    bytes_accessed: float
+    transcendentals: float = 0.0
+    memory: dict[str, int] = Field(default_factory=dict, description="XLA memory analysis, bytes")
+    hlo_file: str | None = None
+    roofline_s: Estimate | None = None
+
+
+class HotOp(BaseModel):
+    executable: str
+    instruction: str
+    opcode: str = Field(description="dot | convolution | fusion")
+    fusion_kind: str | None = None
+    shape: str = Field(description="result shape")
+    operands: list[str] = Field(default_factory=list, description="operand shapes of its dots/convolutions")
+    contains: list[str] = Field(default_factory=list, description="dots and convolutions inside a fusion")
+    flops: float = Field(description="per execution, from HLO shapes")
+    flops_per_step: float
+    share: float = Field(description="of the step's FLOPs")
+    aten_op: str | None = None
+    source: str | None = Field(None, description="the user's file:line, where known")
+
+
+class PaddingDim(BaseModel):
+    """An unaligned dim size, over every dot/convolution it appears in."""
+
+    size: int
+    padded_to: int = Field(description="the size rounded up to the largest multiple it needs")
+    multiples: list[int] = Field(description="what its roles pad it to: the sublane count (M) or the MXU edge (K, N)")
+    roles: list[str] = Field(description="M rows, K contracted, N columns")
+    ops: list[str] = Field(description="the hot ops it appears in, as 'aten op @ source'")
+    wasted_flops_per_step: Estimate
+    share_of_padded_work: float = Field(description="estimate: its share of all padded dot/conv work")
+
+
+class PaddedOp(BaseModel):
+    executable: str
+    instruction: str
+    kind: str
+    aten_op: str | None = None
+    source: str | None = None
+    lhs: str
+    rhs: str
+    m: int
+    k: int
+    n: int
+    padded_m: int
+    padded_k: int
+    padded_n: int
+    repeats: int = 1
+    flops_per_step: float = Field(description="counted: useful FLOPs per step")
+    waste: float = Field(description="estimate: share of this op's padded TPU work that is padding")
+    unaligned: list[str] = Field(default_factory=list, description="e.g. 'N=50257->50304'")
+
+
+class Padding(BaseModel):
+    estimate: Literal[True] = True
+    generation: str
+    mxu: int
+    model: str
+    total_waste: Estimate = Field(description="FLOP-weighted share of dot/conv TPU work that is tile padding")
+    dims: list[PaddingDim] = Field(default_factory=list, description="unaligned dim sizes, worst first")
+    ops: list[PaddedOp] = Field(default_factory=list, description="every dot and convolution of the measured steps")
+
+
+class Recompilation(BaseModel):
+    step: int | None = Field(description="the step it happened in; None: outside steps")
+    executable: str
+    kind: str
+    shapes: list[str] = Field(default_factory=list, description="fused: input shapes new since the previous "
+                              "graph; eager: the new executable's argument shapes")
+    reason: str
+    compile_s: float | None = None
+
+
+class Transfers(BaseModel):
+    h2d_count: int
+    h2d_bytes: int
+    d2h_count: int
+    d2h_bytes: int
+    h2d_count_per_step: float = 0.0
+    h2d_bytes_per_step: float = 0.0
+    d2h_count_per_step: float = 0.0
+    d2h_bytes_per_step: float = 0.0
+
+
+class Target(BaseModel):
+    """A roofline of the measured step's executables on a TPU generation: every number an estimate."""
+
+    estimate: Literal[True] = True
+    generation: str
+    peak_flops_per_s: float
+    hbm_bandwidth: float
+    source: str
+    step_s: Estimate
+    compute_s: Estimate
+    memory_s: Estimate
+    bound: str = Field(description="compute | memory: which side of the roofline the step sits on")
+    mfu: Estimate
+
+
+class Files(BaseModel):
+    hlo_dir: str | None = None
+    xla_dump_dir: str | None = None
+    trace_dir: str | None = None
+    plot: str | None = None
+
+
+class Profile(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    status: Literal["complete", "stopped", "failed"] = Field(
+        description="complete: the script ended by itself; stopped: --steps reached; failed: the script raised or exited non-zero")
+    exit_code: int | None = None
+    error: str | None = Field(None, description="the script's exception, one line")
+    created_at: datetime
+    script: str
+    args: list[str]
+    cwd: str
+    run_dir: str
+    settings: Settings
+    mode_used: str = Field(description="the eager mode the device ran at the end: eager, fused, compiled")
+    environment: Environment | None = None
+    device: Device | None = None
+    steps: Steps
+    flops: Flops | None = None
+    memory: Memory = Field(default_factory=Memory)
+    executables: list[Executable] = Field(default_factory=list)
+    hot_ops: list[HotOp] = Field(default_factory=list)
+    padding: Padding | None = None
+    recompilations: list[Recompilation] = Field(default_factory=list)
+    transfers: Transfers | None = None
+    fallbacks: dict[str, int] = Field(default_factory=dict, description="aten ops run on the CPU, with counts")
+    target: Target | None = None
+    files: Files = Field(default_factory=Files)
+    notes: list[str] = Field(default_factory=list)

@@ -1,0 +1,353 @@
+"""The profiler inside the run's child process: hooks in, steps timed, stop at --steps.
+
+Everything on the step path is kept cheap (a device sync, a clock read, a few
+counters); the expensive analysis waits for `finish`, after the script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .schema import Settings, Step
+
+PROFILE_ENV = "TPU_AGENT_PROFILE"  # the Settings as JSON: present means "profile this run"
+PROGRESS_FD_ENV = "TPU_AGENT_PROGRESS_FD"  # a pipe the parent reads progress lines from
+PROFILE_FILE = "profile.json"
+PLOT_FILE = "step_times.png"
+
+
+class StopProfiling(BaseException):
+    """Raised at the step boundary after the last requested step; the child catches it.
+
+    A BaseException, so a script's `except Exception` does not swallow it and its
+    `finally` blocks run.
+    """
+
+
+@dataclass
+class Window:
+    """Executable calls and transfer counters at a step boundary."""
+
+    calls: dict[int, int]
+    stats: tuple[int, int, int, int]
+    registered: int  # executables compiled so far
+
+
+@dataclass
+class Collected:
+    """What the hooks gathered, for the analysis."""
+
+    steps: list[Step] = field(default_factory=list)
+    markers: list[str] = field(default_factory=list)
+    whole_run: bool = False
+    stopped: bool = False
+    window_start: Window | None = None  # at the end of the last warm-up step (None: the script's start)
+    window_end: Window | None = None  # at the last step boundary
+    region: str | None = None  # the FLOP cross-check region
+    region_calls: dict[int, int] | None = None
+    counter_flops: float | None = None
+    counter_by_op: dict[str, float] = field(default_factory=dict)
+    recompile_steps: list[int | None] = field(default_factory=list)  # step of each RECORDER.recompiles entry
+    registered_steps: dict[int, int] = field(default_factory=dict)  # executable id -> step it was compiled in
+    compile_s: float = 0.0
+    compiles: int = 0
+    live_peak: int | None = None
+    live_end: int | None = None
+    device_stats: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    trace_dir: str | None = None
+
+
+def _stats_tuple():
+    from tpu_agent.backend.state import STATS
+
+    return (STATS.h2d_count, STATS.h2d_bytes, STATS.d2h_count, STATS.d2h_bytes)
+
+
+def _snapshot() -> Window:
+    from tpu_agent.backend import executables
+
+    registry = executables.all()
+    return Window({e.id: e.calls for e in registry}, _stats_tuple(), len(registry))
+
+
+class Session:
+    def __init__(self, settings: Settings, run_dir: Path, script: str, args: list[str]) -> None:
+        self.settings = settings
+        self.run_dir = run_dir
+        self.script = script
+        self.args = args
+        self.data = Collected()
+        self.progress_fd: int | None = None
+        self._compile_acc = 0.0
+        self._compiled_in_step = False
+        self._counter = None
+        self._step_start = 0.0
+        self._tracing = False
+        self._remove_listener = None
+        self._seen_recompiles = 0
+        self._seen_registered = 0
+
+    # ------------------------------------------------------------------ set-up
+
+    @classmethod
+    def from_env(cls, script: str, args: list[str]) -> "Session | None":
+        raw = os.environ.pop(PROFILE_ENV, None)
+        if raw is None:
+            return None
+        from tpu_agent.runner import RUN_DIR_ENV
+
+        settings = Settings.model_validate_json(raw)
+        run_dir = Path(os.environ.get(RUN_DIR_ENV) or ".")
+        session = cls(settings, run_dir, script, args)
+        fd = os.environ.pop(PROGRESS_FD_ENV, None)
+        if fd and fd.isdigit():
+            session.progress_fd = int(fd)
+            os.set_inheritable(session.progress_fd, False)  # the script's own children do not get it
+        return session
+
+    def prepare_process(self) -> None:
+        """Before jax starts: XLA flags (simulated devices, XLA's dump) and executable timing."""
+        flags = os.environ.get("XLA_FLAGS", "").split()
+        if self.settings.devices > 1:  # the backend's knob, and the flag it stands for
+            os.environ["TPU_AGENT_DEVICES"] = str(self.settings.devices)
+            flags = [f for f in flags if not f.startswith("--xla_force_host_platform_device_count")]
+            flags.append(f"--xla_force_host_platform_device_count={self.settings.devices}")
+        if self.settings.xla_dump:
+            flags += [f"--xla_dump_to={self.run_dir / 'xla_dump'}", "--xla_dump_hlo_as_text"]
+        if flags:
+            os.environ["XLA_FLAGS"] = " ".join(flags)
+        if self.settings.time_executables:
+            os.environ["TPU_AGENT_TIME_EXECUTABLES"] = "1"
+
+    def start(self) -> None:
+        """After `import torch` (the device is up), before the script: hooks in."""
+        import jax
+        import torch
+
+        from tpu_agent.backend import steps
+
+        from .flopcheck import TpuFlopCounter
+
+        self._set_mode(torch)
+        jax.monitoring.register_event_duration_secs_listener(self._on_jax_event)
+        self._remove_listener = steps.add_step_listener(self._on_step)
+        if self.settings.warmup == 0:
+            self._start_trace()
+        try:
+            self._counter = TpuFlopCounter()
+            self._counter.__enter__()
+        except Exception as exc:  # noqa: BLE001 - the cross-check is optional; the profile is not
+            self._counter = None
+            self.data.notes.append(f"FlopCounterMode could not start: {exc}")
+        self._progress("running")
+        self._step_start = time.perf_counter()
+
+    def _set_mode(self, torch) -> None:
+        tpu = getattr(torch, "tpu", None)
+        if tpu is None or not hasattr(tpu, "set_eager_mode"):
+            self.data.notes.append("torch.tpu has no eager modes (not the bundled device?): mode left as is")
+            return
+        mode = self.settings.mode
+        if mode == "compiled-if-available":
+            if callable(getattr(tpu, "compile", None)):
+                self.data.notes.append(
+                    "compiled mode: torch.tpu.compile is available; the script's torch.compile / torch.tpu.compile "
+                    "calls compile whole programs, everything else runs fused")
+            else:
+                self.data.notes.append(
+                    "compiled mode is not available in this backend (no torch.tpu.compile): profiled in fused mode")
+            mode = "fused"
+        tpu.set_eager_mode(tpu.EagerMode.DEFER_AND_FUSE if mode == "fused" else tpu.EagerMode.DEFER_NEVER)
+
+    # ------------------------------------------------------------------ hooks
+
+    def _on_jax_event(self, event: str, duration: float, **_kw) -> None:
+        if event.startswith("/jax/core/compile/"):
+            self._compile_acc += duration
+            self._compiled_in_step = True
+            if event.endswith("backend_compile_duration"):
+                self.data.compiles += 1
+
+    def _sync(self) -> int:
+        """Wait for the device; return the bytes of live device buffers."""
+        import jax
+
+        live = jax.live_arrays()
+        jax.block_until_ready(live)
+        return sum(a.size * a.dtype.itemsize for a in live)  # 4x cheaper than .nbytes
+
+    def _on_step(self, source: str) -> None:
+        live_bytes = self._sync()  # the backend already flushed pending fused work
+        now = time.perf_counter()
+        d = self.data
+        k = len(d.steps) + 1
+        if source not in d.markers:
+            d.markers.append(source)
+        d.steps.append(Step.model_construct(  # no validation on the step path: the values are ours
+            index=k, wall_s=now - self._step_start, compile_s=self._compile_acc,
+            warmup=k <= self.settings.warmup, instrumented=self._counter is not None,
+            compiled=self._compiled_in_step, live_bytes=live_bytes,
+        ))
+        self.data.compile_s += self._compile_acc
+        self._compile_acc = 0.0
+        self._compiled_in_step = False
+        d.live_peak = max(d.live_peak or 0, live_bytes)
+        self._stamp_compiles(k)
+        if self._counter is not None:
+            self._end_flop_count("step 1 (from the script's start to the first step marker)")
+        d.window_end = _snapshot()
+        if k == self.settings.warmup:
+            d.window_start = d.window_end
+            self._start_trace()
+        self._progress(f"step {k} {d.steps[-1].wall_s:.6f} {d.steps[-1].compile_s:.6f}")
+        if self.settings.steps is not None and k >= self.settings.warmup + self.settings.steps:
+            self._stop_trace()
+            d.stopped = True
+            self._progress("stopping")
+            raise StopProfiling()
+        self._step_start = time.perf_counter()
+
+    def _stamp_compiles(self, step: int | None) -> None:
+        from tpu_agent.backend import executables
+        from tpu_agent.backend.lazy import RECORDER
+
+        new = len(RECORDER.recompiles) - self._seen_recompiles
+        if new > 0:
+            self.data.recompile_steps += [step] * new
+            self._seen_recompiles = len(RECORDER.recompiles)
+        registry = executables.all()
+        for exe in registry[self._seen_registered:]:
+            self.data.registered_steps[exe.id] = step
+        self._seen_registered = len(registry)
+
+    def _end_flop_count(self, region: str) -> None:
+        counter, self._counter = self._counter, None
+        try:
+            counter.__exit__(None, None, None)
+            self.data.counter_flops = float(counter.get_total_flops())
+            self.data.counter_by_op = counter.by_op()
+        except Exception as exc:  # noqa: BLE001
+            self.data.notes.append(f"FlopCounterMode failed: {exc}")
+            return
+        self.data.region = region
+        self.data.region_calls = _snapshot().calls
+
+    def _start_trace(self) -> None:
+        if not self.settings.trace_dir:
+            return
+        import jax
+
+        try:
+            jax.profiler.start_trace(self.settings.trace_dir, create_perfetto_trace=True)
+            self._tracing = True
+        except Exception as exc:  # noqa: BLE001
+            self.data.notes.append(f"jax.profiler trace could not start: {exc}")
+
+    def _stop_trace(self) -> None:
+        if not self._tracing:
+            return
+        import jax
+
+        self._tracing = False
+        try:
+            jax.profiler.stop_trace()
+            self.data.trace_dir = self.settings.trace_dir
+        except Exception as exc:  # noqa: BLE001
+            self.data.notes.append(f"jax.profiler trace could not be written: {exc}")
+
+    def _progress(self, line: str) -> None:
+        if self.progress_fd is None:
+            return
+        try:
+            os.write(self.progress_fd, (line + "\n").encode())
+        except OSError:
+            self.progress_fd = None
+
+    # ------------------------------------------------------------------ the end
+
+    def is_stop(self, exc: BaseException) -> bool:
+        return isinstance(exc, StopProfiling)
+
+    def finish(self, exit_code: int, error: str | None) -> None:
+        """Close the measurement and write profile.json; never raises (the script's result comes first)."""
+        try:
+            self._close_measurement()
+        except Exception as exc:  # noqa: BLE001
+            self.data.notes.append(f"profiler error while closing the measurement: {exc}")
+        self._progress("analysing")
+        try:
+            from .build import build_profile, write_profile
+
+            profile = build_profile(self, exit_code, error)
+            write_profile(profile, self.run_dir / PROFILE_FILE)  # first without the plot: kept if plotting fails
+            from .plot import step_plot
+
+            plot = step_plot(profile, self.run_dir / PLOT_FILE)
+            if plot is not None:
+                profile.files.plot = str(plot)
+                write_profile(profile, self.run_dir / PROFILE_FILE)
+        except Exception:  # noqa: BLE001 - a profiler bug must not hide the script's outcome
+            sys.stderr.write("tpu-agent: the profiler failed to write profile.json:\n")
+            traceback.print_exc()
+        finally:
+            self._progress("done")
+            if self.progress_fd is not None:
+                try:
+                    os.close(self.progress_fd)
+                except OSError:
+                    pass
+
+    def _close_measurement(self) -> None:
+        import jax
+
+        if self._remove_listener is not None:
+            self._remove_listener()
+            self._remove_listener = None
+        d = self.data
+        if not d.steps:
+            # No step marker: the whole run is one region, timed from the script's start.
+            from tpu_agent.backend.lazy import RECORDER
+
+            RECORDER.flush("end of run")
+            live = self._sync()
+            d.whole_run = True
+            d.steps.append(Step(index=1, wall_s=time.perf_counter() - self._step_start, compile_s=self._compile_acc,
+                                instrumented=self._counter is not None, compiled=self._compiled_in_step,
+                                live_bytes=live))
+            d.compile_s += self._compile_acc
+            d.live_peak = live
+            d.window_start = None
+            d.window_end = _snapshot()
+            self._stamp_compiles(None)
+            if self._counter is not None:
+                self._end_flop_count("the whole run (no step markers)")
+        else:
+            d.compile_s += self._compile_acc
+            self._stamp_compiles(None)
+            if self._counter is not None:  # failed before the first step ended
+                self._end_flop_count("the run up to the failure (no step completed)")
+        self._compile_acc = 0.0
+        try:
+            jax.monitoring.unregister_event_duration_listener(self._on_jax_event)
+        except Exception:  # noqa: BLE001
+            pass
+        self._stop_trace()
+        try:
+            live = jax.live_arrays()
+            d.live_end = sum(a.size * a.dtype.itemsize for a in live)
+        except Exception:  # noqa: BLE001
+            pass
+        try:
+            stats = jax.devices()[0].memory_stats()
+            if stats:
+                d.device_stats = {k: int(v) for k, v in stats.items() if isinstance(v, (int, float))}
+        except Exception:  # noqa: BLE001
+            pass
+

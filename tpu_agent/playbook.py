@@ -1,0 +1,659 @@
+"""Playbooks: tuning knowledge as YAML data (one playbook per file), validated when loaded.
+
+Built-ins ship as package data of `tpu_agent.playbooks` (the top-level
+`playbooks/` folder). Users add theirs with `--playbooks DIR` or
+`[tool.tpu-agent] playbooks = "DIR"` (or a list) in their pyproject.toml; a
+user playbook with a built-in's id replaces it.
+
+This module is `playbook.py`, not `playbooks.py`: `tpu_agent.playbooks` is
+the data package, and a module of the same name would be shadowed by it in
+an installed wheel.
+
+A playbook says when it applies (`applies_when`: conditions over profile
+fields or named metrics), what it targets (unaligned dims of the padding
+report and the source knobs that set them), which actions to try with which
+values (`actions`: templates over the `Plan` action kinds, nothing else),
+how to rank what it finds (`rank`), and why (`rationale`, `references`).
+Every problem is reported as `FILE: FIELD: PROBLEM`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+import typing
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tpu_agent.errors import InputError
+from tpu_agent.plan import ACTION_KINDS
+from tpu_agent.profilers.schema import Profile
+from tpu_agent.proposers.base import ActionTemplate, Evidence
+
+BUILTIN_PACKAGE = "tpu_agent.playbooks"
+PAD_DIM_BOUND = ("file", "line", "column", "old", "name")  # filled from the knob, never written in a playbook
+
+
+class PlaybookError(InputError):
+    """A playbook file is invalid (exit 2): names the file, the field and the problem."""
+
+    def __init__(self, file: str | Path, field: str, problem: str):
+        self.file, self.field, self.problem = str(file), field, problem
+        super().__init__(f"{file}: {field}: {problem}" if field else f"{file}: {problem}")
+
+
+# ------------------------------------------------------------------ metrics and variables
+
+
+def _dot_ops(p: Profile):
+    if p.padding and p.padding.ops:
+        return [(op.lhs, op.flops_per_step) for op in p.padding.ops]
+    return [(h.operands[0] if h.operands else h.shape, h.flops_per_step) for h in p.hot_ops
+            if h.opcode in ("dot", "convolution") or h.contains]
+
+
+def _f32_dot_share(p: Profile) -> float:
+    ops = _dot_ops(p)
+    total = sum(f for _, f in ops)
+    return sum(f for shape, f in ops if shape.startswith("f32")) / total if total else 0.0
+
+
+def _devices(p: Profile) -> int:
+    return p.device.count if p.device else p.settings.devices
+
+
+# name -> (what it means, how it is computed from a Profile)
+METRICS: dict[str, tuple[str, Callable[[Profile], Any]]] = {
+    "padding_waste": ("estimate: FLOP-weighted share of dot/conv TPU work that is tile padding (0 without a report)",
+                      lambda p: p.padding.total_waste.value if p.padding else 0.0),
+    "unaligned_dims": ("number of unaligned dim sizes in the padding report",
+                       lambda p: len(p.padding.dims) if p.padding else 0),
+    "dot_flop_share": ("dots' and convolutions' share of the step's FLOPs",
+                       lambda p: p.flops.dot_conv_per_step / p.flops.per_step if p.flops and p.flops.per_step else 0.0),
+    "f32_dot_share": ("share of dot/conv FLOPs with float32 operands", _f32_dot_share),
+    "recompilations_after_warmup": ("recompilations in measured steps (after warm-up)",
+                                    lambda p: sum(1 for r in p.recompilations
+                                                  if r.step is not None and r.step > p.settings.warmup)),
+    "devices": ("devices the profile ran on (simulated ones included)", _devices),
+    "executables_per_step": ("XLA executables run per measured step",
+                             lambda p: sum(e.calls_per_step for e in p.executables)),
+    "mode": ("the eager mode the device ran: eager, fused, compiled", lambda p: p.mode_used),
+    "step_s": ("median measured step time, seconds", lambda p: p.steps.stats.median_s if p.steps.stats else 0.0),
+    "compile_s": ("measured compile time over the run, seconds", lambda p: p.steps.compile_s),
+    "mfu": ("achieved / peak FLOP/s", lambda p: (p.flops.mfu or 0.0) if p.flops else 0.0),
+    "live_peak_bytes": ("most device buffer bytes alive at a step boundary",
+                        lambda p: p.memory.live_peak_bytes or 0),
+    "fallbacks": ("aten ops run on the CPU, counted", lambda p: sum(p.fallbacks.values())),
+}
+
+_MXU = {"v6e": 256, "v7x": 256, "v7": 256}
+
+# $name -> (what it means, its value for a profile, a sample used to check templates at load)
+VARIABLES: dict[str, tuple[str, Callable[[Profile], int], int]] = {
+    "$mxu": ("MXU edge of the generation the padding report models (128; 256 on v6e/v7x)",
+             lambda p: p.padding.mxu if p.padding else _MXU.get((p.device.generation or "") if p.device else "", 128), 128),
+    "$devices": ("devices available", _devices, 2),
+    "$sublanes": ("rows of a 32-bit TPU tile", lambda p: 8, 8),
+    "$batch_multiple": ("8 rows per tile times the data-parallel degree", lambda p: 8 * max(1, _devices(p)), 16),
+}
+
+
+def variables(profile: Profile) -> dict[str, int]:
+    return {name: fn(profile) for name, (_, fn, _) in VARIABLES.items()}
+
+
+def _sample_variables() -> dict[str, int]:
+    return {name: sample for name, (_, _, sample) in VARIABLES.items()}
+
+
+# ------------------------------------------------------------------ profile field paths
+
+
+def _model_in(annotation) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        for arg in typing.get_args(annotation):
+            found = _model_in(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def check_field_path(path: str) -> str | None:
+    """Why `path` (dotted) names no field of `Profile`, or None when it does."""
+    model: type[BaseModel] = Profile
+    parts = path.split(".")
+    for i, part in enumerate(parts):
+        where = ".".join(parts[:i]) or "the profile"
+        if part not in model.model_fields:
+            known = ", ".join(sorted(model.model_fields))
+            return f"{where} has no field {part!r} (fields: {known})"
+        if i < len(parts) - 1:
+            sub = _model_in(model.model_fields[part].annotation)
+            if sub is None:
+                return f"{'.'.join(parts[:i + 1])} has no sub-fields"
+            model = sub
+    return None
+
+
+def resolve_field(profile: Profile, path: str):
+    """The value at `path`; a list or dict stands for its number of items; None when absent."""
+    value: Any = profile
+    for part in path.split("."):
+        if value is None:
+            return None
+        value = getattr(value, part, None)
+    if isinstance(value, (list, dict)):
+        return len(value)
+    return value
+
+
+# ------------------------------------------------------------------ schema
+
+
+class Condition(BaseModel):
+    """One test over the profile: a `field` path or a named `metric` compared, or `any`/`all` of others."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    field: str | None = Field(None, description="dotted path into profile.json, e.g. padding.total_waste.value")
+    metric: str | None = Field(None, description="a named metric: " + ", ".join(METRICS))
+    any: list["Condition"] | None = None
+    all: list["Condition"] | None = None
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+    eq: str | float | bool | None = None
+    ne: str | float | bool | None = None
+    in_: list[str | float | bool] | None = Field(None, alias="in")
+    exists: bool | None = None
+
+    @model_validator(mode="after")
+    def _shape(self):
+        subjects = [k for k in ("field", "metric", "any", "all") if getattr(self, k) is not None]
+        if len(subjects) != 1:
+            raise ValueError("a condition has exactly one of field, metric, any, all")
+        tests = [k for k in ("gt", "ge", "lt", "le", "eq", "ne", "in_", "exists") if getattr(self, k) is not None]
+        if subjects[0] in ("any", "all"):
+            if tests:
+                raise ValueError(f"{subjects[0]} takes a list of conditions, not a comparison")
+            if not getattr(self, subjects[0]):
+                raise ValueError(f"{subjects[0]} needs at least one condition")
+            return self
+        if not tests:
+            raise ValueError("a field or metric condition needs a comparison: gt, ge, lt, le, eq, ne, in or exists")
+        if self.metric is not None:
+            if self.metric not in METRICS:
+                raise ValueError(f"unknown metric {self.metric!r} (known: {', '.join(METRICS)})")
+            if self.exists is not None:
+                raise ValueError("exists applies to fields, not metrics")
+        if self.field is not None:
+            problem = check_field_path(self.field)
+            if problem:
+                raise ValueError(f"field {self.field!r}: {problem}")
+        return self
+
+    def describe(self) -> str:
+        if self.any:
+            return "any of (" + "; ".join(c.describe() for c in self.any) + ")"
+        if self.all:
+            return "all of (" + "; ".join(c.describe() for c in self.all) + ")"
+        ops = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "==", "ne": "!=", "in_": "in", "exists": "exists"}
+        subject = self.field or self.metric
+        return " and ".join(f"{subject} {sym} {getattr(self, k)}" for k, sym in ops.items() if getattr(self, k) is not None)
+
+    def evaluate(self, profile: Profile) -> tuple[bool, list[Evidence]]:
+        """Whether it holds, and the values that made it hold (evidence for the candidate)."""
+        if self.any is not None:
+            for c in self.any:
+                ok, ev = c.evaluate(profile)
+                if ok:
+                    return True, ev
+            return False, []
+        if self.all is not None:
+            found: list[Evidence] = []
+            for c in self.all:
+                ok, ev = c.evaluate(profile)
+                if not ok:
+                    return False, []
+                found += ev
+            return True, found
+        value = resolve_field(profile, self.field) if self.field else METRICS[self.metric][1](profile)
+        if self.exists is not None and (value is not None) != self.exists:
+            return False, []
+        for key, test in (("gt", float.__gt__), ("ge", float.__ge__), ("lt", float.__lt__), ("le", float.__le__)):
+            bound = getattr(self, key)
+            if bound is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not test(float(value), bound):
+                return False, []
+        if self.eq is not None and not _same(value, self.eq):
+            return False, []
+        if self.ne is not None and _same(value, self.ne):
+            return False, []
+        if self.in_ is not None and not any(_same(value, v) for v in self.in_):
+            return False, []
+        subject = self.field or self.metric
+        shown = round(value, 6) if isinstance(value, float) else value
+        return True, [Evidence(what=f"{subject} = {shown} ({self.describe()})", metric=subject,
+                               value=shown if isinstance(shown, (int, float, str)) else str(shown),
+                               estimate=subject in ("padding_waste",) or (self.field or "").startswith(("padding", "target")))]
+
+
+def _same(value, expected) -> bool:
+    if isinstance(expected, (int, float)) and not isinstance(expected, bool) and isinstance(value, (int, float)):
+        return math.isclose(float(value), float(expected))
+    return value == expected or str(value) == str(expected)
+
+
+Role = Literal["M", "K", "N"]
+
+
+class DimSelect(BaseModel):
+    """Unaligned dims of the padding report this playbook is about."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    roles_any: list[Role] | None = Field(None, description="keep dims with at least one of these roles")
+    min_share: float = Field(0.0, ge=0, le=1, description="estimate: least share of the padded dot/conv work")
+    min_size: int = Field(1, ge=1)
+
+
+class KnobSelect(BaseModel):
+    """Source knobs that set those dims: one candidate per knob found."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    match: Literal["dim", "head_dim"] = Field(
+        "dim", description="dim: the knob's value is a selected dim; head_dim: a heads-count knob whose width "
+        "knob / heads is a selected dim, or a head-dim knob equal to one")
+    name_words: list[str] | None = Field(None, description="keep knobs with a name word starting with one of these "
+                                         "(words: the name split at _, digits and camelCase; case-insensitive)")
+    not_name_words: list[str] | None = Field(None, description="drop knobs with a name word starting with one of these")
+    name_regex: str | None = Field(None, description="keep knobs whose name matches (case-insensitive search)")
+    name_not_regex: str | None = Field(None, description="drop knobs whose name matches (case-insensitive search)")
+    batch: bool | None = Field(None, description="true: batch-size knobs only; false: no batch-size knobs "
+                               "(the knob finder's flag, else the name)")
+
+    def keeps(self, name: str | None, batch: bool = False) -> bool:
+        """Whether a knob passes the filters (a knob without a name passes only when no name filter is set)."""
+        if self.batch is not None and batch != self.batch:
+            return False
+        words = name_words(name or "")
+        if self.name_words is not None and not any(w.startswith(p.lower()) for w in words for p in self.name_words):
+            return False
+        if self.not_name_words and any(w.startswith(p.lower()) for w in words for p in self.not_name_words):
+            return False
+        if self.name_regex is not None and not (name and re.search(self.name_regex, name, re.I)):
+            return False
+        if self.name_not_regex is not None and name and re.search(self.name_not_regex, name, re.I):
+            return False
+        return True
+
+    @field_validator("name_regex", "name_not_regex")
+    @classmethod
+    def _compiles(cls, value):
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {exc}") from None
+        return value
+
+
+def name_words(name: str) -> list[str]:
+    """`NUM_CLASSES` -> num, classes; `nHeads` -> n, heads; `d_model2` -> d, model, 2."""
+    return [w.lower() for w in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+", name)]
+
+
+class Targets(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    dims: DimSelect | None = None
+    knobs: KnobSelect | None = None
+
+    @model_validator(mode="after")
+    def _knobs_need_dims(self):
+        if self.knobs is not None and self.dims is None:
+            raise ValueError("knobs are matched against dims: set targets.dims too")
+        return self
+
+
+class Generator(BaseModel):
+    """Values computed from the bound knob (pad_dim `new` only)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    round_up_to: list[int | str] | None = Field(None, description="the knob's value rounded up to each multiple")
+    for_head_dim: int | None = Field(None, ge=1, description="heads counts giving this head dim (or a head dim rounded up to it)")
+    knob_aligned: bool | None = Field(None, description="the aligned values the knob finder suggested")
+    max_growth: float | None = Field(None, gt=0, description="drop values more than this fraction above the "
+                                     "knob's (0.25: at most 25% larger)")
+
+    @model_validator(mode="after")
+    def _one(self):
+        if sum(v is not None for v in (self.round_up_to, self.for_head_dim, self.knob_aligned)) != 1:
+            raise ValueError("a generator is exactly one of round_up_to, for_head_dim, knob_aligned")
+        return self
+
+
+class ActionSpec(BaseModel):
+    """An action template in a playbook: `fixed` fields and `choices` (a list, or a generator) to search."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str
+    fixed: dict[str, Any] = Field(default_factory=dict)
+    choices: dict[str, list[Any] | Generator] = Field(default_factory=dict)
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, kind):
+        if kind not in ACTION_KINDS:
+            raise ValueError(f"unknown action kind {kind!r} (known: {', '.join(ACTION_KINDS)})")
+        return kind
+
+    @field_validator("choices", mode="before")
+    @classmethod
+    def _choice_shapes(cls, choices):
+        if not isinstance(choices, dict):
+            return choices
+        for name, value in choices.items():
+            if not isinstance(value, (list, dict)):
+                raise ValueError(f"choices.{name} must be a list of values or a generator "
+                                 "({round_up_to: [...]}, {for_head_dim: N} or {knob_aligned: true}), "
+                                 f"not {value!r}")
+            if isinstance(value, list) and not value:
+                raise ValueError(f"choices.{name} is empty")
+        return choices
+
+
+class Rank(BaseModel):
+    """How the offline proposer ranks what the playbook finds: by tier, then by score."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tier: int = Field(2, ge=1, le=3, description="1: the padding report points at it; 2: other profile evidence; 3: generic")
+    gain: Literal["dim_waste", "total_waste", "fixed"] = Field(
+        "fixed", description="dim_waste: the matched dims' share of padded work; total_waste: the report's total; "
+        "fixed: `value` (an assumed share of the step)")
+    value: float = Field(0.0, ge=0, le=1)
+    confidence: float = Field(0.5, gt=0, le=1, description="how much of the estimated gain a trial tends to keep")
+
+
+class Playbook(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    title: str = Field(min_length=1)
+    applies_when: list[Condition] = Field(default_factory=list, description="all must hold; empty: always")
+    targets: Targets | None = None
+    actions: list[ActionSpec] = Field(min_length=1)
+    preserves_numerics: bool
+    rationale: str = Field(min_length=1)
+    references: list[str] = Field(default_factory=list)
+    rank: Rank = Field(default_factory=Rank)
+    source: str | None = Field(None, exclude=True, description="the file it was loaded from")
+
+    @property
+    def builtin(self) -> bool:
+        return bool(self.source) and self.source.startswith("builtin:")
+
+    def text(self) -> str:
+        """The YAML as written (built-ins from the package)."""
+        if self.source is None:
+            return yaml.safe_dump(self.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False)
+        if self.builtin:
+            return resources.files(BUILTIN_PACKAGE).joinpath(self.source.split(":", 1)[1]).read_text()
+        return Path(self.source).read_text()
+
+
+def _walk(value):
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _walk(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _walk(v)
+    else:
+        yield value
+
+
+def substitute(value, env: dict[str, int]):
+    """Replace `$name` strings by their values, anywhere inside `value`."""
+    if isinstance(value, str) and value.startswith("$"):
+        return env[value]
+    if isinstance(value, dict):
+        return {k: substitute(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [substitute(v, env) for v in value]
+    return value
+
+
+def check_playbook(pb: Playbook) -> list[tuple[str, str]]:
+    """Problems the schema alone cannot see, as (field, problem)."""
+    from tpu_agent import plan as plan_models
+
+    problems: list[tuple[str, str]] = []
+    knobs = pb.targets.knobs if pb.targets else None
+    sample = _sample_variables()
+    templates = []
+    for i, spec in enumerate(pb.actions):
+        where = f"actions[{i}]"
+        before = len(problems)
+        model = next(m for m in (plan_models.PadDim, plan_models.PadOps, plan_models.Mesh, plan_models.ShardRule,
+                                 plan_models.BatchSharding, plan_models.Compile, plan_models.MatmulPrecision)
+                     if m.model_fields["kind"].default == spec.kind)
+        allowed = set(model.model_fields) - {"kind"}
+        for part in ("fixed", "choices"):
+            for name in getattr(spec, part):
+                if name not in allowed:
+                    problems.append((f"{where}.{part}.{name}", f"{spec.kind} has no field {name!r} "
+                                     f"(fields: {', '.join(sorted(allowed))})"))
+                elif spec.kind == "pad_dim" and name in PAD_DIM_BOUND:
+                    problems.append((f"{where}.{part}.{name}", "pad_dim takes file, line, column, old and name "
+                                     "from the matched knob; set only `new`"))
+                elif name in spec.fixed and name in spec.choices:
+                    problems.append((f"{where}.{part}.{name}", "set in both fixed and choices"))
+        for value in _walk([spec.fixed, [c for c in spec.choices.values() if isinstance(c, list)],
+                            [c.round_up_to for c in spec.choices.values() if isinstance(c, Generator)]]):
+            if isinstance(value, str) and value.startswith("$") and value not in VARIABLES:
+                problems.append((where, f"unknown variable {value!r} (known: {', '.join(VARIABLES)})"))
+        for name, choice in spec.choices.items():
+            if isinstance(choice, Generator):
+                if spec.kind != "pad_dim" or name != "new":
+                    problems.append((f"{where}.choices.{name}", "generators compute pad_dim `new` values only"))
+                elif knobs is None:
+                    problems.append((f"{where}.choices.{name}", "a generator needs targets.knobs to bind a knob"))
+                elif choice.for_head_dim is not None and knobs.match != "head_dim":
+                    problems.append((f"{where}.choices.{name}", "for_head_dim needs targets.knobs.match: head_dim"))
+        if spec.kind == "pad_dim":
+            if knobs is None:
+                problems.append((where, "pad_dim rewrites a source knob: set targets.knobs"))
+            if "new" not in spec.choices and "new" not in spec.fixed:
+                problems.append((where, "pad_dim needs `new` (in choices)"))
+        if len(problems) > before:
+            continue
+        # Check the values with the plan models, on sample variables and a sample knob.
+        fixed = substitute(spec.fixed, sample)
+        choices = {}
+        for name, choice in spec.choices.items():
+            choices[name] = [256] if isinstance(choice, Generator) else substitute(choice, sample)
+        if spec.kind == "pad_dim":
+            fixed = {**fixed, "file": "train.py", "line": 1, "column": 0, "old": 255}
+        try:
+            template = ActionTemplate(kind=spec.kind, fixed=fixed, choices=choices)
+            template.expand()
+            templates.append(template)
+        except ValidationError as exc:
+            for err in exc.errors():
+                parts = [str(x) for x in err["loc"] if x != spec.kind]
+                if parts and parts[0] in spec.choices:
+                    parts.insert(0, "choices")
+                elif parts and parts[0] in spec.fixed:
+                    parts.insert(0, "fixed")
+                problems.append((".".join([where, *parts]), err["msg"]))
+        except (ValueError, TypeError) as exc:
+            problems.append((where, str(exc)))
+    if not problems and len(templates) == len(pb.actions):
+        changes = sorted({a.kind for t in templates for a in t.expand() if not a.preserves_numerics})
+        if pb.preserves_numerics and changes:
+            problems.append(("preserves_numerics", f"is true, but {', '.join(changes)} can change the losses"))
+        if not pb.preserves_numerics and not changes:
+            problems.append(("preserves_numerics", "is false, but every action preserves numerics"))
+    if pb.rank.gain in ("dim_waste", "total_waste") and (pb.targets is None or pb.targets.dims is None):
+        problems.append(("rank.gain", f"{pb.rank.gain} needs targets.dims (the padding report)"))
+    return problems
+
+
+# ------------------------------------------------------------------ loading
+
+
+def _loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif str(part).startswith(("list[", "Generator", "function-")):
+            continue
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def parse_playbook(data: Any, source: str) -> Playbook:
+    """Validate one playbook's data; raise PlaybookError naming the source, the field and the problem."""
+    if not isinstance(data, dict):
+        raise PlaybookError(source, "(top level)", f"a playbook is a YAML mapping, not {type(data).__name__}")
+    try:
+        pb = Playbook.model_validate({**data, "source": None})
+    except ValidationError as exc:
+        problems = []
+        errors = exc.errors()
+        # choices.X is a list or a generator: when a generator (a mapping) was given, the list branch's
+        # "should be a valid list" is noise beside the generator's own error.
+        def branch(loc) -> int | None:
+            return next((i for i, p in enumerate(loc) if isinstance(p, str) and "Generator" in p), None)
+
+        generator_locs = {e["loc"][:branch(e["loc"])] for e in errors if branch(e["loc"]) is not None}
+        errors = [e for e in errors if not (e["type"] == "list_type" and e["loc"][:-1] in generator_locs)]
+        for err in errors:
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown field"
+            problems.append((_loc(err["loc"]), msg))
+        field, problem = problems[0]
+        more = f" (and {len(problems) - 1} more: " + "; ".join(f"{f}: {p}" for f, p in problems[1:]) + ")" if len(problems) > 1 else ""
+        raise PlaybookError(source, field, problem + more) from None
+    problems = check_playbook(pb)
+    if problems:
+        field, problem = problems[0]
+        more = f" (and {len(problems) - 1} more: " + "; ".join(f"{f}: {p}" for f, p in problems[1:]) + ")" if len(problems) > 1 else ""
+        raise PlaybookError(source, field, problem + more)
+    return pb.model_copy(update={"source": source})
+
+
+def _read_yaml(text: str, source: str):
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "(top level)"
+        raise PlaybookError(source, where, f"not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
+
+
+def load_file(path: str | Path) -> Playbook:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PlaybookError(path, "", f"cannot read: {exc.strerror or exc}") from None
+    return parse_playbook(_read_yaml(text, str(path)), str(path))
+
+
+def _yaml_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+
+
+def load_dir(directory: str | Path) -> list[Playbook]:
+    """Every *.yaml / *.yml in `directory` (not recursive); ids must be unique."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise PlaybookError(directory, "", "not a directory of playbooks")
+    out = [load_file(p) for p in _yaml_files(directory)]
+    _unique(out)
+    return out
+
+
+def load_path(path: str | Path) -> list[Playbook]:
+    """A playbook file or a directory of them."""
+    path = Path(path)
+    if not path.exists():
+        raise PlaybookError(path, "", "no such file or directory")
+    return load_dir(path) if path.is_dir() else [load_file(path)]
+
+
+def _unique(playbooks: list[Playbook]) -> None:
+    seen: dict[str, Playbook] = {}
+    for pb in playbooks:
+        if pb.id in seen:
+            raise PlaybookError(pb.source, "id", f"{pb.id!r} is already defined in {seen[pb.id].source}")
+        seen[pb.id] = pb
+
+
+def builtin_playbooks() -> list[Playbook]:
+    root = resources.files(BUILTIN_PACKAGE)
+    out = []
+    for entry in sorted(root.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith((".yaml", ".yml")):
+            source = f"builtin:{entry.name}"
+            out.append(parse_playbook(_read_yaml(entry.read_text(), source), source))
+    _unique(out)
+    return out
+
+
+def project_playbook_dirs(start: str | Path | None = None) -> list[Path]:
+    """`playbooks` of the nearest pyproject.toml at or above `start` (default: cwd) with a [tool.tpu-agent]
+    table (the rule tune's config follows); paths are relative to that pyproject.toml."""
+    here = Path(start or Path.cwd()).resolve()
+    if here.is_file():
+        here = here.parent
+    for folder in (here, *here.parents):
+        pyproject = folder / "pyproject.toml"
+        if not pyproject.is_file():
+            continue
+        try:
+            data = tomllib.loads(pyproject.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise PlaybookError(pyproject, "", f"cannot read: {exc}") from None
+        table = data.get("tool", {}).get("tpu-agent")
+        if not isinstance(table, dict):
+            continue  # a package's own pyproject.toml without our table: look further up
+        value = table.get("playbooks")
+        if value is None:
+            return []
+        entries = [value] if isinstance(value, str) else value
+        if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+            raise PlaybookError(pyproject, "tool.tpu-agent.playbooks", "must be a directory or a list of directories")
+        return [(folder / e).resolve() for e in entries]
+    return []
+
+
+def load_playbooks(dirs: list[str | Path] | tuple = (), *, project_dir: str | Path | None = None,
+                   builtin: bool = True) -> list[Playbook]:
+    """Built-ins, then the project's (pyproject.toml), then `dirs`; a later id replaces an earlier one."""
+    layers = [builtin_playbooks()] if builtin else []
+    for directory in [*project_playbook_dirs(project_dir), *map(Path, dirs)]:
+        layers.append(load_path(directory))
+    merged: dict[str, Playbook] = {}
+    for layer in layers:
+        for pb in layer:
+            merged[pb.id] = pb
+    return sorted(merged.values(), key=lambda pb: (pb.rank.tier, pb.id))

@@ -1,0 +1,72 @@
+"""Proposers: who decides what to try. Offline (playbooks, the default) or Claude (with a key).
+
+Entry points for the tune command are plain functions: `choose_proposer`
+says which one a run uses and why, `make_proposer` builds it, and each
+proposer's `propose(profile, knobs, playbooks, results, round)` returns a
+`ProposalRound` (ranked candidates, a transcript, notes said out loud).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from tpu_agent.errors import InputError
+from tpu_agent.proposers.base import (
+    ActionTemplate,
+    Candidate,
+    Evidence,
+    KnobRef,
+    ProposalRound,
+    Proposer,
+    TokenUsage,
+    TrialOutcome,
+)
+
+PROPOSERS = ("auto", "offline", "claude")
+
+__all__ = [
+    "ActionTemplate", "Candidate", "Evidence", "KnobRef", "ProposalRound", "Proposer", "TokenUsage", "TrialOutcome",
+    "OfflineProposer", "propose_offline", "choose_proposer", "make_proposer", "PROPOSERS",
+]
+
+
+def __getattr__(name: str):
+    """The offline proposer loads playbooks, which use base's models: import it on first use (no cycle)."""
+    if name in ("OfflineProposer", "propose_offline"):
+        from tpu_agent.proposers import offline
+
+        return getattr(offline, name)
+    raise AttributeError(name)
+
+
+def choose_proposer(requested: str = "auto", offline: bool = False,
+                    env: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """(offline | claude, why): `--offline` wins; `auto` means Claude exactly when ANTHROPIC_API_KEY is set."""
+    env = os.environ if env is None else env
+    if requested not in PROPOSERS:
+        raise InputError(f"unknown proposer {requested!r} (choose from {', '.join(PROPOSERS)})")
+    if offline:
+        if requested == "claude":
+            raise InputError("--proposer claude and --offline contradict each other; drop one")
+        return "offline", "--offline"
+    if requested == "offline":
+        return "offline", "--proposer offline"
+    if requested == "claude":
+        return "claude", "--proposer claude"
+    if env.get("ANTHROPIC_API_KEY"):
+        return "claude", "ANTHROPIC_API_KEY is set (use --offline to keep to the playbooks)"
+    return "offline", "no ANTHROPIC_API_KEY in the environment"
+
+
+def make_proposer(requested: str = "auto", offline: bool = False, *, env: Mapping[str, str] | None = None,
+                  **claude_options: Any) -> Proposer:
+    """The proposer `choose_proposer` picks; `claude_options` go to ClaudeProposer (model, audit_dir, token_budget...)."""
+    name, _why = choose_proposer(requested, offline, env)
+    if name == "offline":
+        from tpu_agent.proposers.offline import OfflineProposer
+
+        return OfflineProposer()
+    from tpu_agent.proposers.claude import ClaudeProposer
+
+    return ClaudeProposer(**claude_options)
