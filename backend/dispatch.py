@@ -687,8 +687,10 @@ def _device(x):
 
 @handler(aten._local_scalar_dense.default)
 def _item(x):
+    value = materialize(x)
     STATS.d2h_count += 1
-    return jax.device_get(materialize(x)).item()
+    STATS.d2h_bytes += value.dtype.itemsize * value.size
+    return jax.device_get(value).item()
 
 
 @handler(aten.is_pinned.default)

@@ -169,6 +169,12 @@ class Recorder:
             lz.value = v
         for s in storages:
             s.array = s.array.value
+        # Nodes and placeholders form reference cycles that hold every array of the step until
+        # Python's cycle collector runs: cut them now that the values are known.
+        for n in nodes:
+            for lz in n.outputs:
+                lz.node = None
+            n.inputs = n.outputs = None
         self.last_flush = (exe, inputs, outputs, storages)
         for fn in self.listeners:
             fn(exe, reason)

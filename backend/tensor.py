@@ -123,8 +123,11 @@ class TpuTensor(torch.Tensor):
         if not self._view_chain:
             return box.array
         cache = self._cache
-        if type(cache) is Storage.lazy_type and cache.value is not None:
-            self._cache = cache.value
+        if type(cache) is Storage.lazy_type:
+            if cache.value is not None:
+                self._cache = cache.value
+            elif cache.node is None:  # a pending read whose graph ran without it: read again
+                self._cache_version = -1
         if self._cache_version != box.version:
             from .views import apply_chain
 

@@ -161,7 +161,7 @@ def test_gradients_match_cpu(case):
         torch.testing.assert_close(tpu_grads[name], expected, rtol=RTOL, atol=ATOL, msg=lambda m: f"grad of {name}: {m}")
 
 
-@pytest.mark.parametrize("module", ["linear", "conv2d", "batch_norm", "layer_norm", "embedding"])
+@pytest.mark.parametrize("module", ["linear", "conv2d", "batch_norm", "batch_norm_eval", "layer_norm", "embedding"])
 def test_module_parameter_gradients_match_cpu(module):
     """nn.Module parameters moved with .to('tpu') get the CPU's gradients."""
 
@@ -171,13 +171,14 @@ def test_module_parameter_gradients_match_cpu(module):
             "linear": (torch.nn.Linear(6, 4), lambda: _randn(3, 6)),
             "conv2d": (torch.nn.Conv2d(2, 3, 3, padding=1), lambda: _randn(2, 2, 6, 6)),
             "batch_norm": (torch.nn.BatchNorm2d(3), lambda: _randn(4, 3, 4, 4)),
+            "batch_norm_eval": (torch.nn.BatchNorm2d(3), lambda: _randn(4, 3, 4, 4)),
             "layer_norm": (torch.nn.LayerNorm(6), lambda: _randn(3, 6)),
             "embedding": (torch.nn.Embedding(7, 4), lambda: torch.tensor([[0, 6, 2], [2, 2, 1]])),
         }[module]
 
     def run(device):
         m, make_input = build()
-        m = m.to(device).train()
+        m = m.to(device).train(module != "batch_norm_eval")
         out = m(make_input().to(device))
         _weighted(out).backward()
         return {n: p.grad.cpu() for n, p in m.named_parameters()}
