@@ -71,6 +71,7 @@ def register() -> bool:
 
     install_optimizer_hook()
     _patch_torch_compile()
+    _patch_tensor_constructors()
     _route_accelerator_synchronize()
     return True
 
@@ -95,6 +96,47 @@ def _group_by_python_device() -> None:
 
     group._tpu_agent = True
     torch._C._group_tensors_by_device_and_dtype = group
+
+
+def _patch_tensor_constructors() -> None:
+    """`torch.tensor(data, device="tpu")` copies its data in with Python dispatch off, which our
+    wrapper never sees (the values would be lost): build on the CPU, then move."""
+    for name in ("tensor", "as_tensor"):
+        original = getattr(torch, name)
+        if not getattr(original, "_tpu_agent", False):
+            setattr(torch, name, _tpu_aware_constructor(name, original))
+
+
+def _tpu_aware_constructor(name, original):
+    positional_device = 1 if name == "as_tensor" else None  # as_tensor(data, dtype=None, device=None)
+
+    def constructor(data, *args, **kwargs):
+        args = list(args)
+        device = kwargs.get("device")
+        if positional_device is not None and len(args) > positional_device:
+            device = args[positional_device]
+        # Explicit devices only: torch.get_default_device() itself calls torch.tensor.
+        target = torch.device(device) if device is not None else None
+        if target is None or target.type != "tpu":
+            return original(data, *args, **kwargs)
+        if isinstance(data, torch.Tensor) and data.device.type == "tpu":
+            dtype = kwargs.get("dtype", args[0] if args else None)
+            out = data.detach() if name == "as_tensor" else data.detach().clone()
+            out = out.to(dtype) if dtype is not None else out
+        else:
+            requires_grad = kwargs.pop("requires_grad", False)
+            if positional_device is not None and len(args) > positional_device:
+                args[positional_device] = "cpu"
+            else:
+                kwargs["device"] = "cpu"
+            out = original(data, *args, **kwargs).to(target)
+            if requires_grad:
+                out.requires_grad_(True)
+        return out
+
+    constructor._tpu_agent = True
+    constructor.__doc__ = original.__doc__
+    return constructor
 
 
 def _patch_torch_compile() -> None:

@@ -439,6 +439,8 @@ _RETURN_CONVERTERS = {"bool": bool, "int": int, "float": float, "SymInt": int, "
 
 def _wrap_outputs(func, out):
     returns = func._schema.returns
+    if not returns:
+        return None
     if len(returns) == 1:
         return _wrap_one(str(returns[0].type), out)
     return tuple(_wrap_one(str(r.type), o) for r, o in zip(returns, out))
@@ -508,7 +510,38 @@ def _index_view_of_concrete(func, source) -> bool:
     return isinstance(source, TpuTensor) and type(source.jax()) is not lazy.Lazy
 
 
+def _metadata_inplace_ops():
+    pairs = {"t_": "t", "transpose_": "transpose", "squeeze_": "squeeze", "unsqueeze_": "unsqueeze",
+             "swapdims_": "transpose", "swapaxes_": "transpose", "as_strided_": "as_strided"}
+    table = {}
+    for inplace, view in pairs.items():
+        packet, view_packet = getattr(aten, inplace), getattr(aten, view)
+        for name in packet.overloads():
+            target = name if name in view_packet.overloads() else ("int" if "int" in view_packet.overloads() else "default")
+            table[getattr(packet, name)] = getattr(view_packet, target)
+    return table
+
+
+METADATA_INPLACE = _metadata_inplace_ops()
+
+
+def run_metadata_inplace(func, args, kwargs):
+    """`t_`, `squeeze_`...: the tensor becomes a view of its own storage with a new shape.
+
+    Our wrapper's shape lives on its C++ (meta) side: the op runs there with our dispatch
+    off to update it, and the tensor's view chain gains the matching view op.
+    """
+    self = args[0]
+    view = run_view(METADATA_INPLACE[func], args, kwargs)
+    with torch._C._DisableTorchDispatch():
+        func(*args, **kwargs)
+    self._view_chain, self._cache, self._cache_version = view._view_chain, view._cache, view._cache_version
+    return self
+
+
 def run_mutating(func, args, kwargs):
+    if func in METADATA_INPLACE:
+        return run_metadata_inplace(func, args, kwargs)
     if func in LOWERINGS:
         return _run_mutating_lowering(func, args, kwargs)
     functional = functional_variant(func)
@@ -532,11 +565,14 @@ def run_mutating(func, args, kwargs):
         values = results[n_returns - len(targets):]
     for target, value in zip(targets, values):
         _write(func, target, value)
-    if len(targets) == 1 and func._schema.returns:
-        return targets[0]
     if not func._schema.returns:
         return None
-    return tuple(targets)
+    if func.overloadpacket.__name__.endswith("_") or _is_out(func):
+        return targets[0] if len(targets) == 1 else tuple(targets)
+    # An op that updates some arguments and returns other things (batch norm's running
+    # statistics): its own outputs lead the functional variant's.
+    own = results[: len(func._schema.returns)]
+    return own[0] if len(own) == 1 else tuple(own)
 
 
 def _run_mutating_lowering(func, args, kwargs):

@@ -87,10 +87,13 @@ def shard_tensor(tensor: TpuTensor, spec) -> None:
     tensor._storage_box.place(jax.device_put(array, NamedSharding(mesh, PartitionSpec(*spec))))
 
 
-def shard_module(module: torch.nn.Module, rules) -> list[tuple[str, tuple]]:
+def shard_module(module: torch.nn.Module, rules, *, strict: bool = True) -> list[tuple[str, tuple]]:
     """Shard parameters and buffers whose name matches a rule's glob; first match wins; the rest replicate.
 
-    Returns (name, spec) for every tensor placed.
+    With strict=False a tensor the rule cannot split (a dim that does not divide
+    over the mesh axis, as with a 10-class head under a 4-way FSDP rule) is
+    replicated instead, as FSDP implementations do for small tensors; its spec
+    is reported as (). Returns (name, spec) for every tensor placed.
     """
     mesh = _require_mesh()
     placed = []
@@ -98,9 +101,10 @@ def shard_module(module: torch.nn.Module, rules) -> list[tuple[str, tuple]]:
         if not isinstance(tensor, TpuTensor):
             continue
         spec = next((tuple(s) for pattern, s in rules if fnmatch.fnmatchcase(name, pattern)), ())
+        if not strict and check_spec(tuple(tensor.shape), spec, mesh):
+            spec = ()
         shard_tensor(tensor, spec)
         placed.append((name, spec))
-    del mesh
     return placed
 
 

@@ -150,9 +150,11 @@ def register(app) -> None:
         resume: Annotated[bool | None, typer.Option("--resume", help="Continue the study; finished trials are not repeated.")] = None,
         min_gain: Annotated[float | None, typer.Option(help="Keep a speedup only if its CI's lower end exceeds 1 + this. [default: 0.03]")] = None,
         loss_tol: Annotated[float | None, typer.Option(help="A shape-changing plan may end with a loss this much worse. [default: 0.02]")] = None,
-        proposer: Annotated[str | None, typer.Option(help="offline | claude (default: claude when ANTHROPIC_API_KEY is set).")] = None,
+        proposer: Annotated[str | None, typer.Option(help="auto | offline | claude (auto: claude when ANTHROPIC_API_KEY is set).")] = None,
         offline: Annotated[bool, typer.Option("--offline", help="Use the offline proposer even with an API key.")] = False,
         model: Annotated[str | None, typer.Option(help="Claude model for --proposer claude.")] = None,
+        rounds: Annotated[int | None, typer.Option(help="Propose-search rounds; Claude sees the results of earlier rounds. [default: 1]")] = None,
+        token_budget: Annotated[int | None, typer.Option(help="Claude tokens for the whole tune. [default: 200000]")] = None,
         playbooks: Annotated[list[str] | None, typer.Option("--playbooks", metavar="DIR", help="Extra playbook directories.")] = None,
         apply: Annotated[bool | None, typer.Option("--apply", help="Write the verified source change into your files (backup kept).")] = None,
         force: Annotated[bool | None, typer.Option("--force", help="With --apply: overwrite files with uncommitted changes.")] = None,
@@ -172,18 +174,20 @@ def register(app) -> None:
         check_script(script)
         flags = dict(trials=trials, timeout=timeout, steps=steps, warmup=warmup, pairs=pairs, target=target,
                      objective=objective, devices=devices, seed=seed, study=study, storage=storage, resume=resume,
-                     min_gain=min_gain, loss_tol=loss_tol, apply=apply, force=force)
+                     min_gain=min_gain, loss_tol=loss_tol, apply=apply, force=force, playbooks=playbooks or None,
+                     proposer=proposer, model=model, rounds=rounds, token_budget=token_budget)
         opts = resolve(script, flags).options
         settings = TuneSettings(
             trials=opts.trials, timeout=opts.timeout, steps=max(opts.steps, 5), warmup=max(opts.warmup, 1),
             pairs=opts.pairs, target=opts.target, objective=opts.objective, seed=opts.seed, study=opts.study,
             storage=opts.storage, resume=opts.resume, min_gain=opts.min_gain, loss_tol=opts.loss_tol,
             step_timeout=opts.trial_timeout, devices=opts.devices if opts.devices > 1 else None,
-            playbooks=list(playbooks or []),
+            playbooks=list(opts.playbooks), rounds=opts.rounds, token_budget=opts.token_budget,
         )
-        chosen = "offline" if offline else (proposer or ("claude" if os.environ.get("ANTHROPIC_API_KEY") else "offline"))
-        if chosen not in ("offline", "claude"):
-            raise InputError(f"--proposer must be offline or claude, not {chosen!r}")
+        from tpu_agent.proposers import choose_proposer
+
+        chosen, why = choose_proposer(opts.proposer, offline)
         console = Console(stderr=json_output)
-        return tune_command(script, script_args or [], settings, proposer=chosen, model=model, apply=opts.apply,
+        console.print(f"proposer: {chosen} ({why})")
+        return tune_command(script, script_args or [], settings, proposer=chosen, model=opts.model, apply=opts.apply,
                             force=opts.force, json_output=json_output, console=console)

@@ -55,6 +55,11 @@ class TuneOptions(BaseModel):
     apply: bool = Field(False, description="write the verified changes into the user's files (with a backup)")
     force: bool = Field(False, description="with apply: overwrite files that have uncommitted changes")
     output_dir: str | None = Field(None, description="where run directories go (default ./.tpu-agent/runs)")
+    playbooks: list[str] = Field(default_factory=list, description="extra playbook directories")
+    proposer: Literal["auto", "offline", "claude"] = Field("auto", description="auto: claude when ANTHROPIC_API_KEY is set")
+    model: str | None = Field(None, description="Claude model for the claude proposer")
+    rounds: int = Field(1, ge=1, description="propose-search rounds (the claude proposer sees earlier results)")
+    token_budget: int = Field(200_000, ge=1000, description="Claude tokens for the whole tune")
 
 
 KEYS = {name.replace("_", "-"): name for name in TuneOptions.model_fields}

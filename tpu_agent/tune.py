@@ -48,6 +48,8 @@ class TuneSettings(BaseModel):
     devices: int | None = None
     candidates: int = Field(6, ge=1, description="how many top candidates span the search space")
     playbooks: list[str] = Field(default_factory=list, description="extra playbook directories")
+    rounds: int = Field(1, ge=1)
+    token_budget: int = 200_000
 
     def fingerprint(self, script: Path, args: list[str]) -> str:
         """What makes two runs the same study: the script, its args and the measuring settings."""
@@ -131,6 +133,7 @@ class Runner:
         self.baseline: TrialProcess | None = None
         self.baseline_count = 0
         self.verifications = 0
+        self.last_baseline_steps: list[StepRecord] = []
 
     def _baseline(self) -> TrialProcess:
         if self.baseline is None or self.baseline.proc is None or self.baseline.proc.poll() is not None:
@@ -174,7 +177,14 @@ class Runner:
                         raise
                     base = self._baseline()  # the script ran out of steps: a fresh warm baseline
                     a.append(base.step())
-                b.append(cand.step())
+                try:
+                    b.append(cand.step())
+                except TrialFailed as exc:
+                    # The script's own step count ends the candidate: keep the pairs measured so far.
+                    if exc.kind != "too_few_steps" or len(b) < 5:
+                        raise
+                    a.pop()
+                    break
                 if report is not None:
                     report(i, a, b)
             return a, b, cand
@@ -183,6 +193,7 @@ class Runner:
 
     def close(self) -> None:
         if self.baseline is not None:
+            self.last_baseline_steps = list(self.baseline.steps)
             self.baseline.stop()
             self.baseline = None
 
@@ -385,10 +396,12 @@ def verify(plan: Plan, runner: Runner, settings: TuneSettings, baseline_batch: i
         return Verdict(plan=plan, accepted=False, reason=f"verification run failed: {exc.kind}: {exc.message[:200]}")
     finally:
         runner.close()
+    by_step = {s.step: s.loss for s in runner.last_baseline_steps if s.loss is not None}
+    aligned = [(by_step[s.step], s.loss) for s in cand.steps if s.loss is not None and s.step in by_step]
     numerics = check_numerics(
-        losses_of(a), losses_of(b), preserves_numerics=plan.preserves_numerics,
+        [x for x, _ in aligned], [y for _, y in aligned], preserves_numerics=plan.preserves_numerics,
         loss_tol=settings.loss_tol,
-    ) if losses_of(a) and losses_of(b) else None
+    ) if aligned else None
     cand_batch = batch_size(plan, baseline_batch)
     per_sample = baseline_batch is not None and cand_batch != baseline_batch
     speed = speedup([s.wall_s for s in a], [s.wall_s for s in b], min_gain=settings.min_gain, seed=settings.seed,
@@ -449,24 +462,24 @@ def baseline_profile(script: Path, args: list[str], run_dir: Path, settings: Tun
     return Profile.model_validate_json(path.read_text()), path
 
 
-def propose(proposer: str, profile, knobs, playbooks, *, audit_dir: Path, model: str | None):
-    """One round of proposals; the Claude proposer falls back to the offline one itself, out loud."""
-    if proposer == "claude":
-        from tpu_agent.proposers.claude import ClaudeProposer
+def make_proposer(proposer: str, *, audit_dir: Path, model: str | None, token_budget: int, script: Path):
+    """The offline proposer, or Claude (which falls back to the offline one itself, out loud)."""
+    from tpu_agent.proposers import make_proposer as make
 
-        kwargs = {"audit_dir": audit_dir}
-        if model:
-            kwargs["model"] = model
-        return ClaudeProposer(**kwargs).propose(profile, knobs=knobs, playbooks=playbooks)
-    from tpu_agent.proposers.offline import OfflineProposer
-
-    return OfflineProposer().propose(profile, knobs=knobs, playbooks=playbooks)
+    options = {"audit_dir": audit_dir, "token_budget": token_budget, "source_root": script.resolve().parent}
+    if model:
+        options["model"] = model
+    return make(proposer, **options)
 
 
-def build_space(round_, knobs, limit: int) -> Space:
-    """The top candidates (and their options) that the search will combine."""
-    chosen, options = [], {}
+def build_space(round_, knobs, limit: int, previous: Space | None = None) -> Space:
+    """The top candidates (and their options) that the search will combine; earlier rounds' stay."""
+    chosen = list(previous.candidates) if previous else []
+    options = dict(previous.options) if previous else {}
+    limit += len(chosen)
     for cand in round_.candidates:
+        if cand.id in options:
+            continue
         try:
             opts = cand.options()
         except ValueError:
@@ -507,23 +520,11 @@ def run(script: Path, args: list[str], settings: TuneSettings, *, console, propo
     baseline_batch = batch_knob.value if batch_knob else None
 
     playbooks = load_playbooks(settings.playbooks, project_dir=script.resolve().parent)
-    round_ = propose(proposer, profile, knobs, playbooks, audit_dir=run_dir / "agent", model=model)
-    result.proposer = round_.proposer
-    result.proposer_notes = list(round_.notes)
-    for note in round_.notes:
-        console.print(f"[yellow]{note}[/yellow]")
-    space = build_space(round_, knobs, settings.candidates)
-    result.candidates = [c.model_dump(mode="json") for c in space.candidates]
-    if not space.candidates:
-        console.print("no candidate changes for this profile: nothing to search")
-        return _save(result, run_dir, t_start)
-    console.print(f"[bold]search[/bold]: {len(space.candidates)} candidates, {settings.trials} trials "
-                  f"(study {name!r})")
-    for c in space.candidates:
-        console.print(f"  {c.rank}. {c.title} [dim]({c.proposer}, {len(space.options[c.id])} options)[/dim]")
-
+    agent = make_proposer(proposer, audit_dir=run_dir / "agent", model=model, token_budget=settings.token_budget,
+                          script=script)
     runner = Runner(script, args, settings, run_dir)
     baseline_losses: dict[int, float] = {}
+    space = Space(candidates=[])
 
     def on_trial(record: TrialRecord):
         shown = f"{record.speedup:.3f}x" if record.speedup is not None else "-"
@@ -533,7 +534,25 @@ def run(script: Path, args: list[str], settings: TuneSettings, *, console, propo
         _save(result, run_dir, t_start)
 
     try:
-        search(study, space, runner, settings, baseline_batch, baseline_losses, on_trial=on_trial)
+        for round_number in range(1, settings.rounds + 1):
+            round_ = agent.propose(profile, knobs=knobs, playbooks=playbooks,
+                                   results=[_outcome(t) for t in result.trials], round=round_number)
+            result.proposer = round_.proposer
+            result.proposer_notes += list(round_.notes)
+            for note in round_.notes:
+                console.print(f"[yellow]{note}[/yellow]")
+            space = build_space(round_, knobs, settings.candidates, space)
+            result.candidates = [c.model_dump(mode="json") for c in space.candidates]
+            if not space.candidates:
+                console.print("no candidate changes for this profile: nothing to search")
+                break
+            budget = settings.trials * round_number // settings.rounds
+            console.print(f"[bold]search[/bold] (round {round_number}): {len(space.candidates)} candidates, "
+                          f"trials up to {budget} of {settings.trials} (study {name!r})")
+            for c in space.candidates:
+                console.print(f"  {c.rank}. {c.title} [dim]({c.proposer}, {len(space.options[c.id])} options)[/dim]")
+            search(study, space, runner, settings.model_copy(update={"trials": budget}), baseline_batch,
+                   baseline_losses, on_trial=on_trial)
     except KeyboardInterrupt:
         result.interrupted = True
         console.print("[yellow]interrupted: finished trials are saved in the study; --resume continues[/yellow]")
@@ -565,6 +584,13 @@ def _summary(profile, verdict: Verdict | None) -> dict:
             "flops_per_step": None, "mfu": None, "peak_memory_bytes": None, "live_peak_bytes": None,
             "padding_waste": None})
     return summary.model_dump(mode="json")
+
+
+def _outcome(t: TrialRecord) -> dict:
+    """A trial as the proposers read it (proposers.base.TrialOutcome)."""
+    status = {"complete": "measured", "numerics": "rejected", "repeated": "measured"}.get(t.state, t.state)
+    return {"number": t.number, "actions": [a.model_dump(mode="json") for a in t.plan.actions], "status": status,
+            "speedup": t.speedup, "loss_ok": t.state != "numerics", "note": t.reason or None}
 
 
 def _ranked_plans(study: optuna.Study, settings: TuneSettings) -> list[Plan]:
