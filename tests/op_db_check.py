@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-MAX_SAMPLES = 12
+MAX_SAMPLES = 8
 
 
 @dataclass

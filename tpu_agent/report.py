@@ -56,9 +56,10 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
         ]
         if best.memory:
             m = best.memory
-            lines.append(f"| device memory per device | {m['baseline_median_bytes'] / 2**20:.1f} MiB | "
-                         f"{m['candidate_median_bytes'] / 2**20:.1f} MiB ({m['saving']:.1%} saved, 95% CI "
-                         f"{m['ci_low']:.1%}-{m['ci_high']:.1%}) |")
+            change = (f"{m['saving']:.1%} saved, 95% CI {m['ci_low']:.1%} to {m['ci_high']:.1%}" if m["saving"] > 0
+                      else f"{-m['saving']:.1%} more")
+            lines.append(f"| device memory per device (measured) | {m['baseline_median_bytes'] / 2**20:.1f} MiB | "
+                         f"{m['candidate_median_bytes'] / 2**20:.1f} MiB ({change}) |")
         if best.estimate_note:
             lines += ["", f"*Time:* {best.estimate_note}."]
         if best.numerics:
@@ -68,7 +69,11 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
                       f"{result.settings.warmup} warm-up steps each, device synchronized around every step; "
                       f"accepted only if the interval's lower end clears {1 + result.settings.min_gain:.2f}x."]
         if "patch.diff" in files:
-            lines += ["", "Apply with `git apply patch.diff` (or `tpu-agent tune --apply`)."]
+            lines += ["", "Apply the source change with `git apply patch.diff` (or `tpu-agent tune --apply`)."]
+        runtime = _runtime_instructions(best.plan)
+        if runtime:
+            lines += ["", "Run-time changes (not in the patch; `tpu-agent run SCRIPT --plan plan.json` applies them all):"]
+            lines += [f"- {line}" for line in runtime]
     else:
         lines += ["**No change was verified.** The baseline stays as it is."]
     if result.interrupted:
@@ -103,6 +108,28 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
             lines += ["", f"![{name}]({name})"]
     lines += ["", f"<sub>tpu-agent, {result.duration_s / 60:.1f} min, {len(result.trials)} trials</sub>", ""]
     return "\n".join(lines)
+
+
+def _runtime_instructions(plan: Plan) -> list[str]:
+    """How to get each run-time action without tpu-agent, in the script or its environment."""
+    out = []
+    for a in plan.actions:
+        if a.kind == "compile" and a.mode == "fused":
+            out.append("fused execution: `TORCH_TPU_DEFER_AND_FUSE=1`, or "
+                       "`with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):` around the loop")
+        elif a.kind == "compile" and a.mode == "compiled":
+            out.append("compiled model: `model = torch.compile(model)` (forward and backward as XLA programs)")
+        elif a.kind == "pad_ops":
+            out.append(f"operand padding: `TPU_AGENT_PAD_OPS={a.multiple}`")
+        elif a.kind == "matmul_precision":
+            out.append(f"matmul precision: `with torch.tpu.precision(torch.tpu.Precision.{a.precision.upper()}):`")
+        elif a.kind == "mesh":
+            out.append(f"mesh: `torch.tpu.sharding.set_mesh({dict(a.axes)})`")
+        elif a.kind == "shard_rule":
+            out.append(f"sharding: `torch.tpu.sharding.shard_module(model, [({a.pattern!r}, {tuple(a.spec)})])`")
+        elif a.kind == "batch_sharding":
+            out.append(f"batch split: `torch.tpu.sharding.shard_batches(model, {a.axis!r})`")
+    return out
 
 
 def _plots(result: TuneResult, run_dir: Path) -> dict[str, Path]:

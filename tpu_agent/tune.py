@@ -266,6 +266,10 @@ def search(study: optuna.Study, space: Space, runner: Runner, settings: TuneSett
         except ValueError as exc:
             return _finish(trial, TrialRecord(number=trial.number, plan=Plan(), state="invalid",
                                               reason=f"invalid combination: {exc}"), fail=True)
+        if not plan.actions:  # every candidate off: the baseline itself, by definition 1.0
+            trial.set_user_attr("plan", plan.model_dump(mode="json"))
+            return _finish(trial, TrialRecord(number=trial.number, plan=plan, state="repeated", value=1.0,
+                                              speedup=1.0, reason="no change: the baseline itself, not run"))
         key = plan.key()
         trial.set_user_attr("plan", plan.model_dump(mode="json"))
         trial.set_user_attr("plan_key", key)
