@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-MAX_SAMPLES = 8
+MAX_SAMPLES = 12
 
 
 @dataclass
@@ -127,14 +127,14 @@ def _compare_meta(actual, expected):
             assert x.shape == y.shape and x.dtype == y.dtype, (x.shape, y.shape, x.dtype, y.dtype)
 
 
-def run(names: list[str] | None = None) -> Summary:
+def run(names: list[str] | None = None, max_samples: int = MAX_SAMPLES) -> Summary:
     from torch.testing._internal.common_methods_invocations import op_db
 
     summary = Summary()
     for opinfo in op_db:
         if names and opinfo.name not in names:
             continue
-        summary.results.append(check_op(opinfo))
+        summary.results.append(check_op(opinfo, max_samples))
     return summary
 
 

@@ -102,7 +102,7 @@ def test_tune_records_trials_writes_a_report_and_resume_repeats_nothing(project:
 
 @pytest.mark.parametrize("failure,kind", [("crash", "crashed"), ("oom", "out_of_memory"), ("hang", "timed_out")])
 def test_a_failing_trial_is_recorded_and_the_study_goes_on(project: Path, failure: str, kind: str):
-    (project / "pyproject.toml").write_text("[tool.tpu-agent]\ntrial-timeout = 20.0\n")
+    (project / "pyproject.toml").write_text("[tool.tpu-agent]\ntrial-timeout = 8.0\n")
     env = {"TINY_FAIL": failure, "TINY_COUNTER": str(project / "counter")}
     result = result_of(tune(project, "--trials", "3", "--study", f"f-{kind}", env=env))
     states = [t["state"] for t in result["trials"]]
