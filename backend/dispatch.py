@@ -22,6 +22,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from . import dtypes, executables, lazy, modes, ops, padding  # noqa: F401  (ops fills the registry)
+from . import sharding as sharding_module
 from .lazy import RECORDER
 from .registry import LOWERINGS, Lowering
 from .state import RNG, STATS, cpu_fallback_enabled
@@ -236,6 +237,8 @@ def run_program(exe, program, args, jit: bool = True):
     if any(type(a) is lazy.Lazy for a in args):
         RECORDER.flush("value needed")
         args = [a.value if type(a) is lazy.Lazy else a for a in args]
+    if sharding_module.get_mesh() is not None:
+        args = sharding_module.align(list(args))
     exe.calls += 1
     t0 = time.perf_counter()
     out = exe.fn(*args)

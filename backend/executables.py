@@ -29,7 +29,8 @@ def abstract(value):
         spec = getattr(value, "aval_spec", None)
         if spec is not None:
             return spec
-        sharding = value.sharding if isinstance(value, jax.Array) else None
+        # An uncommitted array goes wherever the program runs: its placement is not part of it.
+        sharding = value.sharding if isinstance(value, jax.Array) and value.committed else None
         return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding)
     if hasattr(value, "shape") and hasattr(value, "dtype"):
         return jax.ShapeDtypeStruct(value.shape, value.dtype)

@@ -156,7 +156,15 @@ class Recorder:
         key = (tuple(plan), out_refs, tuple(_aval_key(a) for a in inputs))
         exe = self.graphs.get(key)
         if exe is None:
+            from . import sharding
+
+            if sharding.get_mesh() is not None:
+                inputs = sharding.align(inputs)
             exe = self._compile(key, nodes, plan, out_refs, inputs)
+        from . import sharding
+
+        if sharding.get_mesh() is not None:
+            inputs = sharding.align(inputs)
         t0 = time.perf_counter()
         values = exe.fn(*inputs)
         if modes.launch_blocking():

@@ -132,6 +132,22 @@ def _tensors(tree):
             yield from _tensors(v)
 
 
+def align(args: list) -> list:
+    """Arrays pinned to one device, in a program that also reads mesh-placed arrays, are
+    replicated over the mesh first (XLA refuses to mix the two). Nothing to do without a mesh."""
+    mesh = _mesh
+    if mesh is None or mesh.size == 1:
+        return args
+    mesh_devices = set(mesh.devices.flat)
+    arrays = [a for a in args if isinstance(a, jax.Array)]
+    if not any(a.sharding.device_set == mesh_devices for a in arrays):
+        return args
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return [jax.device_put(a, replicated)
+            if isinstance(a, jax.Array) and a.committed and a.sharding.device_set != mesh_devices else a
+            for a in args]
+
+
 def bytes_per_device() -> dict[str, int]:
     """Bytes of live device arrays held on each device (what sharding saves)."""
     totals: dict[str, int] = {}
