@@ -137,6 +137,8 @@ class Runner:
 
     def _baseline(self) -> TrialProcess:
         if self.baseline is None or self.baseline.proc is None or self.baseline.proc.poll() is not None:
+            if self.baseline is not None:  # it ran out of steps: keep what it measured (losses by step)
+                self.last_baseline_steps.extend(self.baseline.steps)
             self.baseline_count += 1
             self.baseline = self._process(self.script, Plan(), f"baseline-{self.baseline_count}")
             self.baseline.start()
@@ -161,6 +163,7 @@ class Runner:
         """(baseline steps, candidate steps, candidate's first-step info), interleaved."""
         if fresh_baseline:
             self.close()
+            self.last_baseline_steps = []
         base = self._baseline()
         cand = self.candidate(plan, name)
         try:
@@ -193,7 +196,7 @@ class Runner:
 
     def close(self) -> None:
         if self.baseline is not None:
-            self.last_baseline_steps = list(self.baseline.steps)
+            self.last_baseline_steps.extend(self.baseline.steps)
             self.baseline.stop()
             self.baseline = None
 
@@ -400,7 +403,10 @@ def verify(plan: Plan, runner: Runner, settings: TuneSettings, baseline_batch: i
         return Verdict(plan=plan, accepted=False, reason=f"verification run failed: {exc.kind}: {exc.message[:200]}")
     finally:
         runner.close()
-    by_step = {s.step: s.loss for s in runner.last_baseline_steps if s.loss is not None}
+    by_step: dict[int, float] = {}
+    for s in runner.last_baseline_steps:  # every baseline process runs the same steps from step 1
+        if s.loss is not None:
+            by_step.setdefault(s.step, s.loss)
     aligned = [(by_step[s.step], s.loss) for s in cand.steps if s.loss is not None and s.step in by_step]
     numerics = check_numerics(
         [x for x, _ in aligned], [y for _, y in aligned], preserves_numerics=plan.preserves_numerics,
