@@ -1,0 +1,47 @@
+"""A full `tune` driven by the Claude proposer, with a fake client: to a verified gain, key never written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from conftest import EXAMPLES
+from test_proposer_claude import FakeClient, message, use
+from tpu_agent import report, tune
+from tpu_agent.proposers.claude import ClaudeProposer
+
+PROPOSAL = {"proposals": [{
+    "title": "Run the step as fused XLA graphs",
+    "actions": [{"kind": "compile", "choices": {"mode": ["fused"]}}],
+    "reason": "op-by-op dispatch of many small ops; one program per step removes it",
+    "playbook": "compiled-step",
+}]}
+
+
+def test_fake_claude_drives_a_full_tune_to_a_verified_gain(tmp_path: Path, monkeypatch):
+    key = "sk-ant-test-" + "x" * 24
+    monkeypatch.setenv("ANTHROPIC_API_KEY", key)
+    client = FakeClient([message([use("profile_summary", {}, "t1")]),
+                         message([use("submit_proposals", PROPOSAL, "t2")])])
+
+    def make_proposer(proposer, *, audit_dir, model, token_budget, script):
+        return ClaudeProposer(client=client, audit_dir=audit_dir, token_budget=token_budget,
+                              source_root=script.parent, say=lambda _m: None)
+
+    monkeypatch.setattr(tune, "make_proposer", make_proposer)
+    monkeypatch.chdir(tmp_path)
+    settings = tune.TuneSettings(trials=2, steps=5, warmup=2, storage=f"sqlite:///{tmp_path / 's.db'}", study="c")
+    result = tune.run(EXAMPLES / "odd_shapes.py", [], settings, console=Console(quiet=True), proposer="claude",
+                      runs_root=tmp_path / ".tpu-agent" / "runs")
+    files = report.write_all(result, EXAMPLES / "odd_shapes.py")
+
+    assert result.proposer == "claude"
+    assert [c["proposer"] for c in result.candidates] == ["claude"]
+    assert result.best is not None and result.best.accepted, [v.reason for v in result.verdicts]
+    assert result.best.speed["ci_low"] > 1.03
+    assert "claude" in files["report.md"].read_text()
+    assert len(client.requests) == 2  # a tool-use turn, then the proposal
+    for path in Path(result.run_dir).rglob("*"):
+        if path.is_file():
+            assert key.encode() not in path.read_bytes(), path
