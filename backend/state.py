@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -66,10 +65,6 @@ class Rng:
     def set_state(self, seed: int, counter: int) -> None:
         self.manual_seed(seed)
         self.counter = int(counter)
-
-
-class State(threading.local):
-    pass
 
 
 STATS = Stats()
