@@ -172,7 +172,7 @@ class _Plan:
 
     def run(self, args):
         inputs = []
-        base = None
+        drawn = [None]  # the base key of this call's draws
         for kind, value in self.provenance:
             if kind == "arg":
                 array = _get_path(args, value).jax()
@@ -185,11 +185,8 @@ class _Plan:
                 if box is None:
                     return None
                 inputs.append(box.array)
-            elif kind == "rng_counter":
-                base, counter = RNG.next()
-                inputs.append(counter)
-            elif kind == "rng_base":
-                inputs.append(base if base is not None else RNG.next()[0])
+            elif kind in ("rng_counter", "rng_base"):
+                inputs.append(_rng_input(kind, drawn))
             else:
                 inputs.append(value)
         t0 = time.perf_counter()
@@ -203,6 +200,14 @@ class _Plan:
             if box is not None:
                 box.write(values[index])
         return _rebuild(self.return_tree, self.return_map, values)
+
+
+def _rng_input(kind: str, drawn: list):
+    """A replay's RNG input: a fresh counter (as an op would draw), or the base key it came with."""
+    if kind == "rng_counter":
+        drawn[0], counter = RNG.next()
+        return counter
+    return drawn[0] if drawn[0] is not None else RNG.next()[0]
 
 
 def _rebuild(tree, return_map, values, path=()):
@@ -477,17 +482,14 @@ class _ForwardProgram:
     def _inputs(self, module, args, kwargs):
         named = dict(module.named_parameters()) | dict(module.named_buffers())
         tensors, numbers = [], []
-        base = None
+        drawn = [None]  # the base key of this call's draws
         for kind, value in self.provenance:
             if kind == "state":
                 tensors.append(named[value])
             elif kind == "arg":
                 tensors.append(_get_path((args, kwargs), value))
-            elif kind == "rng_counter":
-                base, counter = RNG.next()
-                numbers.append(counter)
-            elif kind == "rng_base":
-                numbers.append(base if base is not None else RNG.next()[0])
+            elif kind in ("rng_counter", "rng_base"):
+                numbers.append(_rng_input(kind, drawn))
             else:
                 numbers.append(value)
         return tensors, numbers
