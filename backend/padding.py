@@ -1,9 +1,11 @@
-"""Operand padding (the `PadOps` plan action): matmuls run on tile-aligned shapes.
+"""Operand padding (the `PadOps` plan action): matmuls and convolutions run on aligned shapes.
 
 With a multiple set, the matmul lowerings zero-pad M, K and N up to it and
-slice the result back. Zeros added along K contribute nothing to the sums and
-padded rows and columns are cut away, so results match the unpadded op up to
-summation order. Whether it pays is for measurement to decide.
+slice the result back; convolutions pad their input and output channels the
+same way. Zeros added along a contracted dim contribute nothing to the sums
+and padded rows, columns and channels are cut away, so results match the
+unpadded op up to summation order (gradients too: they flow back through the
+same pad and slice). Whether it pays is for measurement to decide.
 """
 
 from __future__ import annotations
@@ -51,3 +53,14 @@ def matmul(a, b):
     a = _pad_axis(_pad_axis(a, a.ndim - 2, pr), a.ndim - 1, pk)
     b = _pad_axis(_pad_axis(b, b.ndim - 2, pk), b.ndim - 1, pc)
     return jnp.matmul(a, b)[..., :rows, :cols]
+
+
+def conv(input, weight, run):
+    """`run(input, weight)` (an ungrouped NC... x OI... convolution) on channel counts padded to the multiple."""
+    m = _multiple
+    c_out, c_in = weight.shape[0], weight.shape[1]
+    po, pi = (_up(c_out, m), _up(c_in, m)) if m else (c_out, c_in)
+    if (po, pi) == (c_out, c_in):
+        return run(input, weight)
+    out = run(_pad_axis(input, 1, pi), _pad_axis(_pad_axis(weight, 0, po), 1, pi))
+    return out[:, :c_out]

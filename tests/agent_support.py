@@ -2,6 +2,9 @@
 
 The profiles in tests/data were written by `tpu-agent profile examples/NAME.py
 --steps 3` (fused mode, TPU v5e padding model), with machine paths removed.
+tests/data/scripts holds each script as it was when its profile was
+recorded, so that a profile and the literals it is matched with stay a pair
+when an example changes (odd_shapes.py there is the earlier MLP version).
 `knobs_of` stands in for the knob finder (tpu_agent/knobs.py, built
 elsewhere): every module-level `NAME = <int literal>` of the script.
 """
@@ -17,6 +20,7 @@ from tpu_agent.profilers.schema import Profile
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 EXAMPLES = REPO / "examples"
+RECORDED = DATA / "scripts"
 
 
 def profile_data(name: str) -> dict:
@@ -39,4 +43,4 @@ def knobs_of(path: Path) -> list[dict]:
 
 
 def example_knobs(name: str) -> list[dict]:
-    return knobs_of(EXAMPLES / f"{name}.py")
+    return knobs_of(RECORDED / f"{name}.py")

@@ -74,7 +74,7 @@ def test_device_defaults_to_tpu(name: str) -> None:
 # The padding tool rewrites these module-level integer literals; they must be
 # plain literals, and the programs must still run with every one of them padded.
 PADDABLE = {
-    "odd_shapes": {"BATCH": 127, "IN_FEATURES": 1023, "HIDDEN": 2047, "BOTTLENECK": 1023},
+    "odd_shapes": {"BATCH": 50, "WIDTH": 63, "WIDE": 127, "HIDDEN": 255},
     "transformer": {"VOCAB": 50257},
 }
 

@@ -177,8 +177,9 @@ def test_knobs_command_on_odd_shapes_json() -> None:
     data = json.loads(proc.stdout)
     found = {k["name"]: (k["value"], k["candidates"]) for k in data["knobs"]}
     assert found == {
-        "BATCH": (127, [128, 256]), "IN_FEATURES": (1023, [1024]), "HIDDEN": (2047, [2048]),
-        "BOTTLENECK": (1023, [1024]), "NUM_CLASSES": (10, [16, 128, 256]), "NUM_BATCHES": (4, [8, 128, 256]),
+        "BATCH": (50, [56, 128, 256]), "CHANNELS": (3, [8, 128, 256]), "IMAGE_SIZE": (16, [128, 256]),
+        "WIDTH": (63, [64, 128, 256]), "WIDE": (127, [128, 256]), "HIDDEN": (255, [256]),
+        "NUM_CLASSES": (10, [16, 128, 256]), "NUM_BATCHES": (4, [8, 128, 256]),
     }
     assert data["profile"] is None
 

@@ -16,7 +16,7 @@ import anthropic
 import httpx2
 import pytest
 
-from agent_support import DATA, EXAMPLES, example_knobs, profile
+from agent_support import DATA, RECORDED, example_knobs, profile
 from tpu_agent.plan import Compile, PadDim, PadOps
 from tpu_agent.proposers.claude import DEFAULT_MODEL, SUBMIT_TOOL, TOOLS, ClaudeProposer, propose_claude
 from tpu_agent.proposers.offline import propose_offline
@@ -72,7 +72,7 @@ def assert_well_formed(messages):
 def proposer(client=None, **kw) -> ClaudeProposer:
     said = []
     p = ClaudeProposer(client=client, say=said.append, sleep=lambda s: said.append(f"sleep {s}"),
-                       source_root=EXAMPLES, **kw)
+                       source_root=RECORDED, **kw)
     p.said = said
     return p
 
@@ -284,7 +284,7 @@ def key(monkeypatch) -> str:
 
 def sdk_proposer(replay: Replay, audit_dir: Path | None = None, **kw) -> ClaudeProposer:
     said = []
-    p = ClaudeProposer(http_client=replay.client(), audit_dir=audit_dir, source_root=EXAMPLES, say=said.append,
+    p = ClaudeProposer(http_client=replay.client(), audit_dir=audit_dir, source_root=RECORDED, say=said.append,
                        sleep=lambda s: said.append(f"sleep {s}"), **kw)
     p.said = said
     return p

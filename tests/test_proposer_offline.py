@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from agent_support import EXAMPLES, example_knobs, profile, profile_data
+from agent_support import EXAMPLES, RECORDED, example_knobs, profile, profile_data
 from conftest import run_tool
 from tpu_agent.errors import InputError
 from tpu_agent.plan import Compile, Mesh, PadDim, PadOps, Plan
@@ -47,7 +47,7 @@ def test_odd_shapes_padding_candidates_rank_first():
     # (pad-vocab allows +25% at most), so the exact backend padding, which covers it, leads.
     assert prof.padding.dims[0].size == 10
     first = ranked[0]
-    assert first.id == "pad-ops" and first.preserves_numerics and first.actions[0].choices == {"multiple": [128]}
+    assert first.id == "pad-ops" and first.preserves_numerics and first.actions[0].choices == {"multiple": [8, 128]}
     assert {e.size for e in first.evidence if e.size} == {10, 127, 1023, 2047}
     dim10 = next(e for e in first.evidence if e.size == 10)
     assert dim10.op.startswith("aten.addmm") and dim10.dim == "K,N" and dim10.padded_to == 128
@@ -65,7 +65,7 @@ def test_odd_shapes_padding_candidates_rank_first():
 
 
 def test_pad_dim_candidates_point_at_the_literal_in_the_source():
-    source = (EXAMPLES / "odd_shapes.py").read_text().splitlines()
+    source = (RECORDED / "odd_shapes.py").read_text().splitlines()
     for c in propose_offline(profile("odd_shapes"), example_knobs("odd_shapes")).candidates:
         for option in c.options():
             Plan(actions=list(option))
@@ -120,6 +120,7 @@ def test_options_tried_in_earlier_rounds_are_dropped():
     prof, knobs = profile("odd_shapes"), example_knobs("odd_shapes")
     batch = PadDim(file="odd_shapes.py", line=15, column=8, old=127, new=128, name="BATCH")
     tried = [TrialOutcome(actions=[PadOps(multiple=128).model_dump()], status="rejected", speedup=0.97),
+             TrialOutcome(actions=[PadOps(multiple=8).model_dump()], status="measured", speedup=1.01),
              # Tried together with another change: still measured.
              {"plan": {"actions": [Compile(mode="compiled").model_dump(), batch.model_dump()]},
               "status": "accepted", "speedup": 1.4}]
@@ -143,8 +144,8 @@ def test_generation_and_devices_shape_the_choices():
     data["device"]["count"] = 2
     ranked = propose_offline(data, example_knobs("odd_shapes")).candidates
     by_id = {c.id: c for c in ranked}
-    assert by_id["pad-ops"].actions[0].choices == {"multiple": [128, 256]}
-    assert by_id["pad-batch@odd_shapes.py:15:8"].actions[0].choices == {"new": [128, 256]}
+    assert by_id["pad-ops"].actions[0].choices == {"multiple": [8, 128, 256]}
+    assert by_id["pad-batch@odd_shapes.py:15:8"].actions[0].choices == {"new": [128]}  # 256: more than double
     for pid in ("data-parallel", "fsdp", "tensor-parallel-mlp"):
         options = by_id[pid].options()
         assert len(options) == 1
@@ -184,7 +185,7 @@ def test_the_knob_finders_knobs_give_the_same_ranking(name):
     from tpu_agent.knobs import discover
 
     prof = profile(name)
-    found = discover(EXAMPLES / f"{name}.py", profile=prof).knobs
+    found = discover(RECORDED / f"{name}.py", profile=prof).knobs
     ours = [c.model_dump() for c in propose_offline(prof, example_knobs(name)).candidates]
     theirs = [c.model_dump() for c in propose_offline(prof, found).candidates]
     assert theirs == ours

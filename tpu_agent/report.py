@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from tpu_agent.plan import PadDim, Plan
-from tpu_agent.tune import TuneResult, Verdict, _plan_text
+from tpu_agent.tune import TuneResult, Verdict, _plan_text, _speed_text
 
 
 def write_all(result: TuneResult, script: Path) -> dict[str, Path]:
@@ -33,11 +33,7 @@ def write_all(result: TuneResult, script: Path) -> dict[str, Path]:
 
 
 def _fmt_speed(verdict: Verdict) -> str:
-    if not verdict.speed:
-        return "-"
-    s = verdict.speed
-    unit = " per sample" if s.get("per_sample") else ""
-    return f"{s['speedup']:.3f}x{unit} (95% CI {s['ci_low']:.3f}-{s['ci_high']:.3f}, {s['pairs']} pairs)"
+    return _speed_text(verdict.speed) if verdict.speed else "-"
 
 
 def markdown(result: TuneResult, files: dict[str, Path]) -> str:
@@ -62,6 +58,13 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
                          f"{m['candidate_median_bytes'] / 2**20:.1f} MiB ({change}) |")
         if best.estimate_note:
             lines += ["", f"*Time:* {best.estimate_note}."]
+        if best.attribution:
+            lines += ["", "**Where the gain comes from** (each group of changes against the verified plan without "
+                      "it, fresh processes, interleaved pairs):", "",
+                      "| changes | compared with | speedup they add |", "|---|---|---|"]
+            for a in best.attribution:
+                lines.append(f"| {a['group']}: {a['actions']} | {a['without'] or '(no change)'} | "
+                             f"{_speed_text(a['speed']) if a['speed'] else a['reason']} |")
         if best.numerics:
             lines += ["", f"**Numerics:** {best.numerics['reason']}"]
         lines += ["", f"Measured on {result.settings.target if result.settings.target != 'cpu' else 'this host'}: "

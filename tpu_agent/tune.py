@@ -194,6 +194,32 @@ class Runner:
         finally:
             cand.stop()
 
+    def measure_plans(self, without: Plan, plan: Plan, name: str, pairs: int):
+        """Two fresh plan processes stepped in turns: (steps of `without`, steps of `plan`)."""
+        self.close()
+        a_proc, b_proc = self.candidate(without, f"{name}-without"), self.candidate(plan, f"{name}-with")
+        try:
+            for proc in (a_proc, b_proc):
+                proc.start()
+                for _ in range(self.settings.warmup):
+                    proc.step()
+            a: list[StepRecord] = []
+            b: list[StepRecord] = []
+            for _ in range(pairs):
+                try:
+                    step_a = a_proc.step()
+                    step_b = b_proc.step()
+                except TrialFailed as exc:  # the script's own step count: keep the pairs measured so far
+                    if exc.kind != "too_few_steps" or len(b) < 5:
+                        raise
+                    break
+                a.append(step_a)
+                b.append(step_b)
+            return a, b
+        finally:
+            a_proc.stop()
+            b_proc.stop()
+
     def close(self) -> None:
         if self.baseline is not None:
             self.last_baseline_steps.extend(self.baseline.steps)
@@ -215,6 +241,17 @@ class Verdict(BaseModel):
     memory: dict | None = None  # stats.MemoryEstimate
     numerics: dict | None = None  # stats.NumericsCheck
     estimate_note: str | None = None  # a time gain that can only be estimated here (sharding on a CPU host)
+    attribution: list[dict] = Field(default_factory=list)  # Attribution: what each group of actions adds
+
+
+class Attribution(BaseModel):
+    """The gain one group of a verified plan's actions adds on top of the rest of the plan, measured."""
+
+    group: str = Field(description="padding, execution, precision or sharding")
+    actions: str = Field(description="the group's actions, as the report writes them")
+    without: str = Field(description="the plan it was compared against: the verified plan minus the group")
+    speed: dict | None = None  # stats.SpeedupEstimate of the full plan over the plan without the group
+    reason: str
 
 
 class TuneResult(BaseModel):
@@ -577,10 +614,47 @@ def run(script: Path, args: list[str], settings: TuneSettings, *, console, propo
             console.print(("  [green]accepted[/green]: " if verdict.accepted else "  [red]rejected[/red]: ")
                           + verdict.reason)
             if verdict.accepted:
+                if settings.objective != "memory" and not verdict.estimate_note:
+                    verdict.attribution = [a.model_dump() for a in attribute(plan, runner, settings, baseline_batch)]
+                    for a in verdict.attribution:
+                        shown = _speed_text(a["speed"]) if a["speed"] else a["reason"]
+                        console.print(f"  {a['group']} ({a['actions']}) adds {shown} over the rest of the plan")
                 result.best = verdict
                 result.summary = _summary(profile, verdict)
                 break
     return _save(result, run_dir, t_start)
+
+
+GROUPS = {"pad_dim": "padding", "pad_ops": "padding", "compile": "execution", "matmul_precision": "precision",
+          "mesh": "sharding", "shard_rule": "sharding", "batch_sharding": "sharding"}
+
+
+def attribute(plan: Plan, runner: Runner, settings: TuneSettings, baseline_batch: int | None) -> list[Attribution]:
+    """Ablate a verified plan: each group of its actions against the plan without it, so a gain is not
+    credited to padding when fused execution carried it (or the reverse). Only for plans of two groups or more."""
+    groups: dict[str, list] = {}
+    for action in plan.actions:
+        groups.setdefault(GROUPS.get(action.kind, action.kind), []).append(action)
+    if len(groups) < 2:
+        return []
+    out = []
+    pairs = max(settings.pairs, settings.steps, 20)
+    for group, actions in groups.items():
+        without = Plan(actions=[a for a in plan.actions if a not in actions])
+        text = _plan_text(Plan(actions=actions))
+        try:
+            a, b = runner.measure_plans(without, plan, f"ablate-{group}", pairs)
+        except TrialFailed as exc:
+            out.append(Attribution(group=group, actions=text, without=_plan_text(without),
+                                   reason=f"not measured: {exc.kind}: {exc.message[:160]}"))
+            continue
+        before, after = batch_size(without, baseline_batch), batch_size(plan, baseline_batch)
+        per_sample = baseline_batch is not None and before != after
+        speed = speedup([s.wall_s for s in a], [s.wall_s for s in b], min_gain=settings.min_gain, seed=settings.seed,
+                        baseline_batch=before if per_sample else None, candidate_batch=after if per_sample else None)
+        out.append(Attribution(group=group, actions=text, without=_plan_text(without), speed=speed.model_dump(),
+                               reason=speed.reason))
+    return out
 
 
 def _summary(profile, verdict: Verdict | None) -> dict:
@@ -617,6 +691,11 @@ def _ranked_plans(study: optuna.Study, settings: TuneSettings) -> list[Plan]:
         seen.add(plan.key())
         plans.append(plan)
     return plans
+
+
+def _speed_text(s: dict) -> str:
+    unit = " per sample" if s.get("per_sample") else ""
+    return f"{s['speedup']:.3f}x{unit} (95% CI {s['ci_low']:.3f}-{s['ci_high']:.3f}, {s['pairs']} pairs)"
 
 
 def _plan_text(plan: Plan) -> str:

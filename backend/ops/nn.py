@@ -13,7 +13,7 @@ import torch
 from jax import lax
 from jax._src.lax.windowed_reductions import _reduce_window_max  # differentiable, unlike a generic reduce
 
-from .. import padding
+from .. import padding as pad_ops  # the PadOps action (the name `padding` is a conv argument here)
 from ..registry import lower
 from ._util import norm_dim
 
@@ -25,17 +25,17 @@ aten = torch.ops.aten
 
 @lower(aten.mm.default)
 def mm(self, mat2):
-    return padding.matmul(self, mat2)
+    return pad_ops.matmul(self, mat2)
 
 
 @lower(aten.bmm.default)
 def bmm(self, mat2):
-    return padding.matmul(self, mat2)
+    return pad_ops.matmul(self, mat2)
 
 
 @lower(aten.matmul.default)
 def matmul(self, other):
-    return padding.matmul(self, other)
+    return pad_ops.matmul(self, other)
 
 
 @lower(aten.mv.default)
@@ -61,12 +61,12 @@ def _scaled(out, base, beta, alpha):
 
 @lower(aten.addmm.default)
 def addmm(self, mat1, mat2, *, beta=1, alpha=1):
-    return _scaled(padding.matmul(mat1, mat2), self, beta, alpha)
+    return _scaled(pad_ops.matmul(mat1, mat2), self, beta, alpha)
 
 
 @lower(aten.baddbmm.default)
 def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
-    return _scaled(padding.matmul(batch1, batch2), self, beta, alpha)
+    return _scaled(pad_ops.matmul(batch1, batch2), self, beta, alpha)
 
 
 @lower(aten.addmv.default)
@@ -98,10 +98,13 @@ def _conv(input, weight, bias, stride, padding, dilation, transposed, output_pad
     spatial = "DHW"[-nd:] if nd <= 3 else None
     dn = lax.conv_dimension_numbers(input.shape, weight.shape, ("NC" + spatial, "OI" + spatial, "NC" + spatial))
     if not transposed:
-        out = lax.conv_general_dilated(
-            input, weight, window_strides=stride, padding=[(p, p) for p in padding],
-            rhs_dilation=dilation, dimension_numbers=dn, feature_group_count=groups,
-        )
+        def run(x, w):
+            return lax.conv_general_dilated(
+                x, w, window_strides=stride, padding=[(p, p) for p in padding],
+                rhs_dilation=dilation, dimension_numbers=dn, feature_group_count=groups,
+            )
+
+        out = run(input, weight) if groups != 1 else pad_ops.conv(input, weight, run)
     else:
         output_padding = tuple(output_padding) * (nd if len(output_padding) == 1 else 1)
         # A transposed conv is the gradient of a conv: dilate the input, flip the kernel.
