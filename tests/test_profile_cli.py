@@ -89,17 +89,20 @@ def test_odd_shapes_json_profile(tmp_path, cache_dir):
     assert prof.steps.stats is not None and prof.steps.stats.median_s > 0
 
     check = prof.flops.check
-    assert check.agrees and abs(check.relative_difference) <= 0.10, check
+    # Dots and convolutions agree exactly; the whole-program XLA figure runs lower on this CNN (XLA's cost
+    # analysis leaves out part of the convolution work in its CPU fusions), and the check says so.
+    assert check.dot_conv_agrees and abs(check.dot_conv_relative_difference) <= 0.01, check
+    assert check.agrees or "dots and convolutions alone the two agree" in check.explanation, check
     assert prof.flops.per_step == pytest.approx(check.xla_flops, rel=0.05)
     assert prof.flops.peak.measured and prof.flops.mfu > 0
-    # The three one-off sizes, each with its padded size and its waste.
+    # The one-off sizes (batch, channels, hidden width), each with its padded size and its waste.
     dims = {d.size: d for d in prof.padding.dims}
-    assert {127, 1023, 2047} <= set(dims)
-    assert (dims[1023].padded_to, dims[2047].padded_to, dims[127].padded_to) == (1024, 2048, 128)
-    assert all(dims[s].wasted_flops_per_step.value > 0 for s in (127, 1023, 2047))
+    assert {50, 63, 127, 255} <= set(dims)
+    assert [dims[s].padded_to for s in (50, 63, 127, 255)] == [128, 128, 128, 256]
+    assert all(dims[s].wasted_flops_per_step.value > 0 for s in (50, 63, 127, 255))
     top = prof.hot_ops[0]
-    assert top.opcode in ("dot", "fusion") and top.source.startswith("odd_shapes.py:")
-    assert top.aten_op in ("aten.addmm.default", "aten.mm.default")
+    assert top.opcode in ("convolution", "fusion") and top.source.startswith("odd_shapes.py:")
+    assert top.aten_op == "aten.convolution.default"
     assert prof.target.estimate and prof.target.step_s.value > 0
 
     hlo_files = list((run_dir / "hlo").glob("*.hlo.txt"))

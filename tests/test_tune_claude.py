@@ -12,10 +12,11 @@ from tpu_agent import report, tune
 from tpu_agent.proposers.claude import ClaudeProposer
 
 PROPOSAL = {"proposals": [{
-    "title": "Run the step as fused XLA graphs",
-    "actions": [{"kind": "compile", "choices": {"mode": ["fused"]}}],
-    "reason": "op-by-op dispatch of many small ops; one program per step removes it",
-    "playbook": "compiled-step",
+    "title": "Pad the convolution channels and run the step as fused XLA graphs",
+    "actions": [{"kind": "pad_dim", "knob": "odd_shapes.py:21:7", "choices": {"new": [128]}},
+                {"kind": "compile", "choices": {"mode": ["fused"]}}],
+    "reason": "127 channels leave vector lanes empty; op-by-op dispatch of many small ops",
+    "playbook": "pad-matmul-dims",
 }]}
 
 
