@@ -38,6 +38,10 @@ class ExeInfo:
     def dot_conv_flops(self) -> float:
         return sum(c.flops for op in self.ops for c in op.contractions)
 
+    @property
+    def conv_padding_flops(self) -> float:
+        return sum(c.padding_flops for op in self.ops for c in op.contractions)
+
 
 # ----------------------------------------------------------------------------- steps
 

@@ -72,7 +72,7 @@ def build_profile(session: "Session", exit_code: int, error: str | None) -> Prof
 
     infos: list[analysis.ExeInfo] = []
     exe_rows: list[Executable] = []
-    region_xla = region_dot = 0.0
+    region_xla = region_dot = region_pad = 0.0
     xla_peak = (None, None)
     for index, exe in enumerate(ran):
         cost = _guarded(notes, f"the cost of {exe.name}", exe.cost, {}) or {}
@@ -93,6 +93,7 @@ def build_profile(session: "Session", exit_code: int, error: str | None) -> Prof
             n = d.region_calls.get(exe.id, 0)
             region_xla += n * info.flops
             region_dot += n * info.dot_conv_flops
+            region_pad += n * info.conv_padding_flops
         peak_bytes = memory.get("peak_bytes")
         if peak_bytes is not None and (xla_peak[0] is None or peak_bytes > xla_peak[0]):
             xla_peak = (peak_bytes, exe.name)
@@ -134,7 +135,8 @@ def build_profile(session: "Session", exit_code: int, error: str | None) -> Prof
     achieved = flops_per_step / stats.median_s if stats and stats.median_s > 0 else None
     check = None
     if d.counter_flops is not None and d.region is not None:
-        check = flopcheck.compare(d.region, region_xla, region_dot, d.counter_flops, d.counter_by_op)
+        check = flopcheck.compare(d.region, region_xla, region_dot, d.counter_flops, d.counter_by_op,
+                                  conv_padding_flops=region_pad)
     flops = Flops(
         per_step=flops_per_step, bytes_per_step=bytes_per_step,
         transcendentals_per_step=sum(r.transcendentals * r.calls_per_step for r in exe_rows),

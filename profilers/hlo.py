@@ -194,8 +194,11 @@ class Contraction:
     lhs: Array
     rhs: Array
     out: Array
-    flops: float  # per execution
+    flops: float  # per execution, every kernel position counted (FlopCounterMode's convention)
     dot_dims: dict = field(default_factory=dict)  # lhs/rhs contracting and batch dims
+    # Of `flops`, the multiply-adds that meet a convolution's implicit zero padding (or lhs dilation
+    # holes): XLA's cost analysis leaves these out.
+    padding_flops: float = 0.0
     conv: dict = field(default_factory=dict)  # out_batch, out_spatial, in_features, out_features, window, groups
 
 
@@ -226,10 +229,47 @@ def contraction(inst: Instruction, shapes: dict[str, Array]) -> Contraction | No
     out_batch = out.dims[out_l.index("b")]
     window = tuple(kernel_spatial)
     flops = 2.0 * out.elements * math.prod(window) * i_features
-    return Contraction("convolution", lhs, rhs, out, flops, conv={
+    in_spatial = [lhs.dims[i] for i, c in enumerate(lhs_l) if c.isdigit()]
+    inside = math.prod(in_bounds_taps(n, o, w) / (o * w.size) if o and w.size else 1.0
+                       for n, o, w in zip(in_spatial, out_spatial, conv_window(inst, len(window))))
+    return Contraction("convolution", lhs, rhs, out, flops, padding_flops=flops * (1.0 - inside), conv={
         "out_batch": out_batch, "out_spatial": out_spatial, "in_features": i_features,
         "out_features": o_features, "window": window, "groups": max(groups, batch_groups),
     })
+
+
+@dataclass(frozen=True)
+class WindowDim:
+    size: int
+    pad_lo: int = 0
+    stride: int = 1
+    lhs_dilate: int = 1
+    rhs_dilate: int = 1
+
+
+def conv_window(inst: Instruction, rank: int) -> list[WindowDim]:
+    """The `window={size=3x3 pad=1_1x1_1 stride=...}` attribute, one entry per spatial dim."""
+    text = inst.attr("window") or ""
+    fields = dict(re.findall(r"(\w+)=([\d_x-]+)", text))
+
+    def ints(key, default):
+        values = fields.get(key)
+        return [int(v.split("_")[0]) for v in values.split("x")] if values else [default] * rank
+
+    size, pad, stride = ints("size", 1), ints("pad", 0), ints("stride", 1)
+    lhs_d, rhs_d = ints("lhs_dilate", 1), ints("rhs_dilate", 1)
+    return [WindowDim(*v) for v in zip(size, pad, stride, lhs_d, rhs_d)]
+
+
+def in_bounds_taps(in_size: int, out_size: int, w: WindowDim) -> int:
+    """Kernel positions, over all outputs along one dim, that land on a real input element."""
+    span = (in_size - 1) * w.lhs_dilate
+    count = 0
+    for o in range(out_size):
+        for k in range(w.size):
+            pos = o * w.stride - w.pad_lo + k * w.rhs_dilate
+            count += 0 <= pos <= span and pos % w.lhs_dilate == 0
+    return count
 
 
 def instruction_flops(inst: Instruction, shapes: dict[str, Array], module: Module, _seen=None) -> float:

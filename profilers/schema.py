@@ -99,7 +99,11 @@ class FlopCheck(BaseModel):
     flop_counter_by_op: dict[str, float] = Field(default_factory=dict)
     relative_difference: float = Field(description="xla_flops / flop_counter_flops - 1")
     dot_conv_relative_difference: float | None = None
-    agrees: bool = Field(description="the totals are within tolerance")
+    xla_conv_padding_flops: float = Field(0.0, description="multiply-adds against convolutions' zero padding "
+                                          "(from HLO windows): FlopCounterMode counts them, XLA's cost analysis not")
+    adjusted_relative_difference: float | None = Field(
+        None, description="(xla_flops + xla_conv_padding_flops) / flop_counter_flops - 1: both on one convention")
+    agrees: bool = Field(description="the totals are within tolerance, on one convention (adjusted_relative_difference)")
     dot_conv_agrees: bool = Field(False, description="XLA's dots and convolutions are within tolerance of FlopCounterMode")
     tolerance: float = 0.10
     explanation: str

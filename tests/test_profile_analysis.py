@@ -110,6 +110,10 @@ def test_flop_check_agreement_and_explanations():
     assert not off.agrees and "dots alone" in off.explanation
     conv = flopcheck.compare("step 1", 80.0, 80.0, 100.0, {"aten.convolution_backward": 60.0})
     assert "convolution backward" in conv.explanation
+    # XLA leaves out the multiply-adds against convolution padding: given back, the totals agree.
+    padded = flopcheck.compare("step 1", 84.0, 100.0, 100.0, {"aten.convolution": 100.0}, conv_padding_flops=16.0)
+    assert padded.relative_difference == pytest.approx(-0.16) and padded.adjusted_relative_difference == pytest.approx(0)
+    assert padded.agrees and "zero padding" in padded.explanation and "elementwise" not in padded.explanation
     none = flopcheck.compare("step 1", 0.0, 0.0, 0.0, {})
     assert none.agrees
 

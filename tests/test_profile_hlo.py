@@ -100,3 +100,33 @@ def test_unknown_lines_are_skipped():
     module = hlo.parse_module("HloModule m\n\nENTRY %e () -> f32[] {\n  garbage line\n  ROOT %c = f32[] constant(1)\n}\n")
     assert [i.opcode for i in module.computations["e"]] == ["constant"]
     assert hlo.hot_ops(module) == []
+
+
+def _convs(fn, *args):
+    import jax
+
+    compiled = jax.jit(fn).lower(*args).compile()
+    convs = [c for op in hlo.hot_ops(hlo.parse_module(compiled.as_text())) for c in op.contractions]
+    return compiled.cost_analysis()["flops"], convs
+
+
+@pytest.mark.parametrize("stride,pad", [(1, 1), (2, 1), (2, 0), (1, 2)])
+def test_conv_padding_flops_match_xla_cost_analysis(stride, pad):
+    """XLA counts only the kernel positions that meet real input; the HLO windows give the rest."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    def conv(x, w):
+        return lax.conv_general_dilated(x, w, (stride, stride), [(pad, pad)] * 2,
+                                        dimension_numbers=("NCHW", "OIHW", "NCHW"))
+
+    x, w = jnp.ones((4, 7, 9, 9), jnp.float32), jnp.ones((5, 7, 3, 3), jnp.float32)
+    xla, (forward,) = _convs(conv, x, w)
+    assert (forward.padding_flops > 0) == (pad > 0)
+    assert xla == pytest.approx(forward.flops - forward.padding_flops, rel=1e-6)
+    # Forward, input and weight gradients (lhs-dilated for stride 2): the rest of XLA's count is the square
+    # and the sums, a few FLOPs per element.
+    xla, convs = _convs(jax.grad(lambda x, w: jnp.sum(conv(x, w) ** 2), argnums=(0, 1)), x, w)
+    assert len(convs) == 3 and all(c.kind == "convolution" for c in convs)
+    assert xla == pytest.approx(sum(c.flops - c.padding_flops for c in convs), rel=0.02)
