@@ -141,9 +141,7 @@ class Runner:
                 self.last_baseline_steps.extend(self.baseline.steps)
             self.baseline_count += 1
             self.baseline = self._process(self.script, Plan(), f"baseline-{self.baseline_count}")
-            self.baseline.start()
-            for _ in range(self.settings.warmup):
-                self.baseline.step()
+            self._warm(self.baseline)
         return self.baseline
 
     def _process(self, script: Path, plan: Plan, name: str) -> TrialProcess:
@@ -165,31 +163,21 @@ class Runner:
             self.close()
             self.last_baseline_steps = []
         base = self._baseline()
+
+        def baseline_step() -> StepRecord:
+            nonlocal base
+            try:
+                return base.step()
+            except TrialFailed as exc:
+                if exc.kind != "too_few_steps":
+                    raise
+                base = self._baseline()  # the script ran out of steps: a fresh warm baseline
+                return base.step()
+
         cand = self.candidate(plan, name)
         try:
-            cand.start()
-            for _ in range(self.settings.warmup):
-                cand.step()
-            a: list[StepRecord] = []
-            b: list[StepRecord] = []
-            for i in range(pairs):
-                try:
-                    a.append(base.step())
-                except TrialFailed as exc:
-                    if exc.kind != "too_few_steps":
-                        raise
-                    base = self._baseline()  # the script ran out of steps: a fresh warm baseline
-                    a.append(base.step())
-                try:
-                    b.append(cand.step())
-                except TrialFailed as exc:
-                    # The script's own step count ends the candidate: keep the pairs measured so far.
-                    if exc.kind != "too_few_steps" or len(b) < 5:
-                        raise
-                    a.pop()
-                    break
-                if report is not None:
-                    report(i, a, b)
+            self._warm(cand)
+            a, b = _interleave(baseline_step, cand.step, pairs, report)
             return a, b, cand
         finally:
             cand.stop()
@@ -199,32 +187,42 @@ class Runner:
         self.close()
         a_proc, b_proc = self.candidate(without, f"{name}-without"), self.candidate(plan, f"{name}-with")
         try:
-            for proc in (a_proc, b_proc):
-                proc.start()
-                for _ in range(self.settings.warmup):
-                    proc.step()
-            a: list[StepRecord] = []
-            b: list[StepRecord] = []
-            for _ in range(pairs):
-                try:
-                    step_a = a_proc.step()
-                    step_b = b_proc.step()
-                except TrialFailed as exc:  # the script's own step count: keep the pairs measured so far
-                    if exc.kind != "too_few_steps" or len(b) < 5:
-                        raise
-                    break
-                a.append(step_a)
-                b.append(step_b)
-            return a, b
+            self._warm(a_proc)
+            self._warm(b_proc)
+            return _interleave(a_proc.step, b_proc.step, pairs)
         finally:
             a_proc.stop()
             b_proc.stop()
+
+    def _warm(self, proc: TrialProcess) -> None:
+        proc.start()
+        for _ in range(self.settings.warmup):
+            proc.step()
 
     def close(self) -> None:
         if self.baseline is not None:
             self.last_baseline_steps.extend(self.baseline.steps)
             self.baseline.stop()
             self.baseline = None
+
+
+def _interleave(step_a, step_b, pairs: int, report=None) -> tuple[list[StepRecord], list[StepRecord]]:
+    """A B A B ... for `pairs` pairs; when the script's own step count ends a side, the pairs so far (>= 5)."""
+    a: list[StepRecord] = []
+    b: list[StepRecord] = []
+    for i in range(pairs):
+        try:
+            first = step_a()
+            second = step_b()
+        except TrialFailed as exc:
+            if exc.kind != "too_few_steps" or len(b) < 5:
+                raise
+            break
+        a.append(first)
+        b.append(second)
+        if report is not None:
+            report(i, a, b)
+    return a, b
 
 
 def losses_of(steps: list[StepRecord]) -> list[float]:
