@@ -58,6 +58,8 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
                          f"{m['candidate_median_bytes'] / 2**20:.1f} MiB ({change}) |")
         if best.estimate_note:
             lines += ["", f"*Time:* {best.estimate_note}."]
+        for note in best.left_out:
+            lines += ["", f"*Left out of the search's best plan:* {note}."]
         if best.attribution:
             lines += ["", "**Where the gain comes from** (each group of changes against the verified plan without "
                       "it, fresh processes, interleaved pairs):", "",

@@ -240,6 +240,7 @@ class Verdict(BaseModel):
     numerics: dict | None = None  # stats.NumericsCheck
     estimate_note: str | None = None  # a time gain that can only be estimated here (sharding on a CPU host)
     attribution: list[dict] = Field(default_factory=list)  # Attribution: what each group of actions adds
+    left_out: list[str] = Field(default_factory=list)  # groups an ablation showed slowing the plan, and by how much
 
 
 class Attribution(BaseModel):
@@ -613,10 +614,7 @@ def run(script: Path, args: list[str], settings: TuneSettings, *, console, propo
                           + verdict.reason)
             if verdict.accepted:
                 if settings.objective != "memory" and not verdict.estimate_note:
-                    verdict.attribution = [a.model_dump() for a in attribute(plan, runner, settings, baseline_batch)]
-                    for a in verdict.attribution:
-                        shown = _speed_text(a["speed"]) if a["speed"] else a["reason"]
-                        console.print(f"  {a['group']} ({a['actions']}) adds {shown} over the rest of the plan")
+                    verdict = settle(verdict, runner, settings, baseline_batch, profile, console, result.verdicts)
                 result.best = verdict
                 result.summary = _summary(profile, verdict)
                 break
@@ -653,6 +651,32 @@ def attribute(plan: Plan, runner: Runner, settings: TuneSettings, baseline_batch
         out.append(Attribution(group=group, actions=text, without=_plan_text(without), speed=speed.model_dump(),
                                reason=speed.reason))
     return out
+
+
+def settle(verdict: Verdict, runner: Runner, settings: TuneSettings, baseline_batch: int | None, profile,
+           console, verdicts: list[Verdict]) -> Verdict:
+    """Ablate a verified plan; when a group of its actions verifiably slows it (the interval of what it adds
+    lies below 1), verify the plan without that group and keep it if it passes (then ablate that one)."""
+    verdict.attribution = [a.model_dump() for a in attribute(verdict.plan, runner, settings, baseline_batch)]
+    for a in verdict.attribution:
+        shown = _speed_text(a["speed"]) if a["speed"] else a["reason"]
+        console.print(f"  {a['group']} ({a['actions']}) adds {shown} over the rest of the plan")
+    slow = [a for a in verdict.attribution if a["speed"] and a["speed"]["ci_high"] < 1.0]
+    if not slow:
+        return verdict
+    groups = {a["group"] for a in slow}
+    smaller = Plan(actions=[x for x in verdict.plan.actions if GROUPS.get(x.kind, x.kind) not in groups])
+    if not smaller.actions:
+        return verdict
+    left_out = [f"{a['group']} ({a['actions']}): it slowed the verified plan, {_speed_text(a['speed'])}" for a in slow]
+    console.print(f"[bold]verify[/bold]: {_plan_text(smaller)} (without {', '.join(sorted(groups))}, which slowed it)")
+    trimmed = verify(smaller, runner, settings, baseline_batch, profile)
+    verdicts.append(trimmed)
+    console.print(("  [green]accepted[/green]: " if trimmed.accepted else "  [red]rejected[/red]: ") + trimmed.reason)
+    if not trimmed.accepted:
+        return verdict
+    trimmed.left_out = verdict.left_out + left_out
+    return settle(trimmed, runner, settings, baseline_batch, profile, console, verdicts)
 
 
 def _summary(profile, verdict: Verdict | None) -> dict:
