@@ -121,14 +121,16 @@ def doctor(
 
 # ---------------------------------------------------------------- run
 
+ScriptArg = Annotated[str, typer.Argument(metavar="SCRIPT", help="The training script, as you would pass it to python.",
+                                          show_default=False)]
+ScriptArgs = Annotated[list[str] | None, typer.Argument(
+    metavar="ARGS", help="Arguments for the script; put `--` before them.", show_default=False)]
+
 
 @app.command()
 def run(
-    script: Annotated[str, typer.Argument(metavar="SCRIPT", help="The training script, as you would pass it to python.", show_default=False)],
-    script_args: Annotated[
-        list[str] | None,
-        typer.Argument(metavar="ARGS", help="Arguments for the script; put `--` before them.", show_default=False),
-    ] = None,
+    script: ScriptArg,
+    script_args: ScriptArgs = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary line after the run.")] = False,
     plan: Annotated[str | None, typer.Option("--plan", metavar="PLAN.json", help="Run with a plan: source edits on a copy, run-time actions in the backend.", show_default=False)] = None,
 ) -> int:
@@ -179,11 +181,8 @@ class TargetGeneration(str, enum.Enum):
 
 @app.command()
 def profile(
-    script: Annotated[str, typer.Argument(metavar="SCRIPT", help="The training script, as you would pass it to python.", show_default=False)],
-    script_args: Annotated[
-        list[str] | None,
-        typer.Argument(metavar="ARGS", help="Arguments for the script; put `--` before them.", show_default=False),
-    ] = None,
+    script: ScriptArg,
+    script_args: ScriptArgs = None,
     steps: Annotated[
         int | None,
         typer.Option("--steps", min=1, help="Stop the script cleanly after N measured steps (after warm-up). Default: run it to the end.", show_default=False),
