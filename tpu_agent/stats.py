@@ -31,22 +31,27 @@ LOSS_TOL = 0.02
 LOSS_TAIL = 3  # steps averaged for "the loss at the end": one step's loss depends on its batch
 
 
-class SpeedupEstimate(BaseModel):
-    """Speedup of B over A from interleaved pairs: median of A/B with a bootstrap interval."""
+class _Interval(BaseModel):
+    """What a bootstrap verdict on paired measurements carries, whatever was measured."""
 
     pairs: int
-    per_sample: bool = Field(description="times were divided by the batch size before comparing")
-    baseline_median_s: float = Field(description="median baseline time (per sample when per_sample)")
-    candidate_median_s: float
-    speedup: float = Field(description="median of the pairwise ratios baseline / candidate; > 1 is faster")
     ci_low: float
     ci_high: float
     confidence: float = CONFIDENCE
     min_gain: float
-    accepted: bool = Field(description="ci_low > 1 + min_gain")
     reason: str
     resamples: int
     seed: int
+
+
+class SpeedupEstimate(_Interval):
+    """Speedup of B over A from interleaved pairs: median of A/B with a bootstrap interval."""
+
+    per_sample: bool = Field(description="times were divided by the batch size before comparing")
+    baseline_median_s: float = Field(description="median baseline time (per sample when per_sample)")
+    candidate_median_s: float
+    speedup: float = Field(description="median of the pairwise ratios baseline / candidate; > 1 is faster")
+    accepted: bool = Field(description="ci_low > 1 + min_gain")
     ratios: list[float] = Field(default_factory=list, description="the pairwise ratios, in pair order")
 
     @property
@@ -55,21 +60,13 @@ class SpeedupEstimate(BaseModel):
         return self.speedup - 1.0
 
 
-class MemoryEstimate(BaseModel):
+class MemoryEstimate(_Interval):
     """Relative saving of B's measured peak bytes over A's: median of 1 - B/A with a bootstrap interval."""
 
-    pairs: int
     baseline_median_bytes: float
     candidate_median_bytes: float
     saving: float = Field(description="median of the pairwise 1 - candidate / baseline; > 0 is smaller")
-    ci_low: float
-    ci_high: float
-    confidence: float = CONFIDENCE
-    min_gain: float
     accepted: bool = Field(description="ci_low > min_gain")
-    reason: str
-    resamples: int
-    seed: int
 
 
 class NumericsCheck(BaseModel):
