@@ -51,6 +51,11 @@ class TuneSettings(BaseModel):
     rounds: int = Field(1, ge=1)
     token_budget: int = 200_000
 
+    @property
+    def verify_pairs(self) -> int:
+        """Pairs for a verification or an ablation: noise on a shared host wants a fixed, ample sample."""
+        return max(self.pairs, self.steps, 20)
+
     def fingerprint(self, script: Path, args: list[str]) -> str:
         """What makes two runs the same study: the script, its args and the measuring settings."""
         keep = self.model_dump(include={"steps", "warmup", "target", "objective", "min_gain", "loss_tol", "devices"})
@@ -431,7 +436,7 @@ def sharding_estimate(profile, plan: Plan, target: str) -> str | None:
 def verify(plan: Plan, runner: Runner, settings: TuneSettings, baseline_batch: int | None,
            profile=None) -> Verdict:
     """Fresh processes for both, interleaved pairs, CI on the speedup, the numerics check."""
-    pairs = max(settings.pairs, settings.steps, 20)  # noise on a shared host: a fixed, ample sample
+    pairs = settings.verify_pairs
     try:
         runner.verifications += 1
         a, b, cand = runner.measure(plan, f"verify-{runner.verifications}", pairs, fresh_baseline=True)
@@ -634,7 +639,7 @@ def attribute(plan: Plan, runner: Runner, settings: TuneSettings, baseline_batch
     if len(groups) < 2:
         return []
     out = []
-    pairs = max(settings.pairs, settings.steps, 20)
+    pairs = settings.verify_pairs
     for group, actions in groups.items():
         without = Plan(actions=[a for a in plan.actions if a not in actions])
         text = _plan_text(Plan(actions=actions))
