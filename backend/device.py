@@ -43,6 +43,17 @@ def _factory_kernel(op):
     return kernel
 
 
+# PyTorch's C++ code copies into a device tensor with Python dispatch off (as
+# `torch.tensor(data, device="tpu")` does); such copies reach these C++ kernels.
+COPY_OPS = ("_copy_from", "_copy_from_and_resize")
+
+
+def _copy_kernel(src, dst, *args):
+    from .dispatch import copy_into
+
+    return copy_into(dst, src)
+
+
 def _overload(name: str):
     packet, _, overload = name.partition(".")
     return getattr(getattr(torch.ops.aten, packet), overload or "default")
@@ -65,78 +76,18 @@ def register() -> bool:
     _library = torch.library.Library("aten", "IMPL")
     for name in FACTORY_OPS:
         _library.impl(name, _factory_kernel(_overload(name)), "PrivateUse1")
+    for name in COPY_OPS:
+        _library.impl(name, _copy_kernel, "PrivateUse1")
     _enable_foreach_optimizers()
-    _group_by_python_device()
+    # A wrapper on a PrivateUse1 device makes autograd run backward on a per-device thread;
+    # keep it on the caller's (the graph recorder and step capture are not thread-safe).
+    torch.autograd.set_multithreading_enabled(False)
     from .steps import install_optimizer_hook
 
     install_optimizer_hook()
     _patch_torch_compile()
-    _patch_tensor_constructors()
     _route_accelerator_synchronize()
     return True
-
-
-def _group_by_python_device() -> None:
-    """Optimizers and clip_grad_norm_ group tensors by their C++ device, which for our
-    wrapper is meta; key our tensors' groups by `tpu:0`, the device they report."""
-    from .tensor import DEVICE, TpuTensor
-
-    original = torch._C._group_tensors_by_device_and_dtype
-    if getattr(original, "_tpu_agent", False):
-        return
-
-    def group(tensorlistlist, with_indices=False):
-        grouped = original(tensorlistlist, with_indices)
-        remapped = {}
-        for (device, dtype), value in grouped.items():
-            if device.type == "meta" and any(isinstance(t, TpuTensor) for t in value[0][0]):
-                device = DEVICE
-            remapped[(device, dtype)] = value
-        return remapped
-
-    group._tpu_agent = True
-    torch._C._group_tensors_by_device_and_dtype = group
-
-
-def _patch_tensor_constructors() -> None:
-    """`torch.tensor(data, device="tpu")` copies its data in with Python dispatch off, which our
-    wrapper never sees (the values would be lost): build on the CPU, then move."""
-    for name in ("tensor", "as_tensor"):
-        original = getattr(torch, name)
-        if not getattr(original, "_tpu_agent", False):
-            setattr(torch, name, _tpu_aware_constructor(name, original))
-
-
-def _tpu_aware_constructor(name, original):
-    positional_device = 1 if name == "as_tensor" else None  # as_tensor(data, dtype=None, device=None)
-
-    def constructor(data, *args, **kwargs):
-        args = list(args)
-        device = kwargs.get("device")
-        if positional_device is not None and len(args) > positional_device:
-            device = args[positional_device]
-        # Explicit devices only: torch.get_default_device() itself calls torch.tensor.
-        target = torch.device(device) if device is not None else None
-        if target is None or target.type != "tpu":
-            return original(data, *args, **kwargs)
-        if isinstance(data, torch.Tensor) and data.device.type == "tpu":
-            dtype = kwargs.get("dtype", args[0] if args else None)
-            out = data.detach() if name == "as_tensor" else data.detach().clone()
-            out = out.to(dtype) if dtype is not None else out
-        else:
-            requires_grad = kwargs.pop("requires_grad", False)
-            if positional_device is not None and len(args) > positional_device:
-                args[positional_device] = "cpu"
-            else:
-                kwargs["device"] = "cpu"
-            out = original(data, *args, **kwargs).to(target)
-            if requires_grad:
-                out.requires_grad_(True)
-        return out
-
-    constructor._tpu_agent = True
-    constructor.__doc__ = original.__doc__
-    return constructor
 
 
 def _patch_torch_compile() -> None:

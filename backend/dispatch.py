@@ -740,9 +740,6 @@ def _is_pinned(x, device=None):
 @handler(aten._to_copy.default)
 def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
     target = torch.device(device) if device is not None else DEVICE
-    if target.type == "meta" and isinstance(x, TpuTensor):
-        # PyTorch's C++ code asks for "the same device" as our wrapper's own, which is meta.
-        target = DEVICE
     if target.type == "cpu":
         out = to_cpu(x)
         return out.to(dtype) if dtype is not None else out
@@ -758,8 +755,11 @@ def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_bl
 
 @handler(aten.copy_.default)
 def _copy_(dst, src, non_blocking=False):
-    if src.device.type == "meta" and not isinstance(src, TpuTensor):
-        raise RuntimeError("aten.copy_: the source is a meta tensor with no data (an internal tpu-agent bug)")
+    return copy_into(dst, src)
+
+
+def copy_into(dst, src):
+    """`dst.copy_(src)` where either side is on the device."""
     if isinstance(dst, TpuTensor):
         value = src.jax() if isinstance(src, TpuTensor) else from_cpu(src)
         _write(aten.copy_.default, dst, value)

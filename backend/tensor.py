@@ -1,7 +1,9 @@
 """The `tpu` tensor: a PyTorch wrapper subclass whose data is a `jax.Array`.
 
-The wrapper lives on PyTorch's `meta` device (so autograd runs backward on the
-caller's thread, which JAX tracing needs) and tells the world it is `tpu:0`.
+The wrapper lives on the PrivateUse1 device `tpu:0` itself. PyTorch's C++ code
+creates tensors "on self's device" (a Python scalar in `torch.where(m, x, 0.0)`,
+the mask of attention's math path, `new_zeros`); on `tpu:0` they reach our
+allocation kernels and hold data. (An earlier wrapper on `meta` lost them.)
 JAX arrays are immutable, so PyTorch's mutable storage is modelled by a
 `Storage` box shared by a base tensor and its views: a view keeps the chain of
 view ops that produced it, reads recompute from the base when the base changed
@@ -57,7 +59,7 @@ class TpuTensor(torch.Tensor):
             cls,
             shape,
             dtype=_to_torch_dtype(array.dtype),
-            device="meta",
+            device=DEVICE,
             requires_grad=requires_grad,
         )
         if storage is None:
@@ -72,30 +74,6 @@ class TpuTensor(torch.Tensor):
         # torch.Tensor.__init__ would complain about our arguments.
         pass
 
-    # --- identity ---------------------------------------------------------
-    @property
-    def device(self):  # noqa: D401 - mirrors torch.Tensor.device
-        return DEVICE
-
-    @property
-    def is_meta(self) -> bool:
-        return False
-
-    @property
-    def is_cpu(self) -> bool:
-        return False
-
-    # PyTorch builds a Python scalar's tensor on the wrapper's C++ device (meta), which
-    # has no data; give it a real CPU value first.
-    # Likewise for Python lists used as indices: make them CPU index tensors.
-    def __setitem__(self, key, value):
-        if not isinstance(value, torch.Tensor):
-            value = torch.tensor(value, dtype=self.dtype)
-        return super().__setitem__(_host_indices(key), value)
-
-    def __getitem__(self, key):
-        return super().__getitem__(_host_indices(key))
-
     def tolist(self):
         from .dispatch import to_cpu
 
@@ -109,10 +87,6 @@ class TpuTensor(torch.Tensor):
         from .dispatch import to_cpu
 
         return to_cpu(self).numpy()
-
-    def new_tensor(self, data, dtype=None, device=None, requires_grad=False):
-        out = torch.tensor(data, dtype=dtype or self.dtype).to(device or DEVICE)
-        return out.requires_grad_(requires_grad)
 
     # --- value --------------------------------------------------------------
     def jax(self):
@@ -185,14 +159,6 @@ class TpuTensor(torch.Tensor):
         if _dispatch is None:
             from .dispatch import dispatch as _dispatch
         return _dispatch(func, args, kwargs or {})
-
-
-def _host_indices(key):
-    if isinstance(key, list):
-        return torch.tensor(key)
-    if isinstance(key, tuple) and any(isinstance(k, list) for k in key):
-        return tuple(torch.tensor(k) if isinstance(k, list) else k for k in key)
-    return key
 
 
 _to_torch_dtype = None

@@ -135,13 +135,6 @@ CASES = {
     ),
 }
 
-# Known failures, each with its cause; non-strict so a fix elsewhere does not break the suite.
-XFAIL = {
-    "pow_tensor_exponent": "pow's backward w.r.t. a tensor exponent builds a 0-d tensor inside ATen (at::where "
-    "with a scalar), which lands on the wrapper's C++ device (meta) with no data",
-}
-
-
 def _grads(case, device):
     make, loss_fn = CASES[case]
     leaves = {k: v.to(device).requires_grad_(True) for k, v in make().items()}
@@ -150,9 +143,7 @@ def _grads(case, device):
     return loss.detach().cpu(), {k: v.grad.cpu() for k, v in leaves.items()}
 
 
-@pytest.mark.parametrize(
-    "case", [pytest.param(c, marks=pytest.mark.xfail(reason=XFAIL[c], strict=False)) if c in XFAIL else c for c in sorted(CASES)]
-)
+@pytest.mark.parametrize("case", sorted(CASES))
 def test_gradients_match_cpu(case):
     cpu_loss, cpu_grads = _grads(case, "cpu")
     tpu_loss, tpu_grads = _grads(case, "tpu")
