@@ -85,7 +85,7 @@ class Capture:
         self.keep.extend((base, counter))
 
     def interrupted(self, reason: str) -> None:
-        self.problems.append(f"the step needs a device value on the host mid-step ({reason})")
+        self.problems.append(f"it needs a concrete value mid-step: {reason}")
 
     def provenance(self, inputs) -> list[tuple]:
         out = []
@@ -310,7 +310,8 @@ class CompiledStep:
 
     def _give_up(self, reason: str) -> None:
         self.reason_not_replayed = reason
-        warnings.warn(f"tpu compile: {getattr(self.fn, '__name__', 'step')} is re-traced every call: {reason}",
+        warnings.warn(f"tpu compile: {getattr(self.fn, '__name__', 'step')} cannot be one program, {reason}; "
+                      "it runs fused (traced every call)",
                       stacklevel=4)
 
 

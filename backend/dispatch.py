@@ -25,6 +25,7 @@ from . import dtypes, executables, lazy, modes, ops, padding  # noqa: F401  (ops
 from . import sharding as sharding_module
 from .lazy import RECORDER
 from .registry import LOWERINGS, Lowering
+from .source import user_frame
 from .state import RNG, STATS, cpu_fallback_enabled
 from .tensor import DEVICE, TpuTensor
 from .views import chain_entry
@@ -74,27 +75,21 @@ def from_cpu(t: torch.Tensor):
     return jnp.asarray(host, dtype=dtypes.to_jax_dtype(t.dtype))
 
 
-def materialize(t: TpuTensor):
-    """The tensor's concrete array, running pending fused work first."""
+def materialize(t: TpuTensor, op: str | None = None):
+    """The tensor's concrete array, running pending fused work first (`op` reads it)."""
     value = t.jax()
     if type(value) is lazy.Lazy:
-        RECORDER.flush("value read")
-        value = t.jax()
-        if type(value) is lazy.Lazy:
-            if value.value is None:
-                # A view's pending read (view caches are not graph outputs): its base is
-                # concrete now, so read through the view directly.
-                with modes.eager_override():
-                    t._cache_version = -1
-                    value = t.jax()
-            else:
-                value = value.value
+        RECORDER.flush(lazy.HOST_READ, also=[value], op=op)
+        value = value.value if value.value is not None else t.jax()
+        if type(value) is lazy.Lazy:  # a stale pending read: its base is concrete now
+            RECORDER.flush(lazy.HOST_READ, also=[value], op=op)
+            value = value.value
     return value
 
 
 def to_cpu(t: TpuTensor) -> torch.Tensor:
     """A device tensor's value, copied to a new CPU tensor."""
-    host = np.asarray(jax.device_get(materialize(t)))
+    host = np.asarray(jax.device_get(materialize(t, "a copy to the CPU")))
     STATS.d2h_count += 1
     STATS.d2h_bytes += host.nbytes
     if host.dtype == jnp.bfloat16:
@@ -235,7 +230,7 @@ def run_program(exe, program, args, jit: bool = True):
     if jit and modes.fused():
         return RECORDER.record(program, args)
     if any(type(a) is lazy.Lazy for a in args):
-        RECORDER.flush("value needed")
+        RECORDER.flush(lazy.DATA_DEPENDENT, also=args, op=program.name)
         args = [a.value if type(a) is lazy.Lazy else a for a in args]
     if sharding_module.get_mesh() is not None:
         args = sharding_module.align(list(args))
@@ -333,12 +328,14 @@ def execute(func, lowering: Lowering, args, kwargs):
             RECORDER.capture.note_rng(base, counter)
     key.append(modes.current_precision())
     key.append(padding.multiple())
+    jit = lowering.jit and not (lowering.eager_if is not None and lowering.eager_if(*args, **kwargs))
+    key.append(jit)
     key = tuple(key)
     entry = CACHE.get(key)
     if entry is None:
-        entry = CACHE[key] = _compile(func, lowering, flat, spec, template, dynamic)
+        entry = CACHE[key] = _compile(func, lowering, flat, spec, template, dynamic, jit)
     try:
-        out = run_program(*entry, dynamic, jit=lowering.jit)
+        out = run_program(*entry, dynamic, jit=jit)
     except Exception as exc:  # a lowering bug or an invalid argument, named by op
         raise _naming(exc, func) from exc
     return _wrap_outputs(func, out)
@@ -402,8 +399,8 @@ def _conform(out, meta, func):
     return out
 
 
-def _compile(func, lowering: Lowering, flat, spec, template, dynamic):
-    meta = _meta_outputs(func, flat, spec) if lowering.jit else None
+def _compile(func, lowering: Lowering, flat, spec, template, dynamic, jit: bool):
+    meta = _meta_outputs(func, flat, spec) if jit else None
     fn = lowering.fn
     random = lowering.random
     precision = modes.jax_precision()
@@ -420,21 +417,7 @@ def _compile(func, lowering: Lowering, flat, spec, template, dynamic):
             out = fn(*a, **k)
         return _conform(out, meta, func)
 
-    return _new_program(str(func), "eager", run, dynamic, jit=lowering.jit, source=user_frame())
-
-
-_OWN_CODE = ("/torch/", "/jax/", "/jaxlib/", "/tpu_agent/", "/backend/", "/profilers/", "<frozen", "/runpy.py")
-
-
-def user_frame() -> str | None:
-    """file:line of the innermost frame of the user's code, for HLO metadata and hot-op tables."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if not any(part in filename for part in _OWN_CODE):
-            return f"{os.path.basename(filename)}:{frame.f_lineno}"
-        frame = frame.f_back
-    return None
+    return _new_program(str(func), "eager", run, dynamic, jit=jit, source=user_frame())
 
 
 _RETURN_CONVERTERS = {"bool": bool, "int": int, "float": float, "SymInt": int, "Scalar": lambda x: x.item()}
@@ -726,7 +709,7 @@ def _device(x):
 
 @handler(aten._local_scalar_dense.default)
 def _item(x):
-    value = materialize(x)
+    value = materialize(x, "Tensor.item()")
     STATS.d2h_count += 1
     STATS.d2h_bytes += value.dtype.itemsize * value.size
     return jax.device_get(value).item()

@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from . import executables, modes
+from .source import user_frame
 from .state import STATS
 
 
@@ -79,6 +80,26 @@ def _aval_key(a):
     return type(a)
 
 
+# Flush reasons that cut a step's graph in two (the rest are step boundaries and syncs).
+DATA_DEPENDENT = "data-dependent shape"
+HOST_READ = "value read on the host"
+BREAK_REASONS = (DATA_DEPENDENT, HOST_READ)
+
+
+@dataclass
+class GraphBreak:
+    """A graph ended mid-step: the op that needed a concrete value, and where the user's code ran it."""
+
+    reason: str  # DATA_DEPENDENT or HOST_READ
+    op: str | None
+    source: str | None  # file:line
+    at_flush: int
+
+    def describe(self) -> str:
+        what = f"{self.op} ({self.reason})" if self.op else self.reason
+        return f"{what} at {self.source}" if self.source else what
+
+
 @dataclass
 class Recompile:
     """A graph compiled after the first: when, and the input shapes that differ from the last one."""
@@ -98,6 +119,7 @@ class Recorder:
         self.flushes = 0
         self.last_inputs: list | None = None
         self.recompiles: list[Recompile] = []
+        self.breaks: list[GraphBreak] = []
         self.listeners: list[Callable] = []
         self.capture = None  # a compile.Capture while a step is being captured
         self.last_flush = None  # (executable, inputs, outputs, storages) of the latest flush
@@ -117,20 +139,23 @@ class Recorder:
         self.pending.add(storage)
 
     # --- running -------------------------------------------------------------------
-    def flush(self, reason: str = "sync") -> None:
-        """Compute every pending value that is still alive."""
+    def flush(self, reason: str = "sync", also: list | tuple = (), op: str | None = None) -> None:
+        """Compute every pending value that is still alive, and the placeholders in `also`
+        (a view's pending value, which no storage holds). `op` names what needed the values."""
         storages = [s for s in list(self.pending) if isinstance(s.array, Lazy)]
         self.pending = weakref.WeakSet()
-        if not storages:
+        extra = [a for a in also if type(a) is Lazy and a.value is None and a.node is not None]
+        if not storages and not extra:
             return
+        if reason in BREAK_REASONS:
+            self.breaks.append(GraphBreak(reason, op, user_frame(), self.flushes))
         if self.capture is not None and reason != "capture end":
-            self.capture.interrupted(reason)
+            self.capture.interrupted(self.breaks[-1].describe() if reason in BREAK_REASONS else reason)
         # A set has no stable order; the graph's outputs must, or every flush is a new graph.
         storages.sort(key=lambda s: (s.array.node.order, s.array.index))
         outputs: list[Lazy] = []
         seen_out: dict[int, int] = {}
-        for s in storages:
-            lz = s.array
+        for lz in [s.array for s in storages] + sorted(extra, key=lambda a: (a.node.order, a.index)):
             if id(lz) not in seen_out:
                 seen_out[id(lz)] = len(outputs)
                 outputs.append(lz)

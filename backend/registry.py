@@ -28,6 +28,9 @@ class Lowering:
     random: bool = False
     # Output shape depends on values (nonzero, unique): run unjitted on concrete arrays.
     jit: bool = True
+    # For ops whose output shape depends on values only for some arguments (indexing with a
+    # boolean mask): called with the op's arguments, True means run this call unjitted.
+    eager_if: Callable | None = None
 
 
 LOWERINGS: dict[torch._ops.OpOverload, Lowering] = {}
@@ -41,11 +44,11 @@ def _overloads(op):
     return [op]
 
 
-def lower(*ops, static_floats: bool = False, random: bool = False, jit: bool = True):
+def lower(*ops, static_floats: bool = False, random: bool = False, jit: bool = True, eager_if: Callable | None = None):
     """Register `fn` as the lowering of each op (an overload, or every overload of a packet)."""
 
     def decorate(fn):
-        entry = Lowering(fn, static_floats=static_floats, random=random, jit=jit)
+        entry = Lowering(fn, static_floats=static_floats, random=random, jit=jit, eager_if=eager_if)
         for op in ops:
             for overload in _overloads(op):
                 LOWERINGS[overload] = entry

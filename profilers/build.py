@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from tpu_agent.backend.generations import DEFAULT_GENERATION
 
 from . import analysis, flopcheck, hlo, peaks
-from .schema import (Device, Executable, Files, Flops, Memory, Profile, Recompilation, Steps,
+from .schema import (Device, Executable, Files, Flops, GraphBreaks, GraphBreakSite, Memory, Profile, Recompilation, Steps,
                      Transfers)
 
 if TYPE_CHECKING:
@@ -158,6 +158,8 @@ def build_profile(session: "Session", exit_code: int, error: str | None) -> Prof
     if s.target:
         target = _guarded(notes, "the roofline estimate", lambda: analysis.roofline(infos, s.target, flops_per_step))
     recompiles = _guarded(notes, "the recompilations", lambda: _recompilations(RECORDER, d, s.warmup, ran), [])
+    breaks = _guarded(notes, "the graph breaks",
+                      lambda: _graph_breaks(RECORDER, d, start, end, window_steps), GraphBreaks())
     window_stats = (start.stats if start else (0, 0, 0, 0), end.stats if end else (0, 0, 0, 0))
     transfers = _transfers(STATS, window_stats, window_steps)
     if STATS.fallbacks:
@@ -181,7 +183,7 @@ def build_profile(session: "Session", exit_code: int, error: str | None) -> Prof
         run_dir=str(session.run_dir), settings=s, mode_used=mode_used,
         environment=environment, device=device, steps=steps_section, flops=flops, memory=memory,
         executables=sorted(exe_rows, key=lambda r: -(r.flops * r.calls_per_step)),
-        hot_ops=hot, padding=pad, recompilations=recompiles, transfers=transfers,
+        hot_ops=hot, padding=pad, recompilations=recompiles, graph_breaks=breaks, transfers=transfers,
         fallbacks=dict(STATS.fallbacks), target=target,
         files=Files(hlo_dir=str(hlo_dir) if hlo_dir else None,
                     xla_dump_dir=str(session.run_dir / "xla_dump") if s.xla_dump else None,
@@ -264,6 +266,22 @@ def _recompilations(recorder, d, warmup: int, ran) -> list[Recompilation]:
         rows.append(Recompilation(step=step, executable=exe.name, kind=exe.kind, shapes=shapes,
                                   reason="first compiled after warm-up (a new op signature)"))
     return rows
+
+
+def _graph_breaks(recorder, d, start, end, steps: int) -> GraphBreaks:
+    found = recorder.breaks
+    steps_of = d.break_steps + [None] * (len(found) - len(d.break_steps))
+    sites: dict[tuple, GraphBreakSite] = {}
+    for b, step in zip(found, steps_of):
+        site = sites.get((b.op, b.reason, b.source))
+        if site is None:
+            site = sites[(b.op, b.reason, b.source)] = GraphBreakSite(op=b.op, reason=b.reason, source=b.source,
+                                                                       count=0, first_step=step)
+        site.count += 1
+    lo = start.breaks if start else 0
+    hi = end.breaks if end else len(found)
+    return GraphBreaks(count=len(found), per_step=(hi - lo) / steps if steps else 0.0,
+                       sites=sorted(sites.values(), key=lambda s: -s.count))
 
 
 def _transfers(stats, window, steps: int) -> Transfers:

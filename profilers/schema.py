@@ -212,6 +212,23 @@ class Recompilation(BaseModel):
     compile_s: float | None = None
 
 
+class GraphBreakSite(BaseModel):
+    op: str | None = Field(description="what needed a concrete value: an aten op with a data-dependent output "
+                           "shape, Tensor.item(), a copy to the CPU")
+    reason: str = Field(description="data-dependent shape | value read on the host")
+    source: str | None = Field(description="file:line of the code that ran it (a model's own file counts)")
+    count: int
+    first_step: int | None = None
+
+
+class GraphBreaks(BaseModel):
+    """Fused graphs cut mid-step: each break runs what was recorded and starts a new graph."""
+
+    count: int = 0
+    per_step: float = Field(0.0, description="in the measured steps")
+    sites: list[GraphBreakSite] = Field(default_factory=list, description="most frequent first")
+
+
 class Transfers(BaseModel):
     h2d_count: int
     h2d_bytes: int
@@ -267,6 +284,7 @@ class Profile(BaseModel):
     hot_ops: list[HotOp] = Field(default_factory=list)
     padding: Padding | None = None
     recompilations: list[Recompilation] = Field(default_factory=list)
+    graph_breaks: GraphBreaks = Field(default_factory=GraphBreaks)
     transfers: Transfers | None = None
     fallbacks: dict[str, int] = Field(default_factory=dict, description="aten ops run on the CPU, with counts")
     target: Target | None = None

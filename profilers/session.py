@@ -37,6 +37,7 @@ class Window:
     calls: dict[int, int]
     stats: tuple[int, int, int, int]
     registered: int  # executables compiled so far
+    breaks: int = 0  # fused graph breaks so far
 
 
 @dataclass
@@ -54,6 +55,7 @@ class Collected:
     counter_flops: float | None = None
     counter_by_op: dict[str, float] = field(default_factory=dict)
     recompile_steps: list[int | None] = field(default_factory=list)  # step of each RECORDER.recompiles entry
+    break_steps: list[int | None] = field(default_factory=list)  # step of each RECORDER.breaks entry
     registered_steps: dict[int, int] = field(default_factory=dict)  # executable id -> step it was compiled in
     compile_s: float = 0.0
     compiles: int = 0
@@ -73,8 +75,10 @@ def _stats_tuple():
 def _snapshot() -> Window:
     from tpu_agent.backend import executables
 
+    from tpu_agent.backend.lazy import RECORDER
+
     registry = executables.all()
-    return Window({e.id: e.calls for e in registry}, _stats_tuple(), len(registry))
+    return Window({e.id: e.calls for e in registry}, _stats_tuple(), len(registry), len(RECORDER.breaks))
 
 
 class Session:
@@ -222,6 +226,7 @@ class Session:
         if new > 0:
             self.data.recompile_steps += [step] * new
             self._seen_recompiles = len(RECORDER.recompiles)
+        self.data.break_steps += [step] * (len(RECORDER.breaks) - len(self.data.break_steps))
         registry = executables.all()
         for exe in registry[self._seen_registered:]:
             self.data.registered_steps[exe.id] = step

@@ -111,14 +111,20 @@ def resnet():
     return ResNetForImageClassification, cfg, {"pixel_values": pixels, "labels": torch.tensor([1, 5, 7, 2])}
 
 
-def qwen3_moe():
+def qwen3_moe(experts: str = "grouped_mm"):
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    cfg = Qwen3MoeConfig(vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
+    cfg = Qwen3MoeConfig(experts_implementation=experts, vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
                          num_experts=4, num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=8, max_position_embeddings=64, decoder_sparse_step=1,
                          output_router_logits=True, router_aux_loss_coef=0.01)
     return Qwen3MoeForCausalLM, cfg, _right_padded(128)
+
+
+def qwen3_moe_loop():
+    """The experts as transformers' "eager" loop: tokens picked per expert with `torch.where(mask)`,
+    a data-dependent shape."""
+    return qwen3_moe("eager")
 
 
 @dataclass(frozen=True)
@@ -132,7 +138,7 @@ class Family:
 FAMILIES = {f.name: f for f in [
     Family("gpt2", gpt2), Family("llama", llama), Family("mistral", mistral), Family("bert", bert),
     Family("t5", t5), Family("vit", vit), Family("resnet", resnet, attention=False, batchnorm=True),
-    Family("qwen3_moe", qwen3_moe),
+    Family("qwen3_moe", qwen3_moe), Family("qwen3_moe_loop", qwen3_moe_loop),
 ]}
 
 MODES = ("eager", "fused", "compiled")

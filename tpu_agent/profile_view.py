@@ -117,6 +117,14 @@ def _rows(p: Profile) -> list[tuple[str, Text | str]]:
         rows.append(("recompiles", Text(f"{len(p.recompilations)}: {desc}{more}", style="yellow")))
     else:
         rows.append(("recompiles", "none after warm-up"))
+    gb = p.graph_breaks
+    if gb.count:
+        sites = "; ".join(f"{s.op or s.reason}{' at ' + s.source if s.source else ''} x{s.count}" for s in gb.sites[:3])
+        more = f" and {len(gb.sites) - 3} more site(s)" if len(gb.sites) > 3 else ""
+        rows.append(("graph breaks", Text(f"{gb.count} ({gb.per_step:.3g} per measured step): {sites}{more}",
+                                          style="yellow")))
+    elif p.mode_used != "eager":
+        rows.append(("graph breaks", "none"))
     rows.append(("CPU fallbacks", ", ".join(f"{k} x{v}" for k, v in p.fallbacks.items()) or "none"))
     return rows
 

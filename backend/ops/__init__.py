@@ -1,5 +1,6 @@
 """Op lowerings, one small JAX function per aten op, grouped by family."""
 
-from . import elementwise, factory, nn, random, reduction, shape  # noqa: F401
+from . import elementwise, factory, random, reduction, shape  # noqa: F401
 from . import fft, linalg, special  # noqa: F401
+from . import convolution, distance, embedding, grouped_mm, losses, matmul, normalization, pooling, sampling  # noqa: F401
 from . import foreach  # noqa: E402,F401  (last: it maps the per-tensor lowerings above)

@@ -260,9 +260,13 @@ def _index_int(self, indices):
     return self[_index_tuple(self, indices)]
 
 
-# Unjitted by the dispatcher because a boolean mask's result size is its number of Trues:
-# masks become integer indices on the host, then the (jitted, cached) integer gather runs.
-@lower(aten.index.Tensor, jit=False)
+def _has_mask(self, indices):
+    return any(i is not None and i.dtype == torch.bool for i in indices)
+
+
+# A boolean mask's result size is its number of Trues: such calls run unjitted (masks become
+# integer indices on the host, then the jitted integer gather runs); integer indexing is jitted.
+@lower(aten.index.Tensor, eager_if=_has_mask)
 def index(self, indices):
     if any(i is not None and i.dtype == jnp.bool_ for i in indices):
         return _index_bool(self, indices)

@@ -1,0 +1,92 @@
+"""Matmuls: mm, bmm, matmul, the add* family, outer products, bilinear's _trilinear."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from .. import padding as pad_ops  # the PadOps action
+from ..registry import lower
+
+aten = torch.ops.aten
+
+
+@lower(aten.mm.default)
+def mm(self, mat2):
+    return pad_ops.matmul(self, mat2)
+
+
+@lower(aten.bmm.default)
+def bmm(self, mat2):
+    return pad_ops.matmul(self, mat2)
+
+
+@lower(aten.matmul.default)
+def matmul(self, other):
+    return pad_ops.matmul(self, other)
+
+
+@lower(aten.mv.default)
+def mv(self, vec):
+    return jnp.matmul(self, vec)
+
+
+@lower(aten.dot.default, aten.vdot.default)
+def dot(self, other):
+    return jnp.dot(self, other)
+
+
+def _scaled(out, base, beta, alpha):
+    if not (not isinstance(alpha, jax.Array) and alpha == 1):
+        out = out * alpha
+    if not isinstance(beta, jax.Array) and beta == 0:
+        return out
+    if not (not isinstance(beta, jax.Array) and beta == 1):
+        # beta == 0 ignores the input entirely (NaN and inf included), as in PyTorch.
+        return jnp.where(beta == 0, out, out + base * beta)
+    return out + base
+
+
+@lower(aten.addmm.default)
+def addmm(self, mat1, mat2, *, beta=1, alpha=1):
+    return _scaled(pad_ops.matmul(mat1, mat2), self, beta, alpha)
+
+
+@lower(aten.baddbmm.default)
+def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    return _scaled(pad_ops.matmul(batch1, batch2), self, beta, alpha)
+
+
+@lower(aten.addmv.default)
+def addmv(self, mat, vec, *, beta=1, alpha=1):
+    return _scaled(jnp.matmul(mat, vec), self, beta, alpha)
+
+
+@lower(aten.addbmm.default)
+def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    return _scaled(jnp.sum(jnp.matmul(batch1, batch2), axis=0), self, beta, alpha)
+
+
+@lower(aten.addr.default)
+def addr(self, vec1, vec2, *, beta=1, alpha=1):
+    return _scaled(jnp.outer(vec1, vec2), self, beta, alpha)
+
+
+@lower(aten.outer.default)
+def outer(self, vec2):
+    return jnp.outer(self, vec2)
+
+
+# --- bilinear ---------------------------------------------------------------------------
+
+
+@lower(aten._trilinear.default)
+def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    def expand(x, dims):
+        for d in sorted(dims):
+            x = jnp.expand_dims(x, d)
+        return x
+
+    prod = expand(i1, expand1) * expand(i2, expand2) * expand(i3, expand3)
+    return jnp.sum(prod, axis=tuple(sumdim)) if sumdim else prod

@@ -1,0 +1,66 @@
+"""Hugging Face models train unchanged on the tpu device, in every execution mode, with the CPU's losses."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import hf_models  # noqa: E402
+from hf_models import FAMILIES, MODES, STEPS  # noqa: E402
+
+# The expert loop's token counts per expert change every step: every step brings new shapes
+# (new compilations in every mode), so it runs fewer steps.
+STEPS_FOR = {"qwen3_moe_loop": 6}
+
+
+def _cases():
+    for family in FAMILIES.values():
+        for attn in (("sdpa", "eager") if family.attention else (None,)):
+            for mode in MODES:
+                yield pytest.param(family.name, attn, mode, id=f"{family.name}-{attn or 'noattn'}-{mode}")
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_losses(family: str, attn: str | None) -> tuple[float, ...]:
+    return tuple(hf_models.train(family, attn, "cpu", steps=STEPS_FOR.get(family, STEPS)))
+
+
+@pytest.mark.parametrize("family,attn,mode", list(_cases()))
+def test_family_trains_like_cpu(family, attn, mode):
+    expected = cpu_losses(family, attn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a step that cannot be one program says so; tested below
+        actual = hf_models.train(family, attn, "tpu", mode, steps=len(expected))
+    rel = 1e-4 if FAMILIES[family].batchnorm else 1e-5
+    assert len(actual) == len(expected)
+    for step, (a, b) in enumerate(zip(expected, actual)):
+        assert b == pytest.approx(a, rel=rel), f"step {step}: cpu {a} tpu {b} ({family}, {attn}, {mode})"
+    assert expected[-1] < expected[0], "the CPU run did not learn: the comparison would say little"
+
+
+def test_data_dependent_expert_loop_breaks_the_fused_graph_at_its_source_line():
+    from tpu_agent.backend.lazy import DATA_DEPENDENT, RECORDER
+
+    before = len(RECORDER.breaks)
+    hf_models.train("qwen3_moe_loop", "eager", "tpu", "fused", steps=2)
+    breaks = RECORDER.breaks[before:]
+    sites = {(b.op, b.reason, b.source) for b in breaks}
+    assert any(op == "aten.nonzero.default" and reason == DATA_DEPENDENT and (source or "").startswith(
+        "modeling_qwen3_moe.py:") for op, reason, source in sites), sites
+
+
+def test_compiled_step_with_data_dependent_shapes_says_why_in_one_line_and_falls_back():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses = hf_models.train("qwen3_moe_loop", "eager", "tpu", "compiled", steps=3)
+    assert len(losses) == 3
+    said = [str(w.message) for w in caught if str(w.message).startswith("tpu compile:")]
+    assert len(said) == 1, said
+    line = said[0]
+    assert "\n" not in line
+    assert "cannot be one program" in line and "aten.nonzero.default" in line and "modeling_qwen3_moe.py:" in line
+    assert "runs fused" in line
