@@ -25,17 +25,20 @@ outside it.
 from __future__ import annotations
 
 import functools
-import time
 import warnings
 import weakref
 
 import jax
 import torch
 
-from . import executables, modes
+from . import executables, modes, steps
+from .launch import launch
 from .lazy import RECORDER, Lazy
 from .state import RNG
-from .tensor import TpuTensor
+from .steps import step_boundary
+from .tensor import Storage, TpuTensor
+from .transfer import materialize
+from .views import apply_chain
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 _HYPERPARAMETERS = (int, float, bool, tuple)
@@ -75,8 +78,6 @@ class Capture:
             self.keep.append(array)
         if not tensor._view_chain:
             return array
-        from .views import apply_chain
-
         return apply_chain(array, tensor._view_chain)
 
     def note_rng(self, base, counter) -> None:
@@ -189,12 +190,7 @@ class _Plan:
                 inputs.append(_rng_input(kind, drawn))
             else:
                 inputs.append(value)
-        t0 = time.perf_counter()
-        values = self.exe.fn(*inputs)
-        if modes.launch_blocking():
-            jax.block_until_ready(values)
-        self.exe.calls += 1
-        self.exe.time_s += time.perf_counter() - t0
+        values = launch(self.exe, inputs)
         for ref, index in self.outputs:
             box = ref()
             if box is not None:
@@ -235,8 +231,6 @@ class CompiledStep:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):
-        from .steps import step_boundary
-
         call_args = (args, kwargs)
         signature = _signature(call_args)
         plan = self.plans.get(signature)
@@ -351,14 +345,10 @@ class _RebasedViews:
         self.written = False
 
     def __enter__(self):
-        from .tensor import Storage
-
         for t in self.views:
             with modes.eager_override():  # the value now, outside any graph
                 value = t.jax()
                 if type(value) is Lazy:
-                    from .dispatch import materialize
-
                     value = materialize(t)
             box = Storage(value)
             self.saved.append((t, t._storage_box, t._view_chain, box))
@@ -378,14 +368,10 @@ class _steps_suspended:
     """Inside a captured step the optimizer's hook must not end the step early."""
 
     def __enter__(self):
-        from . import steps
-
         self._old = steps.suspended
         steps.suspended = True
 
     def __exit__(self, *exc):
-        from . import steps
-
         steps.suspended = self._old
         return False
 
@@ -530,8 +516,6 @@ def _rebuild_tensors(tree, return_map, outputs, path=()):
 class _GraphFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, program: _ForwardProgram, numbers, *tensors):
-        from .dispatch import materialize
-
         arrays = [materialize(t) for t in tensors]  # inside fused mode, pending inputs run first
         fwd = _jitted(program, "forward", len(numbers))
         values = fwd(tuple(numbers), *arrays)
@@ -544,8 +528,6 @@ class _GraphFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        from .dispatch import materialize
-
         tensors = ctx.saved_tensors
         program = ctx.program
         arrays = [materialize(t) for t in tensors]
@@ -588,14 +570,12 @@ def _jitted(program: _ForwardProgram, which: str, n_numbers: int):
             if program.out_avals is None:
                 program.out_avals = jax.eval_shape(forward, numbers, *arrays)
                 _register(program, "forward", fn, (numbers, *arrays))
-            program.forward_exe.calls += 1
-            return fn(numbers, *arrays)
+            return launch(program.forward_exe, (numbers, *arrays))
     else:
         def run(numbers, arrays, cotangents):
             if program.backward_exe is None:
                 _register(program, "backward", fn, (numbers, arrays, cotangents))
-            program.backward_exe.calls += 1
-            return fn(numbers, arrays, cotangents)
+            return launch(program.backward_exe, (numbers, arrays, cotangents))
     setattr(program, f"_{which}", run)
     return run
 

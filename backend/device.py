@@ -6,6 +6,11 @@ import warnings
 
 import torch
 
+# Loaded at `import torch` (the torch.backends entry point): only modules that do not
+# import JAX come in here; the rest arrive with the first op.
+from . import module
+from .steps import install_optimizer_hook
+
 # Ops with no tensor argument reach a backend through the device they name:
 # PyTorch sends them to the PrivateUse1 kernels registered here.
 FACTORY_OPS = (
@@ -62,8 +67,6 @@ def _overload(name: str):
 def register() -> bool:
     """Make `tpu` a PyTorch device backed by JAX; False if another backend owns PrivateUse1."""
     global _library
-    from . import module
-
     current = torch._C._get_privateuse1_backend_name()
     if current == "tpu" and getattr(torch, "tpu", None) is module:
         return True
@@ -78,12 +81,9 @@ def register() -> bool:
         _library.impl(name, _factory_kernel(_overload(name)), "PrivateUse1")
     for name in COPY_OPS:
         _library.impl(name, _copy_kernel, "PrivateUse1")
-    _enable_foreach_optimizers()
     # A wrapper on a PrivateUse1 device makes autograd run backward on a per-device thread;
     # keep it on the caller's (the graph recorder and step capture are not thread-safe).
     torch.autograd.set_multithreading_enabled(False)
-    from .steps import install_optimizer_hook
-
     install_optimizer_hook()
     _patch_torch_compile()
     _route_accelerator_synchronize()
@@ -128,15 +128,3 @@ def _route_accelerator_synchronize() -> None:
     synchronize._tpu_agent = True
     synchronize.__doc__ = original.__doc__
     accelerator.synchronize = synchronize
-
-
-def _enable_foreach_optimizers() -> None:
-    """Optimizers pick their multi-tensor path only for listed tensor types; a C++
-    backend's tensors are plain `torch.Tensor`, ours a subclass, so list it."""
-    import torch.optim.optimizer as optimizer_module
-
-    from .tensor import TpuTensor
-
-    supported = getattr(optimizer_module, "_foreach_supported_types", None)
-    if isinstance(supported, list) and TpuTensor not in supported:
-        supported.append(TpuTensor)

@@ -10,24 +10,21 @@ decomposition table, else an error that names the op (or, opted in with
 from __future__ import annotations
 
 import functools
-import os
-import sys
-import time
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import torch
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_map
 
-from . import dtypes, executables, lazy, modes, ops, padding  # noqa: F401  (ops fills the registry)
-from . import sharding as sharding_module
+from . import dtypes, lazy, modes, ops, padding  # noqa: F401  (ops fills the registry)
 from .lazy import RECORDER
+from .programs import call_jax, new_program, run_program
 from .registry import LOWERINGS, Lowering
 from .source import user_frame
 from .state import RNG, STATS, cpu_fallback_enabled
 from .tensor import DEVICE, TpuTensor
+from .transfer import from_cpu, materialize, to_cpu
 from .views import chain_entry
 
 aten = torch.ops.aten
@@ -51,52 +48,6 @@ class _Dynamic:
 
 
 DYNAMIC = _Dynamic()
-
-
-# --------------------------------------------------------------------------
-# host <-> device
-# --------------------------------------------------------------------------
-
-
-def from_cpu(t: torch.Tensor):
-    """A CPU tensor's value as a device array."""
-    t = t.detach()
-    if t.is_conj():
-        t = t.resolve_conj()
-    if t.is_neg():
-        t = t.resolve_neg()
-    t = t.contiguous()
-    STATS.h2d_count += 1
-    STATS.h2d_bytes += t.numel() * t.element_size()
-    if t.dtype == torch.bfloat16:
-        host = t.view(torch.int16).numpy().view(jnp.bfloat16)
-    else:
-        host = t.numpy()
-    return jnp.asarray(host, dtype=dtypes.to_jax_dtype(t.dtype))
-
-
-def materialize(t: TpuTensor, op: str | None = None):
-    """The tensor's concrete array, running pending fused work first (`op` reads it)."""
-    value = t.jax()
-    if type(value) is lazy.Lazy:
-        RECORDER.flush(lazy.HOST_READ, also=[value], op=op)
-        value = value.value if value.value is not None else t.jax()
-        if type(value) is lazy.Lazy:  # a stale pending read: its base is concrete now
-            RECORDER.flush(lazy.HOST_READ, also=[value], op=op)
-            value = value.value
-    return value
-
-
-def to_cpu(t: TpuTensor) -> torch.Tensor:
-    """A device tensor's value, copied to a new CPU tensor."""
-    host = np.asarray(jax.device_get(materialize(t, "a copy to the CPU")))
-    STATS.d2h_count += 1
-    STATS.d2h_bytes += host.nbytes
-    if host.dtype == jnp.bfloat16:
-        out = torch.from_numpy(host.view(np.int16).copy()).view(torch.bfloat16)
-    else:
-        out = torch.from_numpy(np.array(host, copy=True))
-    return out.reshape(t.shape)
 
 
 # --------------------------------------------------------------------------
@@ -210,47 +161,6 @@ def decompose(func, args, kwargs):
 
 
 CACHE: dict[tuple, tuple] = {}  # op signature -> (Executable, Program)
-PROGRAMS: dict[tuple, tuple] = {}  # view / cast programs, same shape
-
-
-def _new_program(name: str, kind: str, raw, args, jit: bool = True, source: str | None = None):
-    exe = executables.Executable(
-        name=name, kind=kind, fn=jax.jit(raw) if jit else raw,
-        args=tuple(executables.abstract(a) for a in args), source=source,
-    )
-    if jit:
-        executables.register(exe)
-    STATS.compiles += 1
-    program = lazy.Program(exe.id, name, raw, {}, scope=name if source is None else f"{name}[{source}]")
-    return exe, program
-
-
-def run_program(exe, program, args, jit: bool = True):
-    """Run a program now (eager) or record it (fused); returns arrays or Lazy placeholders."""
-    if jit and modes.fused():
-        return RECORDER.record(program, args)
-    if any(type(a) is lazy.Lazy for a in args):
-        RECORDER.flush(lazy.DATA_DEPENDENT, also=args, op=program.name)
-        args = [a.value if type(a) is lazy.Lazy else a for a in args]
-    if sharding_module.get_mesh() is not None:
-        args = sharding_module.align(list(args))
-    exe.calls += 1
-    t0 = time.perf_counter()
-    out = exe.fn(*args)
-    if modes.launch_blocking():
-        jax.block_until_ready(out)
-    exe.time_s += time.perf_counter() - t0
-    return out
-
-
-def call_jax(key: tuple, name: str, raw, *args):
-    """A small helper program (a view read or write, a cast), compiled once per key."""
-    entry = PROGRAMS.get(key)
-    if entry is None:
-        entry = PROGRAMS[key] = _new_program(name, "helper", raw, args)
-    return run_program(*entry, args)
-
-
 # Ops that accept CPU index tensors, as on CUDA (Python lists used as indices become CPU tensors).
 CPU_ARGS_OK = {aten.index.Tensor, aten.index_put.default}
 
@@ -343,7 +253,7 @@ def execute(func, lowering: Lowering, args, kwargs):
 
 def _naming(exc: Exception, func) -> Exception:
     """The same error with the aten op's name in front, where its type allows."""
-    if str(exc).startswith(str(func)):
+    if str(func) in str(exc):
         return exc
     try:
         return type(exc)(f"{func}: {exc}")
@@ -417,7 +327,7 @@ def _compile(func, lowering: Lowering, flat, spec, template, dynamic, jit: bool)
             out = fn(*a, **k)
         return _conform(out, meta, func)
 
-    return _new_program(str(func), "eager", run, dynamic, jit=jit, source=user_frame())
+    return new_program(str(func), "eager", run, dynamic, jit=jit, source=user_frame())
 
 
 _RETURN_CONVERTERS = {"bool": bool, "int": int, "float": float, "SymInt": int, "Scalar": lambda x: x.item()}
@@ -752,8 +662,14 @@ def copy_into(dst, src):
     return dst
 
 
-def synchronize() -> None:
-    """Run pending fused work, then block until every live device array is computed."""
-    RECORDER.flush("synchronize")
-    for array in jax.live_arrays():
-        array.block_until_ready()
+def _enable_foreach_optimizers() -> None:
+    """Optimizers pick their multi-tensor path only for listed tensor types; a C++
+    backend's tensors are plain `torch.Tensor`, ours a subclass, so list it."""
+    import torch.optim.optimizer as optimizer_module
+
+    supported = getattr(optimizer_module, "_foreach_supported_types", None)
+    if isinstance(supported, list) and TpuTensor not in supported:
+        supported.append(TpuTensor)
+
+
+_enable_foreach_optimizers()  # here, on the first op: `import torch` must not load JAX

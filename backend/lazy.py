@@ -21,7 +21,8 @@ from typing import Callable
 import jax
 import numpy as np
 
-from . import executables, modes
+from . import executables, mesh
+from .launch import launch
 from .source import user_frame
 from .state import STATS
 
@@ -179,23 +180,12 @@ class Recorder:
             plan.append((n.program.id, tuple(refs)))
         out_refs = tuple((node_index[id(o.node)], o.index) for o in outputs)
         key = (tuple(plan), out_refs, tuple(_aval_key(a) for a in inputs))
+        if mesh.get_mesh() is not None:
+            inputs = mesh.align(inputs)  # before compiling: placements are part of the program
         exe = self.graphs.get(key)
         if exe is None:
-            from . import sharding
-
-            if sharding.get_mesh() is not None:
-                inputs = sharding.align(inputs)
             exe = self._compile(key, nodes, plan, out_refs, inputs)
-        from . import sharding
-
-        if sharding.get_mesh() is not None:
-            inputs = sharding.align(inputs)
-        t0 = time.perf_counter()
-        values = exe.fn(*inputs)
-        if modes.launch_blocking():
-            jax.block_until_ready(values)
-        exe.calls += 1
-        exe.time_s += time.perf_counter() - t0
+        values = launch(exe, inputs)
         self.flushes += 1
         self.last_inputs = inputs
         for lz, v in zip(outputs, values):
@@ -273,13 +263,3 @@ def _shape_diff(before, after) -> list[str]:
 
 
 RECORDER = Recorder()
-
-
-def _install() -> None:
-    from .tensor import Storage
-
-    Storage.lazy_type = Lazy
-    Storage.recorder = RECORDER
-
-
-_install()

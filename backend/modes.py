@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import os
+import sys
 
 
 class EagerMode(enum.Enum):
@@ -50,9 +51,9 @@ def get_eager_mode() -> EagerMode:
 def _set_mode(mode: EagerMode) -> None:
     global _mode
     if _mode is EagerMode.DEFER_AND_FUSE and mode is not EagerMode.DEFER_AND_FUSE:
-        from .lazy import RECORDER
-
-        RECORDER.flush("left fused mode")
+        recorder = sys.modules.get(__package__ + ".lazy")  # none yet: nothing was recorded
+        if recorder is not None:
+            recorder.RECORDER.flush("left fused mode")
     _mode = mode
 
 

@@ -66,7 +66,7 @@ def get_device_capability(device=None) -> dict:
 
 def synchronize(device=None) -> None:
     """Wait for all queued device work."""
-    from .dispatch import synchronize as _sync
+    from .transfer import synchronize as _sync
 
     _sync()
 

@@ -17,42 +17,19 @@ import fnmatch
 import math
 
 import jax
-import numpy as np
 import torch
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from .mesh import bytes_per_device, get_mesh, set_mesh  # noqa: F401  (torch.tpu.sharding's names)
 from .tensor import TpuTensor
-
-_mesh: Mesh | None = None
-
-
-def set_mesh(axes: dict[str, int] | None) -> Mesh | None:
-    """Build the mesh (axis name -> size, product = device count used) or clear it with None."""
-    global _mesh
-    from . import modes
-
-    if axes is None:
-        _mesh = None
-        modes.serialize_programs = False
-        return None
-    devices = jax.devices()
-    size = math.prod(axes.values())
-    if size > len(devices) or size < 1:
-        raise ValueError(f"a mesh of {dict(axes)} needs {size} devices; {len(devices)} are available "
-                         "(on a CPU host set TPU_AGENT_DEVICES)")
-    _mesh = Mesh(np.array(devices[:size]).reshape(tuple(axes.values())), tuple(axes.keys()))
-    modes.serialize_programs = size > 1 and jax.default_backend() == "cpu"
-    return _mesh
-
-
-def get_mesh() -> Mesh | None:
-    return _mesh
+from .transfer import materialize
 
 
 def _require_mesh() -> Mesh:
-    if _mesh is None:
+    mesh = get_mesh()
+    if mesh is None:
         raise RuntimeError("no device mesh: call torch.tpu.sharding.set_mesh({...}) first")
-    return _mesh
+    return mesh
 
 
 def check_spec(shape, spec, mesh: Mesh | None = None) -> str | None:
@@ -81,8 +58,6 @@ def shard_tensor(tensor: TpuTensor, spec) -> None:
         raise ValueError(f"cannot shard a tensor of shape {tuple(tensor.shape)}: {problem}")
     if tensor._view_chain:
         raise ValueError("shard the base tensor, not a view of it")
-    from .dispatch import materialize
-
     array = materialize(tensor)
     tensor._storage_box.place(jax.device_put(array, NamedSharding(mesh, PartitionSpec(*spec))))
 
@@ -132,27 +107,3 @@ def _tensors(tree):
             yield from _tensors(v)
 
 
-def align(args: list) -> list:
-    """Arrays pinned to one device, in a program that also reads mesh-placed arrays, are
-    replicated over the mesh first (XLA refuses to mix the two). Nothing to do without a mesh."""
-    mesh = _mesh
-    if mesh is None or mesh.size == 1:
-        return args
-    mesh_devices = set(mesh.devices.flat)
-    arrays = [a for a in args if isinstance(a, jax.Array)]
-    if not any(a.sharding.device_set == mesh_devices for a in arrays):
-        return args
-    replicated = NamedSharding(mesh, PartitionSpec())
-    return [jax.device_put(a, replicated)
-            if isinstance(a, jax.Array) and a.committed and a.sharding.device_set != mesh_devices else a
-            for a in args]
-
-
-def bytes_per_device() -> dict[str, int]:
-    """Bytes of live device arrays held on each device (what sharding saves)."""
-    totals: dict[str, int] = {}
-    for array in jax.live_arrays():
-        for shard in array.addressable_shards:
-            key = str(shard.device)
-            totals[key] = totals.get(key, 0) + shard.data.nbytes
-    return totals

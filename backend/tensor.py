@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import torch
 
+from .dtypes import to_torch_dtype
+from .lazy import RECORDER, Lazy
+from .views import apply_chain, scatter_chain
+
 DEVICE = torch.device("tpu", 0)
 
 
@@ -21,14 +25,12 @@ class Storage:
     """A mutable box around the base array, shared by all views of it."""
 
     __slots__ = ("array", "version", "__weakref__")
-    lazy_type = None  # set by lazy.py: a pending value makes the storage an output of the next flush
-    recorder = None
 
     def __init__(self, array):
         self.array = array
         self.version = 0
-        if type(array) is Storage.lazy_type:
-            Storage.recorder.track(self)
+        if type(array) is Lazy:  # a pending value: this storage is an output of the next flush
+            RECORDER.track(self)
 
     def place(self, array) -> None:
         """Same values, new placement (sharding): views stay valid, so no new version."""
@@ -37,8 +39,8 @@ class Storage:
     def write(self, array) -> None:
         self.array = array
         self.version += 1
-        if type(array) is Storage.lazy_type:
-            Storage.recorder.track(self)
+        if type(array) is Lazy:
+            RECORDER.track(self)
 
 
 class TpuTensor(torch.Tensor):
@@ -51,14 +53,11 @@ class TpuTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, array, requires_grad: bool = False, *, storage=None, chain=()):
-        global _to_torch_dtype
-        if _to_torch_dtype is None:
-            from .dtypes import to_torch_dtype as _to_torch_dtype
         shape = tuple(array.shape)
         r = torch.Tensor._make_wrapper_subclass(
             cls,
             shape,
-            dtype=_to_torch_dtype(array.dtype),
+            dtype=to_torch_dtype(array.dtype),
             device=DEVICE,
             requires_grad=requires_grad,
         )
@@ -74,37 +73,32 @@ class TpuTensor(torch.Tensor):
         # torch.Tensor.__init__ would complain about our arguments.
         pass
 
+    # C++ would read a data pointer the wrapper does not have: copy to the CPU first.
     def tolist(self):
-        from .dispatch import to_cpu
-
-        return to_cpu(self).tolist()
+        return self.detach().cpu().tolist()
 
     def numpy(self, *, force: bool = False):
         if not force:
             raise TypeError(
                 "can't convert tpu:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first."
             )
-        from .dispatch import to_cpu
-
-        return to_cpu(self).numpy()
+        return self.detach().cpu().numpy()
 
     # --- value --------------------------------------------------------------
     def jax(self):
         """The current `jax.Array` value (recomputed from the base for a stale view)."""
         box = self._storage_box
-        if Storage.recorder is not None and Storage.recorder.capture is not None:
-            return Storage.recorder.capture.read(self)
+        if RECORDER.capture is not None:
+            return RECORDER.capture.read(self)
         if not self._view_chain:
             return box.array
         cache = self._cache
-        if type(cache) is Storage.lazy_type:
+        if type(cache) is Lazy:
             if cache.value is not None:
                 self._cache = cache.value
             elif cache.node is None:  # a pending read whose graph ran without it: read again
                 self._cache_version = -1
         if self._cache_version != box.version:
-            from .views import apply_chain
-
             self._cache = apply_chain(box.array, self._view_chain)
             self._cache_version = box.version
         return self._cache
@@ -115,17 +109,12 @@ class TpuTensor(torch.Tensor):
         if not self._view_chain:
             box.write(value)
         else:
-            from .views import scatter_chain
-
             box.write(scatter_chain(box.array, self._view_chain, value))
         self._cache = value
         self._cache_version = box.version
 
     def __repr__(self, *, tensor_contents=None):
-        from .dispatch import to_cpu
-
-        cpu = to_cpu(self)
-        body = repr(cpu)
+        body = repr(self.detach().cpu())
         if body.endswith(")"):
             extra = f", device='{DEVICE}'"
             if self.requires_grad and "requires_grad" not in body and "grad_fn" not in body:
@@ -137,9 +126,7 @@ class TpuTensor(torch.Tensor):
 
     def __reduce_ex__(self, protocol):
         # Pickling (torch.save) stores the CPU value: a checkpoint loads anywhere.
-        from .dispatch import to_cpu
-
-        return to_cpu(self).__reduce_ex__(protocol)
+        return self.detach().cpu().__reduce_ex__(protocol)
 
     # Declaring the subclass "traceable" makes `Module.to("tpu")` swap parameters in
     # place (torch.utils.swap_tensors) instead of replacing them, which keeps tied
@@ -155,11 +142,14 @@ class TpuTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        global _dispatch
-        if _dispatch is None:
-            from .dispatch import dispatch as _dispatch
         return _dispatch(func, args, kwargs or {})
 
 
-_to_torch_dtype = None
-_dispatch = None  # imported on the first op: JAX loads then, not at `import torch`
+def _dispatch(func, args, kwargs):
+    """The device's one entry point. dispatch.py builds tensors of this class, so it is
+    imported here on the first op (the one import against the direction of dependence)."""
+    global _dispatch
+    from .dispatch import dispatch
+
+    _dispatch = dispatch
+    return dispatch(func, args, kwargs)

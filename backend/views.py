@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from .programs import call_jax
+from .registry import LOWERINGS
+
 
 def _freeze(x):
     if isinstance(x, (list, tuple)):
@@ -25,8 +28,6 @@ def chain_entry(func, args, kwargs, index):
 
 
 def _replay(array, chain):
-    from .registry import LOWERINGS
-
     for func, args, kwargs, index in chain:
         out = LOWERINGS[func].fn(array, *args, **dict(kwargs))
         array = out[index] if index is not None else out
@@ -52,12 +53,8 @@ def _aval(x):
 
 
 def apply_chain(base, chain):
-    from .dispatch import call_jax
-
     return call_jax(("view_read", chain, _aval(base)), "view_read", _read(chain), base)
 
 
 def scatter_chain(base, chain, value):
-    from .dispatch import call_jax
-
     return call_jax(("view_write", chain, _aval(base), _aval(value)), "view_write", _write(chain), base, value)

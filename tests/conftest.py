@@ -9,6 +9,10 @@ from pathlib import Path
 
 import pytest
 
+# Tests build Hugging Face models from configs; nothing may reach the hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 TPU_AGENT = Path(sys.executable).parent / "tpu-agent"

@@ -1,0 +1,65 @@
+"""Running an executable: the one place that aligns its inputs to the mesh, calls it, waits
+when launch-blocking, counts and times it, and turns XLA's out-of-memory into PyTorch's.
+
+Eager ops, fused graphs, replayed compiled steps and compiled module programs all run
+through `launch`, so the profiler's counts and a script's `except torch.OutOfMemoryError`
+see every one of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+
+import jax
+import torch
+
+from . import mesh, modes
+from .executables import Executable
+
+
+def launch(exe: Executable, args):
+    """`exe.fn(*args)`, counted in `exe.calls` and `exe.time_s`."""
+    if mesh.get_mesh() is not None:
+        args = mesh.align(list(args))
+    t0 = time.perf_counter()
+    with out_of_memory_as_torch(exe.name, exe.source):
+        out = exe.fn(*args)
+        if modes.launch_blocking():
+            jax.block_until_ready(out)
+    exe.calls += 1
+    exe.time_s += time.perf_counter() - t0
+    return out
+
+
+_ASKED = re.compile(r"allocat\w*\s+(\d+)\s+bytes", re.I)
+
+
+@contextlib.contextmanager
+def out_of_memory_as_torch(what: str, source: str | None = None):
+    """Re-raise XLA's RESOURCE_EXHAUSTED as `torch.OutOfMemoryError` (what scripts catch to back off),
+    naming the program or op and the bytes it asked for."""
+    try:
+        yield
+    except jax.errors.JaxRuntimeError as exc:
+        message = str(exc)
+        if "RESOURCE_EXHAUSTED" not in message and "out of memory" not in message.lower():
+            raise
+        raise torch.OutOfMemoryError(_describe(what, source, message)) from None
+
+
+def _describe(what: str, source: str | None, message: str) -> str:
+    asked = _ASKED.search(message)
+    size = f" asked for {_size(int(asked.group(1)))}" if asked else ""
+    where = f" (at {source})" if source else ""
+    first = message.strip().splitlines()[0] if message.strip() else "RESOURCE_EXHAUSTED"
+    return f"tpu: out of device memory: {what}{where}{size}; XLA: {first}"
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n} B"

@@ -1,0 +1,65 @@
+"""Host <-> device: a CPU tensor's value onto the device, a device value back to the CPU,
+and the concrete value of a tensor whose value is still pending in a fused graph."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from . import dtypes, lazy
+from .launch import out_of_memory_as_torch
+from .lazy import RECORDER
+from .state import STATS
+from .tensor import TpuTensor
+
+
+def from_cpu(t: torch.Tensor):
+    """A CPU tensor's value as a device array."""
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    t = t.contiguous()
+    STATS.h2d_count += 1
+    STATS.h2d_bytes += t.numel() * t.element_size()
+    if t.dtype == torch.bfloat16:
+        host = t.view(torch.int16).numpy().view(jnp.bfloat16)
+    else:
+        host = t.numpy()
+    return jnp.asarray(host, dtype=dtypes.to_jax_dtype(t.dtype))
+
+
+def materialize(t: TpuTensor, op: str | None = None):
+    """The tensor's concrete array, running pending fused work first (`op` reads it)."""
+    value = t.jax()
+    if type(value) is lazy.Lazy:
+        RECORDER.flush(lazy.HOST_READ, also=[value], op=op)
+        value = value.value if value.value is not None else t.jax()
+        if type(value) is lazy.Lazy:  # a stale pending read: its base is concrete now
+            RECORDER.flush(lazy.HOST_READ, also=[value], op=op)
+            value = value.value
+    return value
+
+
+def to_cpu(t: TpuTensor) -> torch.Tensor:
+    """A device tensor's value, copied to a new CPU tensor."""
+    value = materialize(t, "a copy to the CPU")
+    with out_of_memory_as_torch("a copy to the CPU"):
+        host = np.asarray(jax.device_get(value))
+    STATS.d2h_count += 1
+    STATS.d2h_bytes += host.nbytes
+    if host.dtype == jnp.bfloat16:
+        out = torch.from_numpy(host.view(np.int16).copy()).view(torch.bfloat16)
+    else:
+        out = torch.from_numpy(np.array(host, copy=True))
+    return out.reshape(t.shape)
+
+
+def synchronize() -> None:
+    """Run pending fused work, then block until every live device array is computed."""
+    RECORDER.flush("synchronize")
+    for array in jax.live_arrays():
+        array.block_until_ready()
