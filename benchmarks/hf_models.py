@@ -15,35 +15,17 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import torch  # noqa: E402
-
 import hf_models  # noqa: E402
 
 
 def timed_train(family, attn, device, mode, steps):
-    model, optimizer, inputs = hf_models.build(family, attn, device)
-
-    def step(batch):
-        loss = model(**batch).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        return loss.detach()
-
-    if mode == "compiled":
-        step = torch.compile(step)
-    losses, times = [], []
-    with hf_models._mode(mode, device):
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            losses.append(step(inputs).item())
-            times.append(time.perf_counter() - t0)
+    times = []
+    losses = hf_models.train(family, attn, device, mode, steps, times=times)
     return losses, times
 
 

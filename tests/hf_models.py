@@ -11,6 +11,7 @@ BatchNorm (ResNet) and top-k routing with an auxiliary loss (Qwen3-MoE).
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -165,8 +166,9 @@ def _mode(mode: str, device: str):
     return torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE)
 
 
-def train(family: str, attn: str | None, device: str, mode: str = "eager", steps: int = STEPS) -> list[float]:
-    """Per-step losses of `steps` AdamW steps."""
+def train(family: str, attn: str | None, device: str, mode: str = "eager", steps: int = STEPS,
+          times: list | None = None) -> list[float]:
+    """Per-step losses of `steps` AdamW steps (and each step's wall time appended to `times`)."""
     model, optimizer, inputs = build(family, attn, device)
 
     def step(batch):
@@ -181,5 +183,8 @@ def train(family: str, attn: str | None, device: str, mode: str = "eager", steps
     losses = []
     with _mode(mode, device):
         for _ in range(steps):
+            t0 = time.perf_counter()
             losses.append(step(inputs).item())
+            if times is not None:
+                times.append(time.perf_counter() - t0)
     return losses
