@@ -54,6 +54,7 @@ class Capture:
         self.storage_arrays: dict[int, weakref.ref] = {}  # id(array) -> storage
         self.rng_counters: set[int] = set()
         self.rng_bases: set[int] = set()
+        self.host_arrays: dict[int, HostConstant] = {}  # id(array) -> a CPU value moved in during the step
         self.problems: list[str] = []
         self.optimizers: list = []
         self.keep: list = []  # arrays noted, kept alive so their ids stay unique
@@ -69,7 +70,7 @@ class Capture:
     def read(self, tensor: TpuTensor):
         box = tensor._storage_box
         array = box.array
-        if type(array) is not Lazy:
+        if type(array) is not Lazy and id(array) not in self.host_arrays:
             owner = self.owned.get(id(box))
             if owner is not None:
                 self.arg_arrays[id(array)] = owner
@@ -85,6 +86,16 @@ class Capture:
         self.rng_counters.add(id(counter))
         self.keep.extend((base, counter))
 
+    def note_host(self, array, cpu: torch.Tensor) -> None:
+        """A CPU tensor moved to the device inside the step (a Python scalar wrapped by PyTorch's
+        C++ code, a small constant): a constant of the program, like a Python number."""
+        if cpu.numel() > HostConstant.MAX_ELEMENTS:
+            self.problems.append(f"it moves a CPU tensor of {cpu.numel()} elements to the device inside the step")
+            return
+        raw = cpu.reshape(-1).view(torch.uint8).numpy().tobytes()
+        self.host_arrays[id(array)] = HostConstant(array, (tuple(cpu.shape), str(cpu.dtype), raw))
+        self.keep.append(array)
+
     def interrupted(self, reason: str) -> None:
         self.problems.append(f"it needs a concrete value mid-step: {reason}")
 
@@ -94,6 +105,8 @@ class Capture:
             key = id(value)
             if key in self.arg_arrays:
                 out.append(self.arg_arrays[key])
+            elif key in self.host_arrays:
+                out.append(("host", self.host_arrays[key]))
             elif key in self.storage_arrays:
                 out.append(("storage", self.storage_arrays[key]))
             elif key in self.rng_counters:
@@ -106,6 +119,17 @@ class Capture:
                 out.append(("constant", None))
                 self.problems.append("the step creates device data from the host (a CPU tensor moved inside it)")
         return out
+
+
+class HostConstant:
+    """A small CPU value moved in during a captured step; replays pass the same array, and a
+    capture whose host values differ from the last one's is not replayed (see _Plan.key)."""
+
+    MAX_ELEMENTS = 4096
+
+    def __init__(self, array, key: tuple):
+        self.array = array
+        self.key = key
 
 
 def _tensor_paths(tree, prefix=()) -> list[tuple[tuple, TpuTensor]]:
@@ -162,7 +186,7 @@ class _Plan:
         self.hyper = _hyperparameters(optimizers)
 
     def key(self):
-        numbers = tuple(v for kind, v in self.provenance if kind == "number")
+        numbers = tuple(v.key if kind == "host" else v for kind, v in self.provenance if kind in ("number", "host"))
         return (id(self.exe), numbers)
 
     def still_valid(self) -> bool:
@@ -188,6 +212,8 @@ class _Plan:
                 inputs.append(box.array)
             elif kind in ("rng_counter", "rng_base"):
                 inputs.append(_rng_input(kind, drawn))
+            elif kind == "host":
+                inputs.append(value.array)
             else:
                 inputs.append(value)
         values = launch(self.exe, inputs)
@@ -261,7 +287,7 @@ class CompiledStep:
         RECORDER.capture = capture
         RECORDER.last_flush = None
         try:
-            with modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), _steps_suspended():
+            with modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), _steps_suspended(), _compiling():
                 result = self.fn(*call_args[0], **call_args[1])
                 returned = _tensor_paths(result)
                 RECORDER.flush("capture end")
@@ -376,6 +402,25 @@ class _steps_suspended:
         return False
 
 
+class _compiling:
+    """While a step is captured, `torch.compiler.is_compiling()` is True, as under torch.compile:
+    library code written for compilation then avoids host reads of device values (transformers
+    builds an explicit mask instead of checking `padding_mask.all()`; optimizers keep step
+    counters on the device). Same math, one program."""
+
+    def __enter__(self):
+        self._old = torch.compiler.is_compiling
+        torch.compiler.is_compiling = _true
+
+    def __exit__(self, *exc):
+        torch.compiler.is_compiling = self._old
+        return False
+
+
+def _true() -> bool:
+    return True
+
+
 # --------------------------------------------------------------------------
 # torch.compile(module): forward and backward programs joined to autograd
 # --------------------------------------------------------------------------
@@ -432,7 +477,8 @@ class _ForwardProgram:
         RECORDER.capture = capture
         RECORDER.last_flush = None
         try:
-            with torch.no_grad(), modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), _steps_suspended():
+            with torch.no_grad(), modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), _steps_suspended(), \
+                    _compiling():
                 result = call(*args, **kwargs)
                 returned = _tensor_paths(result)
                 RECORDER.flush("capture end")

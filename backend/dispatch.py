@@ -310,7 +310,7 @@ def _conform(out, meta, func):
 
 
 def _compile(func, lowering: Lowering, flat, spec, template, dynamic, jit: bool):
-    meta = _meta_outputs(func, flat, spec) if jit else None
+    meta = _meta_outputs(func, flat, spec) if jit and lowering.meta_check else None
     fn = lowering.fn
     random = lowering.random
     precision = modes.jax_precision()

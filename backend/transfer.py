@@ -29,7 +29,10 @@ def from_cpu(t: torch.Tensor):
         host = t.view(torch.int16).numpy().view(jnp.bfloat16)
     else:
         host = t.numpy()
-    return jnp.asarray(host, dtype=dtypes.to_jax_dtype(t.dtype))
+    array = jnp.asarray(host, dtype=dtypes.to_jax_dtype(t.dtype))
+    if RECORDER.capture is not None:
+        RECORDER.capture.note_host(array, t)
+    return array
 
 
 def materialize(t: TpuTensor, op: str | None = None):

@@ -167,8 +167,9 @@ def _mode(mode: str, device: str):
 
 
 def train(family: str, attn: str | None, device: str, mode: str = "eager", steps: int = STEPS,
-          times: list | None = None) -> list[float]:
-    """Per-step losses of `steps` AdamW steps (and each step's wall time appended to `times`)."""
+          times: list | None = None, compiled: dict | None = None) -> list[float]:
+    """Per-step losses of `steps` AdamW steps (each step's wall time appended to `times`; in
+    compiled mode, `compiled` gets how many calls replayed the step's one program)."""
     model, optimizer, inputs = build(family, attn, device)
 
     def step(batch):
@@ -187,4 +188,8 @@ def train(family: str, attn: str | None, device: str, mode: str = "eager", steps
             losses.append(step(inputs).item())
             if times is not None:
                 times.append(time.perf_counter() - t0)
+    if compiled is not None and mode == "compiled":
+        target = getattr(step, "_target", step)  # torch.compile(fn) picks its backend on the first call
+        compiled["replays"] = getattr(target, "replays", 0)
+        compiled["reason_not_replayed"] = getattr(target, "reason_not_replayed", None)
     return losses

@@ -96,13 +96,6 @@ def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     return out.astype(want)
 
 
-def _meta_rejects(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
-    """Whether PyTorch's meta kernel, which the dispatcher checks jitted results against, would
-    refuse a call its CPU kernel runs. It copies the CUDA kernel's checks: bf16 only, and rows
-    aligned to 16 bytes, checked on the dispatcher's contiguous stand-ins (so a transposed
-    operand, as autograd passes, can fail it). Such calls run unjitted, where it is not consulted."""
-    bf16 = mat_a.dtype == torch.bfloat16 and mat_b.dtype == torch.bfloat16
-    return not bf16 or mat_a.shape[-1] % 8 != 0 or mat_b.shape[-1] % 8 != 0
-
-
-lower(aten._grouped_mm.default, eager_if=_meta_rejects)(grouped_mm)
+# PyTorch's meta kernel copies the CUDA kernel's checks (bf16 only, rows aligned to 16
+# bytes) and refuses calls its CPU kernel runs: results are not checked against it.
+lower(aten._grouped_mm.default, meta_check=False)(grouped_mm)
