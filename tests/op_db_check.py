@@ -16,10 +16,16 @@ failures of each, one line each.
 
 from __future__ import annotations
 
+import json
+import os
+import select
 import signal
+import subprocess
 import sys
+import tempfile
+import threading
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
@@ -33,6 +39,8 @@ class OpResult:
     samples: int = 0
     passed: int = 0
     error: str = ""
+    # Samples compared by shape and dtype alone: their CPU result changes with the seed.
+    seeded: int = 0
 
     @property
     def ok(self) -> bool:
@@ -77,6 +85,15 @@ def _to_tpu(x):
     return x
 
 
+def _device_kwarg(kwargs):
+    """A sample's `device=` names the device the samples were made for (the CPU here): on the
+    tpu side it must name tpu, as PyTorch's device tests make samples for the device tested."""
+    device = kwargs.get("device")
+    if device is not None and torch.device(device).type == "cpu":
+        return {**kwargs, "device": "tpu"}
+    return kwargs
+
+
 def _to_cpu(x):
     if isinstance(x, torch.Tensor) and x.device.type == "tpu":
         return x.cpu()
@@ -87,7 +104,12 @@ class _Timeout(Exception):
     pass
 
 
+_IN_WORKER = False
+
+
 def _alarm(signum, frame):
+    if _IN_WORKER:  # the timeout may unwind through autograd's C++ and kill the worker: say so first
+        print(json.dumps({"alarm": True}), flush=True)
     raise _Timeout()
 
 
@@ -116,17 +138,20 @@ def check_op(opinfo, max_samples: int = MAX_SAMPLES, seconds: int = 20) -> OpRes
         for sample in samples:
             result.samples += 1
             args = (sample.input,) + tuple(sample.args)
+            # Copies first: a CPU run may update its arguments (in-place ops, running stats).
+            targs, tkwargs, _ = _moved(args, _device_kwarg(sample.kwargs), _to_tpu)
+            cargs, ckwargs, _ = _moved(args, sample.kwargs, _cpu_copy)
             try:
                 torch.manual_seed(0)
                 expected = opinfo.op(*args, **sample.kwargs)
+                random = _is_random(opinfo) or _seed_dependent(opinfo, lambda: opinfo.op(*cargs, **ckwargs), expected)
             except Exception:
                 result.samples -= 1  # the CPU itself rejects this sample
                 continue
+            result.seeded += random and not _is_random(opinfo)
             try:
-                targs = tree_map(_to_tpu, args)
-                tkwargs = tree_map(_to_tpu, sample.kwargs)
                 actual = tree_map(_to_cpu, opinfo.op(*targs, **tkwargs))
-                if _is_random(opinfo):
+                if random:
                     _compare_meta(actual, expected)
                 else:
                     _close(actual, expected)
@@ -145,22 +170,64 @@ def check_op(opinfo, max_samples: int = MAX_SAMPLES, seconds: int = 20) -> OpRes
     return result
 
 
-def _grad_leaves(args, kwargs):
-    """The call's arguments with every tensor moved to tpu (the same tensor once), and the
-    pairs (CPU tensor, its tpu copy) of those that require grad, in argument order."""
+def _cpu_copy(x):
+    y = x.detach().clone()
+    return y.requires_grad_(x.requires_grad) if x.is_floating_point() else y
+
+
+def _moved(args, kwargs, move):
+    """The call's arguments with every tensor replaced by move(tensor) (the same tensor once),
+    and the pairs (tensor, its copy) of those that require grad, in argument order."""
     copies: dict[int, torch.Tensor] = {}
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def move(x):
+    def one(x):
         if not isinstance(x, torch.Tensor):
             return x
         if id(x) not in copies:
-            copies[id(x)] = _to_tpu(x)
+            copies[id(x)] = move(x)
             if x.requires_grad:
                 pairs.append((x, copies[id(x)]))
         return copies[id(x)]
 
-    return tree_map(move, args), tree_map(move, kwargs), pairs
+    return tree_map(one, args), tree_map(one, kwargs), pairs
+
+
+def _seed_dependent(opinfo, call, expected) -> bool:
+    """Whether the CPU result changes with the seed: a random sample (dropout in training,
+    rrelu, randomized algorithms), whose values no other RNG reproduces. OpInfos of random
+    ops pin the seed with torch.testing's wrapper_set_seed (42): for the rerun it pins another."""
+    scope = getattr(opinfo.op, "__globals__", {})
+    pinned = scope.get("wrapper_set_seed")
+
+    def other_seed(op, *args, **kwargs):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(43)
+            return op(*args, **kwargs)
+
+    torch.manual_seed(1)
+    if pinned is not None:
+        scope["wrapper_set_seed"] = other_seed
+    try:
+        again = call()
+    except Exception:
+        return False
+    finally:
+        if pinned is not None:
+            scope["wrapper_set_seed"] = pinned
+    a, a_spec = tree_flatten(again)
+    e, e_spec = tree_flatten(expected)
+    if a_spec != e_spec:
+        return True
+    for x, y in zip(a, e):
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            try:
+                torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
+            except AssertionError:
+                return True
+        elif x is not y and x != y:
+            return True
+    return False
 
 
 def _loss(out) -> torch.Tensor:
@@ -187,22 +254,26 @@ def check_op_grad(opinfo, max_samples: int = MAX_SAMPLES, seconds: int = 20) -> 
         for sample in samples:
             result.samples += 1
             args = (sample.input,) + tuple(sample.args)
-            # The tpu copies first: a CPU run may update arguments (batch norm's running stats).
-            targs, tkwargs, pairs = _grad_leaves(args, sample.kwargs)
+            # Copies first: a CPU run may update its arguments (batch norm's running stats).
+            targs, tkwargs, pairs = _moved(args, _device_kwarg(sample.kwargs), _to_tpu)
+            cargs, ckwargs, cpairs = _moved(args, sample.kwargs, _cpu_copy)
             try:
                 torch.manual_seed(0)
                 expected = _grads(_loss(opinfo.op(*args, **sample.kwargs)), [c for c, _ in pairs])
+                random = _is_random(opinfo) or _seed_dependent(
+                    opinfo, lambda: _grads(_loss(opinfo.op(*cargs, **ckwargs)), [c for _, c in cpairs]), expected)
             except Exception:
                 result.samples -= 1  # the CPU itself rejects this sample (or it has nothing to differentiate)
                 continue
+            result.seeded += random and not _is_random(opinfo)
             try:
                 actual = _grads(_loss(opinfo.op(*targs, **tkwargs)), [t for _, t in pairs])
                 for i, (a, e) in enumerate(zip(actual, expected)):
                     if a is None or e is None:
-                        assert a is None and e is None, f"input {i}: grad is {a is None and 'None' or 'a tensor'} on tpu, not on CPU"
+                        assert a is None and e is None, f"input {i}: the grad is None on one device only"
                         continue
                     a = a.cpu()
-                    if _is_random(opinfo):
+                    if random:
                         _compare_meta(a, e)
                     else:
                         _close(a, e)
@@ -240,20 +311,107 @@ def _compare_meta(actual, expected):
             assert x.shape == y.shape and x.dtype == y.dtype, (x.shape, y.shape, x.dtype, y.dtype)
 
 
+def _selected(names: list[str] | None) -> list[int]:
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return [i for i, o in enumerate(op_db) if not names or o.name in names or _name(o) in names]
+
+
 def run(names: list[str] | None = None, max_samples: int = MAX_SAMPLES, grad_samples: int | None = None,
         forward: bool = True, grad: bool = True) -> Summary:
-    """Both checks over op_db (or the OpInfos named); grad_samples defaults to max_samples."""
+    """Both checks over op_db (or the OpInfos named); grad_samples defaults to max_samples.
+
+    The gradient check runs in a worker process, alongside the forward check here: an error
+    raised by a tpu op inside one of autograd's C++ backward nodes can abort the process (see
+    _grad_worker), so a worker that dies is restarted after the op it was checking, which is
+    reported as failed.
+    """
     from torch.testing._internal.common_methods_invocations import op_db
 
     summary = Summary()
-    for opinfo in op_db:
-        if names and opinfo.name not in names and _name(opinfo) not in names:
-            continue
-        if forward:
-            summary.results.append(check_op(opinfo, max_samples))
-        if grad:
-            summary.grad_results.append(check_op_grad(opinfo, max_samples if grad_samples is None else grad_samples))
+    indices = _selected(names)
+    worker, failure = None, []
+    if grad:  # the gradient worker runs while this process checks the forwards
+        def grads():
+            try:
+                summary.grad_results = run_grad_isolated(indices, max_samples if grad_samples is None else grad_samples)
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, in the caller's thread
+                failure.append(exc)
+
+        worker = threading.Thread(target=grads, daemon=True)
+        worker.start()
+    if forward:
+        summary.results = [check_op(op_db[i], max_samples) for i in indices]
+    if worker is not None:
+        worker.join()
+        if failure:
+            raise failure[0]
     return summary
+
+
+def run_grad_isolated(indices: list[int], max_samples: int, seconds: int = 20) -> list[OpResult]:
+    """check_op_grad over op_db[i] for each index, in worker processes that may die."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    results: dict[int, OpResult] = {}
+    todo = list(indices)
+    while todo:
+        with tempfile.TemporaryFile() as err:
+            worker = subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), "--grad-worker", str(max_samples), str(seconds)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
+            )
+            worker.stdin.write(json.dumps(todo) + "\n")
+            worker.stdin.close()
+            current, alarm = None, False
+            while True:
+                # The worker's own alarm ends a slow op; this catches a worker that hangs outright.
+                ready, _, _ = select.select([worker.stdout], [], [], seconds * 3 + 60)
+                line = worker.stdout.readline() if ready else ""
+                if not line:
+                    break
+                msg = json.loads(line)
+                if "alarm" in msg:
+                    alarm = True
+                elif "begin" in msg:
+                    current, alarm = msg["begin"], False
+                else:
+                    results[msg["index"]] = OpResult(**msg["result"])
+                    current = None
+            if worker.poll() is None:
+                worker.kill()
+            worker.wait()
+            err.seek(0)
+            tail = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()][-1:]
+        done = set(results)
+        if current is not None:
+            why = f"worker process died ({tail[0][:120] if tail else f'exit {worker.returncode}'})"
+            error = f"timeout after {seconds}s ({why})" if alarm else f"Crash: {why}"
+            results[current] = OpResult(_name(op_db[current]), samples=1, error=error)
+            done.add(current)
+        rest = [i for i in todo if i not in done]
+        if rest == todo:  # no progress: the worker cannot start
+            raise RuntimeError(f"the gradient worker failed to start: {tail}")
+        todo = rest
+    return [results[i] for i in indices if i in results]
+
+
+def _grad_worker(max_samples: int, seconds: int) -> int:
+    """Check the gradients of the op_db indices read from stdin, one JSON line per event.
+
+    An exception raised by a tpu op inside a C++ autograd node (an unsupported backward op)
+    unwinds through PyTorch's stream guard, whose Python-device implementation calls into
+    Python with the error still pending, inside a noexcept destructor: std::terminate.
+    """
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    global _IN_WORKER
+    _IN_WORKER = True
+    for i in json.loads(sys.stdin.readline()):
+        print(json.dumps({"begin": i}), flush=True)
+        result = check_op_grad(op_db[i], max_samples, seconds)
+        print(json.dumps({"index": i, "result": asdict(result)}), flush=True)
+    return 0
 
 
 def report(label: str, results: list[OpResult]) -> str:
@@ -263,6 +421,8 @@ def report(label: str, results: list[OpResult]) -> str:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--grad-worker"]:
+        return _grad_worker(int(argv[1]), int(argv[2]))
     summary = run(argv or None)
     for label, results in (("forward", summary.results), ("gradients", summary.grad_results)):
         failures = [r for r in _tested(results) if not r.ok]
@@ -270,6 +430,9 @@ def main(argv: list[str]) -> int:
             print(f"FAIL {label} {r.name}: {r.passed}/{r.samples} {r.error}")
         reasons = Counter(r.error.split(":")[0] for r in failures)
         print(f"{label} failure kinds:", dict(reasons.most_common(10)))
+        seeded = sorted(r.name for r in _tested(results) if r.seeded)
+        print(f"{label}: {len(seeded)} ops have samples whose CPU result depends on the seed, "
+              f"compared by shape and dtype: {', '.join(seeded)}")
     print(report("forward", summary.results))
     print(report("gradients", summary.grad_results))
     return 0

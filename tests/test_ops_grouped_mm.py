@@ -42,7 +42,8 @@ CASES = {
     "2d_3d_empty_group": (_randn(8, 8), _randn(4, 8, 4, seed=1), _offs(3, 3, 8, 8), (), (), ()),
     # the weight gradient's layout: K split into groups
     "2d_2d": (_randn(4, 12), _randn(12, 8, seed=1), _offs(2, 5, 12), (), (), ()),
-    "2d_2d_short": (_randn(4, 12), _randn(12, 8, seed=1), _offs(3, 3, 9), (), (slice(None), slice(0, 9)), (slice(0, 9),)),
+    "2d_2d_short": (_randn(4, 12), _randn(12, 8, seed=1), _offs(3, 3, 9), (), (slice(None), slice(0, 9)),
+                    (slice(0, 9),)),
     "3d_2d": (_randn(3, 4, 8), _randn(8, 12, seed=1), _offs(4, 8, 12), (), (), ()),
     "3d_2d_short": (_randn(3, 4, 8), _randn(8, 12, seed=1), _offs(4, 4, 8), (slice(None), slice(0, 8)), (),
                     (slice(None), slice(0, 8))),
@@ -92,7 +93,7 @@ def test_grouped_mm_transposed_weight_matches_cpu():
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_grouped_mm_bfloat16_matches_cpu(fused):
-    """bf16 (what MoE models run) is jitted, so it also fuses into graphs."""
+    """bf16, what MoE models run, eager and fused into graphs."""
     a, b, offs = _randn(12, 16, dtype=torch.bfloat16), _randn(3, 16, 8, seed=1, dtype=torch.bfloat16), _offs(4, 8, 12)
     covered = (slice(None),)
     mode = torch.tpu.EagerMode.DEFER_AND_FUSE if fused else torch.tpu.get_eager_mode()

@@ -450,3 +450,14 @@ def complex_(real, imag):
 def polar(abs, angle):
     abs, angle = jnp.broadcast_arrays(abs, angle)
     return lax.complex(abs * jnp.cos(angle), abs * jnp.sin(angle))
+
+
+@lower(aten.hardshrink_backward)
+def hardshrink_backward(grad_out, self, lambd):
+    # PyTorch's mask: the gradient is kept outside [-lambd, lambd], bounds excluded.
+    return jnp.where((self >= -lambd) & (self <= lambd), jnp.zeros((), grad_out.dtype), grad_out)
+
+
+@lower(aten.softshrink_backward)
+def softshrink_backward(grad_output, self, lambd):
+    return jnp.where((self >= -lambd) & (self <= lambd), jnp.zeros((), grad_output.dtype), grad_output)

@@ -47,3 +47,43 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
     # bag_size has one entry per offset (include_last_offset's extra one is 0), as PyTorch's.
     bag_size = jnp.concatenate([counts, jnp.zeros((offsets.shape[0] - bags,), counts.dtype)])
     return out.astype(weight.dtype), bag_of.astype(jnp.int64), bag_size, max_indices
+
+
+@lower(aten._embedding_bag_dense_backward.default)
+def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                 scale_grad_by_freq, mode, per_sample_weights=None, padding_idx=-1):
+    """The weight's gradient: each bag's output gradient back to the rows it reduced (sum,
+    mean: divided by the bag's size) or, for max, to the row chosen per feature."""
+    dim = grad.shape[-1]
+    out = jnp.zeros((num_weights, dim), grad.dtype)
+    if mode == 2:
+        rows = jnp.where((bag_size > 0)[:, None], maximum_indices, num_weights)  # empty bags: dropped
+        cols = jnp.broadcast_to(jnp.arange(dim), rows.shape)
+        return out.at[rows, cols].add(grad, mode="drop")
+    idx = indices.reshape(-1)
+    g = grad[offset2bag]
+    if per_sample_weights is not None:
+        g = g * per_sample_weights[:, None].astype(g.dtype)
+    if mode == 1:
+        g = g / jnp.maximum(bag_size[offset2bag], 1)[:, None].astype(g.dtype)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), g.dtype).at[idx].add(1)
+        g = g / counts[idx][:, None]
+    rows = jnp.where(idx == padding_idx, num_weights, idx) if padding_idx >= 0 else idx
+    return out.at[rows].add(g, mode="drop")
+
+
+@lower(aten._embedding_bag_backward.default)
+def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+                           scale_grad_by_freq, mode, sparse, per_sample_weights=None, padding_idx=-1):
+    if sparse:
+        raise NotImplementedError("embedding_bag with sparse=True: sparse gradients are not supported on tpu")
+    return embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                        scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+
+
+@lower(aten._embedding_bag_per_sample_weights_backward.default)
+def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+    idx = indices.reshape(-1)
+    out = jnp.sum(grad[offset2bag] * weight[idx], axis=-1)
+    return jnp.where(idx == padding_idx, 0, out) if padding_idx >= 0 else out

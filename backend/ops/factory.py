@@ -17,7 +17,8 @@ def _dtype_of(dtype, fallback):
 
 
 # Memory a program never reads needs no value; zeros make "uninitialised" deterministic.
-@lower(aten.empty.memory_format, aten.zeros.default)
+# _efficientzerotensor is autograd's zero gradient (sgn's, for real inputs): dense zeros here.
+@lower(aten.empty.memory_format, aten.zeros.default, aten._efficientzerotensor.default)
 def empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     return jnp.zeros(tuple(size), _dtype_of(dtype, default_float()))
 

@@ -61,7 +61,8 @@ def _check(ok, message):
 def _validate(mat_a, mat_b, offs, bias, out_dtype):
     """PyTorch's CPU kernel's checks (the meta kernel, which would make them, is not consulted)."""
     floats = (jnp.float32, jnp.bfloat16, jnp.float16)
-    _check(mat_a.dtype in floats and mat_b.dtype in floats, "_grouped_mm: expected Float32, BFloat16 or Float16 operands")
+    _check(mat_a.dtype in floats and mat_b.dtype in floats,
+           "_grouped_mm: expected Float32, BFloat16 or Float16 operands")
     _check(mat_a.dtype == mat_b.dtype, "_grouped_mm: expected mat_a and mat_b to have the same dtype")
     _check(mat_a.ndim in (2, 3) and mat_b.ndim in (2, 3), "_grouped_mm: mat_a and mat_b have to be 2 or 3d")
     two_d = mat_a.ndim == 2 or mat_b.ndim == 2

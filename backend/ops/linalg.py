@@ -280,9 +280,16 @@ def triangular_solve(self, A, upper=True, transpose=False, unitriangular=False):
     return x, jnp.broadcast_to(A, batch + A.shape[-2:])
 
 
+def _det_lu(A):
+    """The LU factors that det and slogdet return for their backward. Like PyTorch's CPU kernel
+    for a contiguous real A (every tpu tensor reports contiguous strides), they factor A^T, and
+    the backward solves with them accordingly; complex A is factored as is."""
+    return _lu(A if jnp.iscomplexobj(A) else _mT(A))
+
+
 @lower(aten._linalg_slogdet.default)
 def linalg_slogdet(A):
-    lu, pivots, perm = _lu(A)
+    lu, pivots, perm = _det_lu(A)
     diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
     n = A.shape[-1]
     swaps = jnp.sum(pivots != jnp.arange(1, n + 1, dtype=jnp.int32), axis=-1)
@@ -297,7 +304,7 @@ def linalg_slogdet(A):
 
 @lower(aten._linalg_det.default)
 def linalg_det(A):
-    lu, pivots, _ = _lu(A)
+    lu, pivots, _ = _det_lu(A)
     n = A.shape[-1]
     swaps = jnp.sum(pivots != jnp.arange(1, n + 1, dtype=jnp.int32), axis=-1)
     parity = jnp.where(swaps % 2 == 1, -1, 1).astype(A.dtype)

@@ -90,3 +90,13 @@ def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
 
     prod = expand(i1, expand1) * expand(i2, expand2) * expand(i3, expand3)
     return jnp.sum(prod, axis=tuple(sumdim)) if sumdim else prod
+
+
+@lower(aten.linear_backward.default)
+def linear_backward(self, grad_output, weight, output_mask):
+    g = grad_output.reshape(-1, grad_output.shape[-1])
+    x = self.reshape(-1, self.shape[-1])
+    grad_input = pad_ops.matmul(grad_output, weight) if output_mask[0] else None
+    grad_weight = pad_ops.matmul(g.T, x) if output_mask[1] else None
+    grad_bias = jnp.sum(g, axis=0) if output_mask[2] else None
+    return grad_input, grad_weight, grad_bias

@@ -127,3 +127,19 @@ def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
     if bias is not None:
         out = out + bias.reshape(shape)
     return out, mean.reshape(N, group), rstd.reshape(N, group)
+
+
+
+def _weight_norm(v, g, dim):
+    """w = v * g / ||v||, the norm over every dim but `dim`, as PyTorch's decomposition of
+    _weight_norm_interface (which lowers the forward)."""
+    axes = tuple(d for d in range(v.ndim) if d != dim)
+    norm = jnp.sqrt(jnp.sum(jnp.square(v.astype(jnp.float32) if g.dtype == jnp.bfloat16 else v),
+                            axis=axes, keepdims=True))
+    return v * (g / norm.astype(g.dtype))
+
+
+@lower(aten._weight_norm_interface_backward.default)
+def weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
+    _, vjp = jax.vjp(lambda v, g: _weight_norm(v, g, dim), saved_v, saved_g)
+    return vjp(grad_w)

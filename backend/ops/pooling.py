@@ -123,7 +123,8 @@ def _avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, 
     window = (1,) * lead + kernel
     strides = (1,) * lead + stride
     full_pads = [(0, 0)] * lead + pads
-    total = lax.reduce_window(self, jnp.asarray(0, self.dtype), lax.add, window, strides, full_pads)
+    # Concrete (numpy) zeros as init make these lax's differentiable sum window reductions.
+    total = lax.reduce_window(self, np.zeros((), self.dtype), lax.add, window, strides, full_pads)
     if divisor_override:
         return total / divisor_override
     if count_include_pad:
@@ -132,10 +133,10 @@ def _avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, 
         ones = jnp.pad(ones, [(p, p) for p in padding], constant_values=1)
         # Negative high padding trims the symmetric padding that no window reaches.
         ones = lax.pad(ones, jnp.asarray(0, self.dtype), [(0, hi - lo, 0) for (lo, hi) in pads])
-        count = lax.reduce_window(ones, jnp.asarray(0, self.dtype), lax.add, kernel, stride, [(0, 0)] * nd)
+        count = lax.reduce_window(ones, np.zeros((), self.dtype), lax.add, kernel, stride, [(0, 0)] * nd)
     else:
         ones = jnp.ones(spatial, self.dtype)
-        count = lax.reduce_window(ones, jnp.asarray(0, self.dtype), lax.add, kernel, stride, pads)
+        count = lax.reduce_window(ones, np.zeros((), self.dtype), lax.add, kernel, stride, pads)
     return total / count
 
 

@@ -29,14 +29,21 @@ def randn(size, *, dtype=None, layout=None, device=None, pin_memory=None, genera
     return jax.random.normal(key, tuple(size), jdtype(dtype, default_float()))
 
 
+def _randint(key, size, low, high, dtype):
+    # PyTorch also draws integers into float dtypes (randint(..., dtype=torch.float32)).
+    want = jdtype(dtype, jnp.int64)
+    draw = want if jnp.issubdtype(want, jnp.integer) else jnp.int64
+    return jax.random.randint(key, tuple(size), low, high, draw).astype(want)
+
+
 @lower(aten.randint.default, random=True)
 def randint(high, size, *, dtype=None, layout=None, device=None, pin_memory=None, generator=None, key):
-    return jax.random.randint(key, tuple(size), 0, high, jdtype(dtype, jnp.int64))
+    return _randint(key, size, 0, high, dtype)
 
 
 @lower(aten.randint.low, random=True)
 def randint_low(low, high, size, *, dtype=None, layout=None, device=None, pin_memory=None, generator=None, key):
-    return jax.random.randint(key, tuple(size), low, high, jdtype(dtype, jnp.int64))
+    return _randint(key, size, low, high, dtype)
 
 
 @lower(aten.randperm.default, random=True)

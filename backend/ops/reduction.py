@@ -306,13 +306,13 @@ def log_softmax(self, dim, half_to_float=False):
 
 @lower(aten._softmax_backward_data.default)
 def softmax_backward(grad_output, output, dim, input_dtype):
-    d = norm_dim(dim, output.ndim)
+    d = norm_dim(dim, output.ndim) if output.ndim else ()  # a 0-d softmax reduces over nothing
     return output * (grad_output - jnp.sum(grad_output * output, axis=d, keepdims=True))
 
 
 @lower(aten._log_softmax_backward_data.default)
 def log_softmax_backward(grad_output, output, dim, input_dtype):
-    d = norm_dim(dim, output.ndim)
+    d = norm_dim(dim, output.ndim) if output.ndim else ()
     return grad_output - jnp.exp(output) * jnp.sum(grad_output, axis=d, keepdims=True)
 
 
@@ -585,3 +585,56 @@ def histogramdd_from_bin_cts(self, bins, *, range=None, weight=None, density=Fal
 @lower(aten._histogramdd_from_bin_tensors.default)
 def histogramdd_from_bin_tensors(self, bins, *, weight=None, density=False):
     return _histogramdd(self, list(bins), weight, density, uniform=False)
+
+
+@lower(aten._segment_reduce_backward.default)
+def segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0, initial=None):
+    """PyTorch's gradient of segment_reduce: sum and mean spread the segment's gradient (mean
+    divided by its length); max and min share it among the elements equal to the result;
+    prod gives each element the product of the others (a segment's only zero gets it all)."""
+    axis = norm_dim(axis, data.ndim)
+    if lengths is None:
+        lengths = jnp.diff(offsets, axis=-1)
+    n = data.shape[axis]
+    segments = lengths.shape[-1]
+    lead = data.shape[:axis]
+
+    def one(d, g, o, lens):
+        ids = jnp.repeat(jnp.arange(segments), lens, total_repeat_length=n)
+        g_e, o_e = g[ids], o[ids]
+        if reduce == "sum":
+            return g_e
+        if reduce == "mean":
+            return g_e / jnp.maximum(lens, 1)[ids].reshape((-1,) + (1,) * (d.ndim - 1)).astype(g.dtype)
+        if reduce in ("max", "min"):
+            hit = d == o_e
+            count = jax.ops.segment_sum(hit.astype(g.dtype), ids, num_segments=segments)[ids]
+            return jnp.where(hit, g_e / jnp.where(hit, count, 1), 0)
+        zero = d == 0
+        zeros = jax.ops.segment_sum(zero.astype(jnp.int32), ids, num_segments=segments)[ids]
+        rest = jax.ops.segment_prod(jnp.where(zero, 1, d), ids, num_segments=segments)[ids]
+        if initial is not None:
+            rest = rest * jnp.asarray(initial, d.dtype)
+        others = jnp.where(zeros == 0, o_e / jnp.where(zero, 1, d), jnp.where((zeros == 1) & zero, rest, 0))
+        return g_e * others
+
+    def flat(x):
+        moved = jnp.moveaxis(x, axis, len(lead))
+        return moved.reshape((-1,) + moved.shape[len(lead):])
+
+    out = jax.vmap(one)(flat(data), flat(grad), flat(output), lengths.reshape((-1, segments)))
+    out = out.reshape(lead + out.shape[1:])
+    return jnp.moveaxis(out, len(lead), axis).astype(data.dtype)
+
+
+@lower(aten.hash_tensor.default)
+def hash_tensor(self, dim=(), *, keepdim=False, mode=0):
+    """mode 0, PyTorch's only one: the XOR of the elements' 64-bit patterns, floats read as
+    float64 and integers as int64 first, as uint64. (Needs uint64 on the device.)"""
+    if mode != 0:
+        raise NotImplementedError(f"hash_tensor mode {mode}")
+    wide = jnp.float64 if jnp.issubdtype(self.dtype, jnp.floating) else jnp.int64
+    bits = lax.bitcast_convert_type(self.astype(wide), jnp.uint64)
+    axes = norm_dims(dim, self.ndim)
+    out = lax.reduce(bits, np.uint64(0), lax.bitwise_xor, axes)
+    return jnp.expand_dims(out, axes) if keepdim else out

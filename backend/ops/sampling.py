@@ -1,7 +1,8 @@
-"""Resampling: grid sampling and antialiased bilinear / bicubic interpolation."""
+"""Resampling: grid sampling, antialiased bilinear / bicubic interpolation, the upsample backwards."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -72,6 +73,22 @@ def _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
 @lower(aten.grid_sampler_3d.default)
 def grid_sampler_3d(input, grid, interpolation_mode, padding_mode, align_corners):
     return _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)
+
+
+def _grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    _, vjp = jax.vjp(lambda x, g: _grid_sample(x, g, interpolation_mode, padding_mode, align_corners), input, grid)
+    grad_input, grad_grid = vjp(grad_output)
+    return (grad_input if output_mask[0] else None), grad_grid
+
+
+@lower(aten.grid_sampler_2d_backward.default)
+def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    return _grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask)
+
+
+@lower(aten.grid_sampler_3d_backward.default)
+def grid_sampler_3d_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    return _grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask)
 
 
 # --- antialiased resampling ------------------------------------------------------------------
@@ -148,3 +165,149 @@ def upsample_bicubic2d_aa(self, output_size, align_corners, scales_h=None, scale
 def upsample_bicubic2d_aa_vec(input, output_size, align_corners, scale_factors):
     size, scales = _aa_size(input, output_size, scale_factors)
     return _upsample_aa(input, size, align_corners, scales, _aa_cubic, 4)
+
+
+# --- interpolation backward: the transposed per-dimension resampling matrices ---------------
+# PyTorch decomposes the upsample forwards; their backwards are linear maps of the gradient:
+# one (out, in) matrix per spatial dim, built on the host with PyTorch's index arithmetic
+# (float32, as its kernels), applied transposed.
+
+
+def _area_scale(in_size, out_size, align_corners, scale):
+    """PyTorch's area_pixel_compute_scale: input pixels per output pixel."""
+    if align_corners:
+        return (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+    return 1.0 / scale if scale is not None and scale > 0 else in_size / out_size
+
+
+def _source_index(in_size, out_size, align_corners, scale):
+    s = np.float32(_area_scale(in_size, out_size, align_corners, scale))
+    i = np.arange(out_size, dtype=np.float32)
+    return s * i if align_corners else s * (i + np.float32(0.5)) - np.float32(0.5)
+
+
+def _nearest_matrix(in_size, out_size, scale, exact):
+    s = np.float32(1.0 / scale if scale is not None and scale > 0 else in_size / out_size)
+    i = np.arange(out_size, dtype=np.float32) + np.float32(0.5 if exact else 0.0)
+    src = np.minimum((i * s).astype(np.int64), in_size - 1)
+    m = np.zeros((out_size, in_size), np.float32)
+    m[np.arange(out_size), src] = 1
+    return m
+
+
+def _linear_matrix(in_size, out_size, align_corners, scale):
+    src = np.maximum(_source_index(in_size, out_size, align_corners, scale), np.float32(0))
+    lo = np.minimum(src.astype(np.int64), in_size - 1)
+    hi = np.minimum(lo + 1, in_size - 1)
+    frac = np.clip(src - lo, 0, 1).astype(np.float32)
+    m = np.zeros((out_size, in_size), np.float32)
+    np.add.at(m, (np.arange(out_size), lo), 1 - frac)
+    np.add.at(m, (np.arange(out_size), hi), frac)
+    return m
+
+
+def _cubic_matrix(in_size, out_size, align_corners, scale, a=-0.75):
+    src = _source_index(in_size, out_size, align_corners, scale)
+    base = np.floor(src)
+    t = np.clip(src - base, 0, 1).astype(np.float32)
+    near = lambda x: ((a + 2) * x - (a + 3)) * x * x + 1  # noqa: E731
+    far = lambda x: ((a * x - 5 * a) * x + 8 * a) * x - 4 * a  # noqa: E731
+    weights = (far(t + 1), near(t), near(1 - t), far(2 - t))
+    m = np.zeros((out_size, in_size), np.float32)
+    for k, w in enumerate(weights):
+        idx = np.clip(base.astype(np.int64) - 1 + k, 0, in_size - 1)
+        np.add.at(m, (np.arange(out_size), idx), w.astype(np.float32))
+    return m
+
+
+def _resample_transposed(grad, mats):
+    """grad (..., out_1, ..., out_n) through each matrix transposed: (..., in_1, ..., in_n)."""
+    x = grad.astype(jnp.float32) if grad.dtype in (jnp.float16, jnp.bfloat16) else grad
+    n = len(mats)
+    for d, m in enumerate(mats):
+        axis = x.ndim - n + d
+        x = jnp.moveaxis(jnp.tensordot(x, jnp.asarray(m, x.dtype), axes=[[axis], [0]],
+                                       precision=lax.Precision.HIGHEST), -1, axis)
+    return x.astype(grad.dtype)
+
+
+def _nearest_backward(grad_output, output_size, input_size, scales, exact):
+    spatial = input_size[-len(output_size):]
+    mats = [_nearest_matrix(i, o, s, exact) for i, o, s in zip(spatial, output_size, scales)]
+    return _resample_transposed(grad_output, mats)
+
+
+def _linear_backward(grad_output, output_size, input_size, align_corners, scales):
+    spatial = input_size[-len(output_size):]
+    mats = [_linear_matrix(i, o, align_corners, s) for i, o, s in zip(spatial, output_size, scales)]
+    return _resample_transposed(grad_output, mats)
+
+
+@lower(aten.upsample_nearest1d_backward.default, static_floats=True)
+def upsample_nearest1d_backward(grad_output, output_size, input_size, scales=None):
+    return _nearest_backward(grad_output, output_size, input_size, (scales,), False)
+
+
+@lower(aten.upsample_nearest2d_backward.default, static_floats=True)
+def upsample_nearest2d_backward(grad_output, output_size, input_size, scales_h=None, scales_w=None):
+    return _nearest_backward(grad_output, output_size, input_size, (scales_h, scales_w), False)
+
+
+@lower(aten.upsample_nearest3d_backward.default, static_floats=True)
+def upsample_nearest3d_backward(grad_output, output_size, input_size, scales_d=None, scales_h=None, scales_w=None):
+    return _nearest_backward(grad_output, output_size, input_size, (scales_d, scales_h, scales_w), False)
+
+
+@lower(aten._upsample_nearest_exact1d_backward.default, static_floats=True)
+def upsample_nearest_exact1d_backward(grad_output, output_size, input_size, scales=None):
+    return _nearest_backward(grad_output, output_size, input_size, (scales,), True)
+
+
+@lower(aten._upsample_nearest_exact2d_backward.default, static_floats=True)
+def upsample_nearest_exact2d_backward(grad_output, output_size, input_size, scales_h=None, scales_w=None):
+    return _nearest_backward(grad_output, output_size, input_size, (scales_h, scales_w), True)
+
+
+@lower(aten._upsample_nearest_exact3d_backward.default, static_floats=True)
+def upsample_nearest_exact3d_backward(grad_output, output_size, input_size, scales_d=None, scales_h=None,
+                                      scales_w=None):
+    return _nearest_backward(grad_output, output_size, input_size, (scales_d, scales_h, scales_w), True)
+
+
+@lower(aten.upsample_linear1d_backward.default, static_floats=True)
+def upsample_linear1d_backward(grad_output, output_size, input_size, align_corners, scales=None):
+    return _linear_backward(grad_output, output_size, input_size, align_corners, (scales,))
+
+
+@lower(aten.upsample_bilinear2d_backward.default, static_floats=True)
+def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+    return _linear_backward(grad_output, output_size, input_size, align_corners, (scales_h, scales_w))
+
+
+@lower(aten.upsample_trilinear3d_backward.default, static_floats=True)
+def upsample_trilinear3d_backward(grad_output, output_size, input_size, align_corners, scales_d=None,
+                                  scales_h=None, scales_w=None):
+    return _linear_backward(grad_output, output_size, input_size, align_corners, (scales_d, scales_h, scales_w))
+
+
+@lower(aten.upsample_bicubic2d_backward.default, static_floats=True)
+def upsample_bicubic2d_backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+    spatial = input_size[-2:]
+    mats = [_cubic_matrix(i, o, align_corners, s) for i, o, s in zip(spatial, output_size, (scales_h, scales_w))]
+    return _resample_transposed(grad_output, mats)
+
+
+@lower(aten._upsample_bilinear2d_aa_backward.default, static_floats=True)
+def upsample_bilinear2d_aa_backward(grad_output, output_size, input_size, align_corners, scales_h=None,
+                                    scales_w=None):
+    mats = [_aa_weights(i, o, align_corners, s, _aa_linear, 2)
+            for i, o, s in zip(input_size[-2:], output_size, (scales_h, scales_w))]
+    return _resample_transposed(grad_output, mats)
+
+
+@lower(aten._upsample_bicubic2d_aa_backward.default, static_floats=True)
+def upsample_bicubic2d_aa_backward(grad_output, output_size, input_size, align_corners, scales_h=None,
+                                   scales_w=None):
+    mats = [_aa_weights(i, o, align_corners, s, _aa_cubic, 4)
+            for i, o, s in zip(input_size[-2:], output_size, (scales_h, scales_w))]
+    return _resample_transposed(grad_output, mats)

@@ -332,7 +332,10 @@ def gather(self, dim, index, *, sparse_grad=False):
         return jnp.zeros(index.shape, self.dtype)
     if self.ndim == 0:
         return jnp.broadcast_to(self, index.shape)
-    return jnp.take_along_axis(self, index, axis=norm_dim(dim, self.ndim), mode="clip")
+    d = norm_dim(dim, self.ndim)
+    # The index may be smaller than self along the other dims: only that corner is read.
+    self = self[tuple(slice(None) if i == d else slice(0, n) for i, n in enumerate(index.shape))]
+    return jnp.take_along_axis(self, index, axis=d, mode="clip")
 
 
 def _scatter_indices(self, dim, index):
@@ -354,8 +357,10 @@ def scatter(self, dim, index, src):
 
 @lower(aten.scatter_add.default)
 def scatter_add(self, dim, index, src):
+    if index.size == 0:  # an empty index (its rank may differ from self's) adds nothing
+        return self
     if self.ndim == 0:
-        return self + src.reshape(()).astype(self.dtype) if index.size else self
+        return self + src.reshape(()).astype(self.dtype)
     src = src[tuple(slice(0, s) for s in index.shape)]
     return self.at[_scatter_indices(self, dim, index)].add(src.astype(self.dtype))
 
