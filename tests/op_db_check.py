@@ -105,9 +105,12 @@ class _Timeout(Exception):
 
 
 _IN_WORKER = False
+_fired = False  # the alarm went off: an error it caused inside autograd's C++ may not be a _Timeout
 
 
 def _alarm(signum, frame):
+    global _fired
+    _fired = True
     if _IN_WORKER:  # the timeout may unwind through autograd's C++ and kill the worker: say so first
         print(json.dumps({"alarm": True}), flush=True)
     raise _Timeout()
@@ -247,6 +250,8 @@ def check_op_grad(opinfo, max_samples: int = MAX_SAMPLES, seconds: int = 20) -> 
     result = OpResult(_name(opinfo))
     if not opinfo.supports_autograd or torch.float32 not in opinfo.supported_dtypes("cpu"):
         return result
+    global _fired
+    _fired = False
     old = signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(seconds)
     try:
@@ -281,6 +286,8 @@ def check_op_grad(opinfo, max_samples: int = MAX_SAMPLES, seconds: int = 20) -> 
             except _Timeout:
                 raise
             except Exception as exc:  # noqa: BLE001 - recorded, reported
+                if _fired:  # the timeout, come back through autograd's C++ as another error
+                    raise _Timeout() from exc
                 _record(result, exc)
     except _Timeout:
         result.error = result.error or f"timeout after {seconds}s"
