@@ -236,7 +236,7 @@ def _device() -> Device:
 
 
 def _environment():
-    from tpu_agent.environment import collect_environment
+    from tpu_agent.run.environment import collect_environment
 
     return collect_environment()
 

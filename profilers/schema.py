@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from tpu_agent.environment import Environment
+from tpu_agent.run.environment import Environment
 
 SCHEMA_VERSION = 1
 

@@ -105,7 +105,7 @@ class Session:
         raw = os.environ.pop(PROFILE_ENV, None)
         if raw is None:
             return None
-        from tpu_agent.runner import RUN_DIR_ENV
+        from tpu_agent.run.launch import RUN_DIR_ENV
 
         settings = Settings.model_validate_json(raw)
         run_dir = Path(os.environ.get(RUN_DIR_ENV) or ".")

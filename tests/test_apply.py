@@ -16,8 +16,8 @@ from conftest import EXAMPLES
 RUNNER = textwrap.dedent("""
     import json, runpy, sys
     import torch
-    from tpu_agent.plan import Plan
-    from tpu_agent.apply import apply_runtime
+    from tpu_agent.plan.actions import Plan
+    from tpu_agent.plan.runtime import apply_runtime
     applied = apply_runtime(Plan.model_validate_json(sys.argv[1]))
     sys.argv = [sys.argv[2], "--steps", "5"]
     runpy.run_path(sys.argv[0], run_name="__main__")

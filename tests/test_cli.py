@@ -14,8 +14,8 @@ import pytest
 
 from conftest import clean_env, one_error_line, run_python, run_tool
 from tpu_agent import __version__
-from tpu_agent.environment import Environment
-from tpu_agent.runner import RUN_DIR_ENV, RunResult
+from tpu_agent.run.environment import Environment
+from tpu_agent.run.launch import RUN_DIR_ENV, RunResult
 
 
 def write(path: Path, source: str) -> Path:

@@ -9,9 +9,9 @@ import pytest
 
 from conftest import one_error_line, run_tool
 from fake_profiles import make_profile
-from tpu_agent.cmd_diff import compare
+from tpu_agent.cli.diff import compare
 from tpu_agent.errors import InputError
-from tpu_agent.summary import from_profile, summarize
+from tpu_agent.report.summary import from_profile, summarize
 
 
 def write(path: Path, profile) -> Path:
@@ -86,7 +86,7 @@ def test_bad_inputs(tmp_path: Path, content: str | None, message: str) -> None:
     if content is not None:
         path.write_text(content)
     with pytest.raises(InputError, match=message):
-        from tpu_agent.summary import load_summary
+        from tpu_agent.report.summary import load_summary
 
         load_summary(path)
 

@@ -10,8 +10,8 @@ import pytest
 
 from conftest import EXAMPLES, one_error_line, run_tool
 from fake_profiles import hot_op, make_profile, padding_dim
-from tpu_agent.knobs import aligned_to, candidates_for, discover, pad_group
-from tpu_agent.rewrite import rewrite_source
+from tpu_agent.propose.knobs import aligned_to, candidates_for, discover, pad_group
+from tpu_agent.plan.rewrite import rewrite_source
 
 SCRIPT = '''\
 import argparse

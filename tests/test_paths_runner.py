@@ -9,8 +9,8 @@ import pytest
 
 from tpu_agent import paths
 from tpu_agent.errors import InputError
-from tpu_agent.inputs import check_script
-from tpu_agent.runner import RESULT_FILE, RunResult, run_script
+from tpu_agent.cli.inputs import check_script
+from tpu_agent.run.launch import RESULT_FILE, RunResult, run_script
 
 
 def test_cache_dir_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -52,7 +52,7 @@ def test_run_script_records_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.chdir(tmp_path)
     result = run_script(script, ["5"], runs_root=tmp_path / "runs")
     assert result.exit_code == 5 and result.signal_number is None
-    assert result.command[:4] == [sys.executable, "-P", "-m", "tpu_agent.child"]
+    assert result.command[:4] == [sys.executable, "-P", "-m", "tpu_agent.run.child"]
     assert Path(result.run_dir).parent == tmp_path / "runs"
     saved = RunResult.model_validate_json((Path(result.run_dir) / RESULT_FILE).read_text())
     assert saved == result

@@ -11,8 +11,8 @@ import pytest
 from agent_support import profile
 from conftest import clean_env, one_error_line, run_tool
 from tpu_agent.errors import InputError
-from tpu_agent.plan import ACTION_KINDS
-from tpu_agent.playbook import (
+from tpu_agent.plan.actions import ACTION_KINDS
+from tpu_agent.propose.playbook import (
     METRICS,
     Condition,
     PlaybookError,

@@ -17,9 +17,9 @@ import httpx2
 import pytest
 
 from agent_support import DATA, RECORDED, example_knobs, profile
-from tpu_agent.plan import Compile, PadDim, PadOps
-from tpu_agent.proposers.claude import DEFAULT_MODEL, SUBMIT_TOOL, TOOLS, ClaudeProposer, propose_claude
-from tpu_agent.proposers.offline import propose_offline
+from tpu_agent.plan.actions import Compile, PadDim, PadOps
+from tpu_agent.propose.claude import DEFAULT_MODEL, SUBMIT_TOOL, TOOLS, ClaudeProposer, propose_claude
+from tpu_agent.propose.offline import propose_offline
 
 GOOD = json.loads((DATA / "claude" / "tool_use_turns.json").read_text())["exchanges"][2]["body"]["content"][1]["input"]
 

@@ -11,11 +11,11 @@ import pytest
 from agent_support import EXAMPLES, RECORDED, example_knobs, profile, profile_data
 from conftest import run_tool
 from tpu_agent.errors import InputError
-from tpu_agent.plan import Compile, Mesh, PadDim, PadOps, Plan
-from tpu_agent.playbook import builtin_playbooks
-from tpu_agent.proposers import choose_proposer, make_proposer
-from tpu_agent.proposers.base import TrialOutcome
-from tpu_agent.proposers.offline import OfflineProposer, propose_offline
+from tpu_agent.plan.actions import Compile, Mesh, PadDim, PadOps, Plan
+from tpu_agent.propose.playbook import builtin_playbooks
+from tpu_agent.propose import choose_proposer, make_proposer
+from tpu_agent.propose.base import TrialOutcome
+from tpu_agent.propose.offline import OfflineProposer, propose_offline
 
 PADDING_KINDS = {"pad_dim", "pad_ops"}
 
@@ -182,7 +182,7 @@ def test_live_profile_ranks_the_reported_padding_first(tmp_path, name):
 @pytest.mark.parametrize("name", ["odd_shapes", "transformer"])
 def test_the_knob_finders_knobs_give_the_same_ranking(name):
     """tpu_agent.knobs.Knob (the real finder) feeds the proposer as the test's plain knobs do."""
-    from tpu_agent.knobs import discover
+    from tpu_agent.propose.knobs import discover
 
     prof = profile(name)
     found = discover(RECORDED / f"{name}.py", profile=prof).knobs

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tpu_agent import rewrite
+from tpu_agent.plan import rewrite
 from tpu_agent.errors import InputError
-from tpu_agent.plan import PadDim, Plan
-from tpu_agent.rewrite import SourceChanged, apply_pad_dims, rewrite_source
+from tpu_agent.plan.actions import PadDim, Plan
+from tpu_agent.plan.rewrite import SourceChanged, apply_pad_dims, rewrite_source
 
 GIT = shutil.which("git")
 

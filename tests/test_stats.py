@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from tpu_agent.stats import (
+from tpu_agent.verify.stats import (
     check_exact,
     check_loss_tol,
     check_numerics,
@@ -64,7 +64,7 @@ def test_aa_false_pass_rate() -> None:
 
 def test_interval_holds_its_level() -> None:
     """The true median ratio (1) falls below the 95 % lower bound about 2.5 % of the time, not more."""
-    from tpu_agent.stats import bootstrap_median_ci, median_ci
+    from tpu_agent.verify.stats import bootstrap_median_ci, median_ci
 
     rng = np.random.default_rng(0)
     trials, below, below_bootstrap_only = 1500, 0, 0
@@ -106,7 +106,7 @@ def test_gain_below_min_gain_is_not_accepted() -> None:
 
 
 def test_bootstrap_is_seeded() -> None:
-    from tpu_agent.stats import bootstrap_median_ci
+    from tpu_agent.verify.stats import bootstrap_median_ci
 
     a, b = noisy_pairs(7, 9, 1.1)
     assert speedup(a, b, seed=1) == speedup(a, b, seed=1)
@@ -116,7 +116,7 @@ def test_bootstrap_is_seeded() -> None:
 
 
 def test_order_statistic_interval() -> None:
-    from tpu_agent.stats import order_statistic_median_ci
+    from tpu_agent.verify.stats import order_statistic_median_ci
 
     x = np.arange(1.0, 6.0)  # n = 5: even the full range is short of 95 %, so it is the range
     assert order_statistic_median_ci(x) == (1.0, 5.0)

@@ -6,10 +6,10 @@ import random
 
 from rich.console import Console
 
-from tpu_agent import report
-from tpu_agent.plan import Compile, MatmulPrecision, PadDim, PadOps, Plan
-from tpu_agent.trials import StepRecord
-from tpu_agent.tune import GROUPS, TuneSettings, _interleave, settle, verify
+from tpu_agent.report import markdown as report
+from tpu_agent.plan.actions import Compile, MatmulPrecision, PadDim, PadOps, Plan
+from tpu_agent.search.trials import StepRecord
+from tpu_agent.search.tune import GROUPS, TuneSettings, _interleave, settle, verify
 
 # Step time factor of each group of actions on a 10 ms baseline step.
 FACTORS = {"padding": 0.8, "execution": 0.9, "precision": 1.2}
@@ -89,7 +89,7 @@ def test_a_single_group_plan_is_not_ablated():
 
 
 def _result(best, verdicts):
-    from tpu_agent.tune import TuneResult
+    from tpu_agent.search.tune import TuneResult
 
     return TuneResult(script="t.py", args=[], settings=TuneSettings(), study="s", storage="sqlite://", run_dir=".",
                       best=best, verdicts=[best, *verdicts])

@@ -8,8 +8,9 @@ from rich.console import Console
 
 from conftest import EXAMPLES
 from test_proposer_claude import FakeClient, message, use
-from tpu_agent import report, tune
-from tpu_agent.proposers.claude import ClaudeProposer
+from tpu_agent.report import markdown as report
+from tpu_agent.search import tune
+from tpu_agent.propose.claude import ClaudeProposer
 
 PROPOSAL = {"proposals": [{
     "title": "Pad the convolution channels and run the step as fused XLA graphs",

@@ -1,5 +1,5 @@
 """`python -m tpu_agent` is `tpu-agent`."""
 
-from tpu_agent.cli import main
+from tpu_agent.cli.app import main
 
 main()

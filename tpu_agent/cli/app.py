@@ -24,9 +24,9 @@ except ImportError:  # pragma: no cover - older typer on real click
     from click import exceptions as click_exceptions
 
 from tpu_agent import __version__
-from tpu_agent.environment import Environment, collect_environment
+from tpu_agent.run.environment import Environment, collect_environment
 from tpu_agent.errors import TpuAgentError
-from tpu_agent.inputs import check_script
+from tpu_agent.cli.inputs import check_script
 
 PROG = "tpu-agent"
 
@@ -139,12 +139,12 @@ def run(
     Same argv, working directory and sys.path[0]; the exit code is the script's own.
     Example: [bold]tpu-agent run train.py -- --epochs 1[/bold]
     """
-    from tpu_agent.runner import run_script  # keeps `--help` and `doctor` lean
+    from tpu_agent.run.launch import run_script  # keeps `--help` and `doctor` lean
 
     check_script(script)
     env = None
     if plan is not None:
-        from tpu_agent.cmd_tune import run_with_plan
+        from tpu_agent.cli.tune import run_with_plan
 
         script, env = run_with_plan(script, script_args or [], plan)
     try:
@@ -214,7 +214,7 @@ def profile(
     to .tpu-agent/runs/<time>-<script>/. The exit code is the script's own.
     Example: [bold]tpu-agent profile train.py --steps 10 -- --epochs 1[/bold]
     """
-    from tpu_agent.profile_cmd import profile as run_profile
+    from tpu_agent.cli.profile import profile as run_profile
     from tpu_agent.profilers.schema import Settings
 
     settings = Settings(
@@ -228,16 +228,17 @@ def profile(
 
 # ---------------------------------------------------------------- playbooks
 
-from tpu_agent.cmd_playbooks import app as _playbooks_app  # noqa: E402  (light: loads playbooks per command)
+from tpu_agent.cli.playbooks import app as _playbooks_app  # noqa: E402  (light: loads playbooks per command)
 
 app.add_typer(_playbooks_app, name="playbooks")
 
-from tpu_agent import cmd_diff, cmd_knobs  # noqa: E402  (light: libcst and profiles load per command)
+from tpu_agent.cli import diff as cmd_diff
+from tpu_agent.cli import knobs as cmd_knobs  # noqa: E402  (light: libcst and profiles load per command)
 
 cmd_knobs.register(app)
 cmd_diff.register(app)
 
-from tpu_agent import cmd_tune  # noqa: E402  (light: optuna and the backend load per command)
+from tpu_agent.cli import tune as cmd_tune  # noqa: E402  (light: optuna and the backend load per command)
 
 cmd_tune.register(app)
 

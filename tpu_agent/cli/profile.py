@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from tpu_agent.errors import InputError, TpuAgentError
-from tpu_agent.inputs import check_script
+from tpu_agent.cli.inputs import check_script
 from tpu_agent.paths import RUNS_SUBDIR
 from tpu_agent.profilers.schema import Profile, Settings
 from tpu_agent.profilers.session import PROFILE_ENV, PROFILE_FILE, PROGRESS_FD_ENV
@@ -114,7 +114,7 @@ def profile(
     stdout: Console,
     stderr: Console,
 ) -> int:
-    from tpu_agent.runner import run_script
+    from tpu_agent.run.launch import run_script
 
     check_script(script)
     if settings.trace_dir:
@@ -155,7 +155,7 @@ def profile(
     if json_output:
         sys.stdout.write(prof.model_dump_json(indent=2) + "\n")
     else:
-        from tpu_agent.profile_view import render
+        from tpu_agent.cli.profile_view import render
 
         # Piped output is not cut to 80 columns: the tables stay readable in a log.
         render(prof, stdout if stdout.is_terminal else Console(width=max(stdout.width, 140), soft_wrap=True,

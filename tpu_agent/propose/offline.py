@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from tpu_agent.playbook import METRICS, Generator, Playbook, builtin_playbooks, substitute, variables
+from tpu_agent.propose.playbook import METRICS, Generator, Playbook, builtin_playbooks, substitute, variables
 from tpu_agent.profilers.schema import PaddingDim, Profile
-from tpu_agent.proposers.base import (
+from tpu_agent.propose.base import (
     ActionTemplate,
     Candidate,
     Evidence,
@@ -77,7 +77,7 @@ class _Binding:
 
 def _width_first(k: KnobRef):
     """For width / heads: model-width names (d_model, n_embd, hidden, width, dim) before other knobs."""
-    from tpu_agent.playbook import name_words
+    from tpu_agent.propose.playbook import name_words
 
     named = any(w.startswith(("model", "embd", "embed", "hidden", "width", "dim")) for w in name_words(k.name or ""))
     return (not named, k.file, k.line, k.column)

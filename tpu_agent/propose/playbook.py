@@ -31,9 +31,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tpu_agent.errors import InputError
-from tpu_agent.plan import ACTION_KINDS
+from tpu_agent.plan.actions import ACTION_KINDS
 from tpu_agent.profilers.schema import Profile
-from tpu_agent.proposers.base import ActionTemplate, Evidence
+from tpu_agent.propose.base import ActionTemplate, Evidence
 
 BUILTIN_PACKAGE = "tpu_agent.playbooks"
 PAD_DIM_BOUND = ("file", "line", "column", "old", "name")  # filled from the knob, never written in a playbook
@@ -439,7 +439,7 @@ def substitute(value, env: dict[str, int]):
 
 def check_playbook(pb: Playbook) -> list[tuple[str, str]]:
     """Problems the schema alone cannot see, as (field, problem)."""
-    from tpu_agent import plan as plan_models
+    from tpu_agent.plan import actions as plan_models
 
     problems: list[tuple[str, str]] = []
     knobs = pb.targets.knobs if pb.targets else None

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tpu_agent.plan import PadDim, Plan
-from tpu_agent.tune import TuneResult, Verdict, _plan_text, _speed_text
+from tpu_agent.plan.actions import PadDim, Plan
+from tpu_agent.search.tune import TuneResult, Verdict, _plan_text, _speed_text
 
 
 def write_all(result: TuneResult, script: Path) -> dict[str, Path]:
@@ -23,7 +23,7 @@ def write_all(result: TuneResult, script: Path) -> dict[str, Path]:
         result.best.plan.save(plan_path)
         out["plan.json"] = plan_path
         if result.best.plan.of(PadDim):
-            from tpu_agent.rewrite import apply_pad_dims
+            from tpu_agent.plan.rewrite import apply_pad_dims
 
             rewrite = apply_pad_dims(result.best.plan, script, run_dir / "workspaces" / "final")
             out["patch.diff"] = rewrite.write_patch(run_dir / "patch.diff")

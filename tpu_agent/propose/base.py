@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol, Sequence
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
-from tpu_agent.plan import ACTION_KINDS, Action, Plan
+from tpu_agent.plan.actions import ACTION_KINDS, Action, Plan
 
 ActionKind = Literal["pad_dim", "pad_ops", "mesh", "shard_rule", "batch_sharding", "compile", "matmul_precision"]
 assert set(ActionKind.__args__) == set(ACTION_KINDS)  # one list of kinds, kept in step with plan.py

@@ -14,9 +14,9 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from tpu_agent.errors import InputError
-from tpu_agent.inputs import check_script
+from tpu_agent.cli.inputs import check_script
 from tpu_agent.paths import RUNS_SUBDIR
-from tpu_agent.plan import PadDim, Plan
+from tpu_agent.plan.actions import PadDim, Plan
 
 PLAN_ENV = "TPU_AGENT_PLAN"
 
@@ -39,7 +39,7 @@ def load_plan(path: str) -> Plan:
 def run_with_plan(script: str, args: list[str], plan_path: str) -> tuple[str, dict[str, str]]:
     """The script to run (a rewritten copy when the plan edits source) and the environment for the child."""
     from tpu_agent.paths import new_run_dir
-    from tpu_agent.rewrite import apply_pad_dims
+    from tpu_agent.plan.rewrite import apply_pad_dims
 
     plan = load_plan(plan_path)
     env = dict(os.environ)
@@ -53,7 +53,8 @@ def run_with_plan(script: str, args: list[str], plan_path: str) -> tuple[str, di
 
 def tune_command(script: str, args: list[str], settings, *, proposer: str, model: str | None, apply: bool,
                  force: bool, json_output: bool, console: Console) -> int:
-    from tpu_agent import report, tune
+    from tpu_agent.report import markdown as report
+    from tpu_agent.search import tune
 
     check_script(script)
     runs_root = Path.cwd() / RUNS_SUBDIR
@@ -92,7 +93,7 @@ def _rel(path: Path) -> str:
 
 def apply_patch(patch: Path, plan: Plan, script: Path, *, force: bool, console: Console) -> None:
     """Write the verified source change into the user's files: refuses over uncommitted edits, keeps backups."""
-    from tpu_agent.rewrite import planned_changes
+    from tpu_agent.plan.rewrite import planned_changes
 
     script_dir = script.resolve().parent
     changes = planned_changes(plan, script_dir)
@@ -169,7 +170,7 @@ def register(app) -> None:
         Example: [bold]tpu-agent tune train.py --trials 20 -- --epochs 1[/bold]
         """
         from tpu_agent.config import resolve
-        from tpu_agent.tune import TuneSettings
+        from tpu_agent.search.tune import TuneSettings
 
         check_script(script)
         flags = dict(trials=trials, timeout=timeout, steps=steps, warmup=warmup, pairs=pairs, target=target,
@@ -184,7 +185,7 @@ def register(app) -> None:
             step_timeout=opts.trial_timeout, devices=opts.devices if opts.devices > 1 else None,
             playbooks=list(opts.playbooks), rounds=opts.rounds, token_budget=opts.token_budget,
         )
-        from tpu_agent.proposers import choose_proposer
+        from tpu_agent.propose import choose_proposer
 
         chosen, why = choose_proposer(opts.proposer, offline)
         console = Console(stderr=json_output)

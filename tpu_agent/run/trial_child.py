@@ -25,7 +25,7 @@ class StopTrial(BaseException):
 
 class TrialSession:
     def __init__(self, spec: dict):
-        from tpu_agent.plan import Plan
+        from tpu_agent.plan.actions import Plan
 
         self.plan = Plan.model_validate(spec["plan"])
         self.gate = os.fdopen(spec["gate_fd"], "rb", buffering=0)
@@ -41,7 +41,7 @@ class TrialSession:
         return cls(json.loads(raw)) if raw else None
 
     def start(self) -> None:
-        from tpu_agent.apply import apply_runtime
+        from tpu_agent.plan.runtime import apply_runtime
         from tpu_agent.backend.steps import add_step_listener
 
         self.applied = apply_runtime(self.plan)

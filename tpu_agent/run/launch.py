@@ -45,7 +45,7 @@ class RunResult(BaseModel):
 
 def child_command(script: str | Path, args: Sequence[str]) -> list[str]:
     # -P: nothing is prepended to sys.path for us; the child puts the script's dir there.
-    return [sys.executable, "-P", "-m", "tpu_agent.child", str(script), *args]
+    return [sys.executable, "-P", "-m", "tpu_agent.run.child", str(script), *args]
 
 
 def _wait(proc: subprocess.Popen[bytes]) -> int:

@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tpu_agent.errors import InputError
-from tpu_agent.inputs import check_script
+from tpu_agent.cli.inputs import check_script
 from tpu_agent.paths import RUNS_SUBDIR
 
 PROFILE_FILE = "profile.json"
@@ -140,7 +140,7 @@ def knobs(
     knob's value appears in when a baseline profile is available.
     Example: [bold]tpu-agent knobs train.py --profile .tpu-agent/runs/<run>/profile.json[/bold]
     """
-    from tpu_agent.knobs import discover
+    from tpu_agent.propose.knobs import discover
 
     path = check_script(script)
     if static and profile is not None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from tpu_agent.plan import Plan
+from tpu_agent.plan.actions import Plan
 
 
 class StepRecord(BaseModel):
@@ -63,7 +63,7 @@ class TrialProcess:
                                              "gate_fd": gate_read, "report_fd": report_write})
         self._log = open(self.log_dir / f"{self.name}.log", "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-P", "-m", "tpu_agent.child", str(self.script), *self.args],
+            [sys.executable, "-P", "-m", "tpu_agent.run.child", str(self.script), *self.args],
             cwd=self.cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
             pass_fds=(gate_read, report_write), start_new_session=True,
         )

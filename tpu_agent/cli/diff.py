@@ -17,7 +17,7 @@ from typing import Annotated, Callable
 import typer
 
 from tpu_agent.errors import InputError
-from tpu_agent.summary import Summary, load_summary
+from tpu_agent.report.summary import Summary, load_summary
 
 
 @dataclass(frozen=True)

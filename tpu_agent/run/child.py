@@ -1,4 +1,4 @@
-"""The child process of a run: `python -P -m tpu_agent.child SCRIPT ARGS...`.
+"""The child process of a run: `python -P -m tpu_agent.run.child SCRIPT ARGS...`.
 
 It makes the user's script see what `python SCRIPT ARGS...` would show it
 (argv, cwd, `sys.path[0]`, `__name__ == "__main__"`, its own traceback and
@@ -17,7 +17,7 @@ import signal
 import sys
 from types import TracebackType
 
-USAGE = "usage: python -m tpu_agent.child SCRIPT [ARGS...]"
+USAGE = "usage: python -m tpu_agent.run.child SCRIPT [ARGS...]"
 
 
 def _script_traceback(tb: TracebackType | None, script: str) -> TracebackType | None:
@@ -65,7 +65,7 @@ def _trial_session():
     """The timing-trial gate, when the tuner runs this child (imported only then)."""
     if "TPU_AGENT_TRIAL" not in os.environ:
         return None
-    from tpu_agent.trial_session import TrialSession
+    from tpu_agent.run.trial_child import TrialSession
 
     return TrialSession.from_env()
 
@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> None:
     if trial is not None:
         trial.start()
     elif "TPU_AGENT_PLAN" in os.environ:  # `tpu-agent run --plan`: the plan's run-time actions
-        from tpu_agent.apply import apply_runtime
-        from tpu_agent.plan import Plan
+        from tpu_agent.plan.runtime import apply_runtime
+        from tpu_agent.plan.actions import Plan
 
         apply_runtime(Plan.model_validate_json(os.environ.pop("TPU_AGENT_PLAN")))
     try:

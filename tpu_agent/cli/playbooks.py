@@ -37,7 +37,7 @@ PlaybooksOption = Annotated[
 
 
 def _load(dirs: list[Path] | None):
-    from tpu_agent.playbook import load_playbooks
+    from tpu_agent.propose.playbook import load_playbooks
 
     return load_playbooks(dirs or [])
 
@@ -101,7 +101,7 @@ def validate(
     path: Annotated[Path, typer.Argument(metavar="PATH", help="A playbook YAML file, or a directory of them.", show_default=False)],
 ) -> int:
     """Check a playbook file (or every *.yaml in a directory): exit 0 when valid, 2 with FILE: FIELD: PROBLEM."""
-    from tpu_agent.playbook import load_path
+    from tpu_agent.propose.playbook import load_path
 
     books = load_path(path)
     if not books:

@@ -12,7 +12,7 @@ import os
 from typing import Any, Mapping
 
 from tpu_agent.errors import InputError
-from tpu_agent.proposers.base import (
+from tpu_agent.propose.base import (
     ActionTemplate,
     Candidate,
     Evidence,
@@ -34,7 +34,7 @@ __all__ = [
 def __getattr__(name: str):
     """The offline proposer loads playbooks, which use base's models: import it on first use (no cycle)."""
     if name in ("OfflineProposer", "propose_offline"):
-        from tpu_agent.proposers import offline
+        from tpu_agent.propose import offline
 
         return getattr(offline, name)
     raise AttributeError(name)
@@ -64,9 +64,9 @@ def make_proposer(requested: str = "auto", offline: bool = False, *, env: Mappin
     """The proposer `choose_proposer` picks; `claude_options` go to ClaudeProposer (model, audit_dir, token_budget...)."""
     name, _why = choose_proposer(requested, offline, env)
     if name == "offline":
-        from tpu_agent.proposers.offline import OfflineProposer
+        from tpu_agent.propose.offline import OfflineProposer
 
         return OfflineProposer()
-    from tpu_agent.proposers.claude import ClaudeProposer
+    from tpu_agent.propose.claude import ClaudeProposer
 
     return ClaudeProposer(**claude_options)

@@ -26,7 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from tpu_agent.plan import PadDim
+from tpu_agent.plan.actions import PadDim
 
 MULTIPLES = (8, 128, 256)  # sublane rows, lanes / v4-v5 MXU edge, v6e-v7 MXU edge
 MAX_FILES = 50

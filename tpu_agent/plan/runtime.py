@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from tpu_agent.plan import BatchSharding, Compile, MatmulPrecision, Mesh, PadOps, Plan, ShardRule
+from tpu_agent.plan.actions import BatchSharding, Compile, MatmulPrecision, Mesh, PadOps, Plan, ShardRule
 
 
 def apply_runtime(plan: Plan) -> "Applied":

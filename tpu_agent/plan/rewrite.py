@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from tpu_agent.errors import InputError
-from tpu_agent.plan import PadDim, Plan
+from tpu_agent.plan.actions import PadDim, Plan
 
 # Never mirrored: tool state, VCS metadata, caches, virtual environments (found by pyvenv.cfg too).
 SKIP_DIRS = frozenset({

@@ -27,10 +27,10 @@ from typing import Any, Callable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tpu_agent.playbook import Playbook, builtin_playbooks
-from tpu_agent.plan import Mesh
+from tpu_agent.propose.playbook import Playbook, builtin_playbooks
+from tpu_agent.plan.actions import Mesh
 from tpu_agent.profilers.schema import Profile
-from tpu_agent.proposers.base import (
+from tpu_agent.propose.base import (
     ActionKind,
     ActionTemplate,
     Candidate,
@@ -43,7 +43,7 @@ from tpu_agent.proposers.base import (
     coerce_results,
     numerics_preserved,
 )
-from tpu_agent.proposers.offline import METRICS, load_profile, propose_offline
+from tpu_agent.propose.offline import METRICS, load_profile, propose_offline
 
 NAME = "claude"
 DEFAULT_MODEL = "claude-sonnet-5"

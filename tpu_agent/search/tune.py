@@ -22,9 +22,9 @@ import optuna
 from pydantic import BaseModel, Field
 
 from tpu_agent.errors import InputError, TpuAgentError
-from tpu_agent.plan import Mesh, PadDim, Plan
-from tpu_agent.stats import check_numerics, memory_saving, speedup
-from tpu_agent.trials import StepRecord, TrialFailed, TrialProcess
+from tpu_agent.plan.actions import Mesh, PadDim, Plan
+from tpu_agent.verify.stats import check_numerics, memory_saving, speedup
+from tpu_agent.search.trials import StepRecord, TrialFailed, TrialProcess
 
 STUDY_DB = "studies.db"
 OFF = "off"
@@ -156,7 +156,7 @@ class Runner:
     def candidate(self, plan: Plan, name: str) -> TrialProcess:
         script = self.script
         if plan.of(PadDim):
-            from tpu_agent.rewrite import apply_pad_dims
+            from tpu_agent.plan.rewrite import apply_pad_dims
 
             rewrite = apply_pad_dims(plan, self.script, self.run_dir / "workspaces" / name)
             script = rewrite.script
@@ -493,7 +493,7 @@ def baseline_profile(script: Path, args: list[str], run_dir: Path, settings: Tun
     """Profile the unchanged script in a child process (its output goes to a log)."""
     from tpu_agent.profilers.schema import Profile, Settings
     from tpu_agent.profilers.session import PROFILE_ENV, PROFILE_FILE
-    from tpu_agent.runner import run_script
+    from tpu_agent.run.launch import run_script
 
     prof_settings = Settings(steps=settings.steps, warmup=settings.warmup, mode="eager",
                              devices=settings.devices or 1, target=None if settings.target == "cpu" else settings.target)
@@ -515,7 +515,7 @@ def baseline_profile(script: Path, args: list[str], run_dir: Path, settings: Tun
 
 def make_proposer(proposer: str, *, audit_dir: Path, model: str | None, token_budget: int, script: Path):
     """The offline proposer, or Claude (which falls back to the offline one itself, out loud)."""
-    from tpu_agent.proposers import make_proposer as make
+    from tpu_agent.propose import make_proposer as make
 
     options = {"audit_dir": audit_dir, "token_budget": token_budget, "source_root": script.resolve().parent}
     if model:
@@ -547,9 +547,9 @@ def build_space(round_, knobs, limit: int, previous: Space | None = None) -> Spa
 def run(script: Path, args: list[str], settings: TuneSettings, *, console, proposer: str = "offline",
         runs_root: Path, model: str | None = None) -> TuneResult:
     """The whole job; the result is written to the run directory as it goes."""
-    from tpu_agent import knobs as knob_scan
+    from tpu_agent.propose import knobs as knob_scan
     from tpu_agent.paths import new_run_dir
-    from tpu_agent.playbook import load_playbooks
+    from tpu_agent.propose.playbook import load_playbooks
 
     t_start = time.perf_counter()
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own lines say what happens
@@ -686,7 +686,7 @@ def settle(verdict: Verdict, runner: Runner, settings: TuneSettings, baseline_ba
 
 def _summary(profile, verdict: Verdict | None) -> dict:
     """The baseline's figures; with a verified change, its measured step time (other figures unknown)."""
-    from tpu_agent.summary import from_profile
+    from tpu_agent.report.summary import from_profile
 
     summary = from_profile(profile).model_copy(update={"source": "report"})
     if verdict is not None and verdict.speed and not verdict.speed.get("per_sample"):

@@ -1,0 +1,1 @@
+"""The tune's deliverables (report.md, report.json, patch, plan, plots) and the summary `diff` compares."""
