@@ -20,7 +20,7 @@ from .schema import (Device, Executable, Files, Flops, GraphBreaks, GraphBreakSi
                      Transfers)
 
 if TYPE_CHECKING:
-    from .session import Session
+    from .session import Collected, RunInfo
 
 HOT_OPS = 25
 
@@ -37,13 +37,12 @@ def _file_name(index: int, name: str) -> str:
     return f"{index:04d}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)[:80]}.hlo.txt"
 
 
-def build_profile(session: "Session", exit_code: int, error: str | None) -> Profile:
+def build_profile(d: "Collected", run: "RunInfo", exit_code: int, error: str | None) -> Profile:
     from tpu_agent.backend import executables
     from tpu_agent.backend.lazy import RECORDER
     from tpu_agent.backend.state import STATS
 
-    d = session.data
-    s = session.settings
+    s = run.settings
     notes = list(d.notes)
 
     # ---- which steps are measured, and the window of executable calls they cover
@@ -66,7 +65,7 @@ def build_profile(session: "Session", exit_code: int, error: str | None) -> Prof
         return end_calls.get(exe.id, 0) - base_calls.get(exe.id, 0)
 
     ran = [e for e in executables.all() if e.calls > 0]
-    hlo_dir = session.run_dir / "hlo" if s.dump_hlo else None
+    hlo_dir = run.run_dir / "hlo" if s.dump_hlo else None
     if hlo_dir is not None:
         hlo_dir.mkdir(parents=True, exist_ok=True)
 
@@ -176,17 +175,17 @@ def build_profile(session: "Session", exit_code: int, error: str | None) -> Prof
     status = "stopped" if d.stopped else ("failed" if exit_code != 0 else "complete")
     if d.stopped:
         exit_code = 0
-    environment = _guarded(notes, "the environment", _environment, None)
+    environment = _guarded(notes, "the environment", run.environment, None) if run.environment else None
     return Profile(
         status=status, exit_code=exit_code, error=error, created_at=datetime.now(timezone.utc),
-        script=os.path.abspath(session.script), args=list(session.args), cwd=os.getcwd(),
-        run_dir=str(session.run_dir), settings=s, mode_used=mode_used,
+        script=os.path.abspath(run.script), args=list(run.args), cwd=os.getcwd(),
+        run_dir=str(run.run_dir), settings=s, mode_used=mode_used,
         environment=environment, device=device, steps=steps_section, flops=flops, memory=memory,
         executables=sorted(exe_rows, key=lambda r: -(r.flops * r.calls_per_step)),
         hot_ops=hot, padding=pad, recompilations=recompiles, graph_breaks=breaks, transfers=transfers,
         fallbacks=dict(STATS.fallbacks), target=target,
         files=Files(hlo_dir=str(hlo_dir) if hlo_dir else None,
-                    xla_dump_dir=str(session.run_dir / "xla_dump") if s.xla_dump else None,
+                    xla_dump_dir=str(run.run_dir / "xla_dump") if s.xla_dump else None,
                     trace_dir=d.trace_dir),
         notes=notes,
     )
@@ -233,12 +232,6 @@ def _device() -> Device:
                       generation=gen.name if gen else None, emulated=False)
     return Device(platform=platform, device_kind=devices[0].device_kind, count=len(devices),
                   generation=current_generation().name, emulated=True)
-
-
-def _environment():
-    from tpu_agent.run.environment import collect_environment
-
-    return collect_environment()
 
 
 def _mode_used(ran, markers: list[str]) -> str:

@@ -1,23 +1,24 @@
 """The profiler inside the run's child process: hooks in, steps timed, stop at --steps.
 
 Everything on the step path is kept cheap (a device sync, a clock read, a few
-counters); the expensive analysis waits for `finish`, after the script.
+counters); the expensive analysis waits for `finish`, after the script, and
+gets only what was collected (`build_profile(data, run, ...)`). The child
+(`tpu_agent.run.child`) builds the Session from what the parent asked for and
+hands it the application's parts it needs (the environment probe, the
+progress pipe): the profiler imports nothing of the application.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .schema import Settings, Step
+from .schema import Environment, Settings, Step
 
-PROFILE_ENV = "TPU_AGENT_PROFILE"  # the Settings as JSON: present means "profile this run"
-PROGRESS_FD_ENV = "TPU_AGENT_PROGRESS_FD"  # a pipe the parent reads progress lines from
 PROFILE_FILE = "profile.json"
 PLOT_FILE = "step_times.png"
 
@@ -38,6 +39,17 @@ class Window:
     stats: tuple[int, int, int, int]
     registered: int  # executables compiled so far
     breaks: int = 0  # fused graph breaks so far
+
+
+@dataclass
+class RunInfo:
+    """What the profiler is told of the run, besides what it measures."""
+
+    settings: Settings
+    run_dir: Path
+    script: str
+    args: list[str]
+    environment: Callable[[], Environment] | None = None  # the `doctor` probe, recorded in the profile
 
 
 @dataclass
@@ -82,13 +94,14 @@ def _snapshot() -> Window:
 
 
 class Session:
-    def __init__(self, settings: Settings, run_dir: Path, script: str, args: list[str]) -> None:
+    def __init__(self, settings: Settings, run_dir: Path, script: str, args: list[str], *,
+                 progress: Callable[..., None] | None = None,
+                 environment: Callable[[], Environment] | None = None) -> None:
+        self.run = RunInfo(settings, run_dir, script, args, environment)
         self.settings = settings
         self.run_dir = run_dir
-        self.script = script
-        self.args = args
         self.data = Collected()
-        self.progress_fd: int | None = None
+        self.progress = progress  # progress(event, **fields): the parent's progress bar
         self._compile_acc = 0.0
         self._compiled_in_step = False
         self._counter = None
@@ -99,36 +112,6 @@ class Session:
         self._seen_registered = 0
 
     # ------------------------------------------------------------------ set-up
-
-    @classmethod
-    def from_env(cls, script: str, args: list[str]) -> "Session | None":
-        raw = os.environ.pop(PROFILE_ENV, None)
-        if raw is None:
-            return None
-        from tpu_agent.run.launch import RUN_DIR_ENV
-
-        settings = Settings.model_validate_json(raw)
-        run_dir = Path(os.environ.get(RUN_DIR_ENV) or ".")
-        session = cls(settings, run_dir, script, args)
-        fd = os.environ.pop(PROGRESS_FD_ENV, None)
-        if fd and fd.isdigit():
-            session.progress_fd = int(fd)
-            os.set_inheritable(session.progress_fd, False)  # the script's own children do not get it
-        return session
-
-    def prepare_process(self) -> None:
-        """Before jax starts: XLA flags (simulated devices, XLA's dump) and executable timing."""
-        flags = os.environ.get("XLA_FLAGS", "").split()
-        if self.settings.devices > 1:  # the backend's knob, and the flag it stands for
-            os.environ["TPU_AGENT_DEVICES"] = str(self.settings.devices)
-            flags = [f for f in flags if not f.startswith("--xla_force_host_platform_device_count")]
-            flags.append(f"--xla_force_host_platform_device_count={self.settings.devices}")
-        if self.settings.xla_dump:
-            flags += [f"--xla_dump_to={self.run_dir / 'xla_dump'}", "--xla_dump_hlo_as_text"]
-        if flags:
-            os.environ["XLA_FLAGS"] = " ".join(flags)
-        if self.settings.time_executables:
-            os.environ["TPU_AGENT_TIME_EXECUTABLES"] = "1"
 
     def start(self) -> None:
         """After `import torch` (the device is up), before the script: hooks in."""
@@ -210,7 +193,7 @@ class Session:
         if k == self.settings.warmup:
             d.window_start = d.window_end
             self._start_trace()
-        self._progress(f"step {k} {d.steps[-1].wall_s:.6f} {d.steps[-1].compile_s:.6f}")
+        self._progress("step", step=k, wall_s=d.steps[-1].wall_s, compile_s=d.steps[-1].compile_s)
         if self.settings.steps is not None and k >= self.settings.warmup + self.settings.steps:
             self._stop_trace()
             d.stopped = True
@@ -267,13 +250,9 @@ class Session:
         except Exception as exc:  # noqa: BLE001
             self.data.notes.append(f"jax.profiler trace could not be written: {exc}")
 
-    def _progress(self, line: str) -> None:
-        if self.progress_fd is None:
-            return
-        try:
-            os.write(self.progress_fd, (line + "\n").encode())
-        except OSError:
-            self.progress_fd = None
+    def _progress(self, event: str, **fields) -> None:
+        if self.progress is not None:
+            self.progress(event, **fields)
 
     # ------------------------------------------------------------------ the end
 
@@ -290,7 +269,7 @@ class Session:
         try:
             from .build import build_profile, write_profile
 
-            profile = build_profile(self, exit_code, error)
+            profile = build_profile(self.data, self.run, exit_code, error)
             write_profile(profile, self.run_dir / PROFILE_FILE)  # first without the plot: kept if plotting fails
             from .plot import step_plot
 
@@ -303,11 +282,6 @@ class Session:
             traceback.print_exc()
         finally:
             self._progress("done")
-            if self.progress_fd is not None:
-                try:
-                    os.close(self.progress_fd)
-                except OSError:
-                    pass
 
     def _close_measurement(self) -> None:
         import jax

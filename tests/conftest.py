@@ -1,62 +1,16 @@
-"""Shared helpers: every CLI test runs the installed `tpu-agent` in a subprocess."""
+"""Shared set-up for every test. The helpers live in the `support` package (tests/support/).
+
+`EXAMPLES` and the process helpers are re-exported here for the backend tests that still
+import them from conftest (tests/test_sharding.py).
+"""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
-
-import pytest
 
 # Tests build Hugging Face models from configs; nothing may reach the hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-REPO = Path(__file__).resolve().parent.parent
-EXAMPLES = REPO / "examples"
-TPU_AGENT = Path(sys.executable).parent / "tpu-agent"
-
-
-def clean_env(**overrides: str) -> dict[str, str]:
-    """The test's environment without settings that would change what we check."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in {"ANTHROPIC_API_KEY", "TPU_AGENT_CACHE_DIR", "TPU_AGENT_RUN_DIR", "TORCH_DEVICE_BACKEND_AUTOLOAD"}
-    }
-    env.update(overrides)
-    return env
-
-
-def run_tool(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    if not TPU_AGENT.exists():
-        pytest.fail(f"{TPU_AGENT} is missing: install the package (bash scripts/setup.sh) and run pytest with its python")
-    return subprocess.run(
-        [str(TPU_AGENT), *args],
-        cwd=cwd,
-        env=env if env is not None else clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def run_python(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=cwd,
-        env=env if env is not None else clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
-    """Assert the process failed with exactly one `error:` line on stderr and nothing on stdout."""
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1, f"expected one stderr line, got {len(lines)}:\n{proc.stderr}"
-    assert lines[0].startswith("error: "), lines[0]
-    assert proc.stdout == "", proc.stdout
-    return lines[0]
+from support.paths import EXAMPLES, REPO, TPU_AGENT  # noqa: E402,F401 - re-exported
+from support.processes import clean_env, one_error_line, run_python, run_tool  # noqa: E402,F401 - re-exported

@@ -91,3 +91,20 @@ def test_a_bad_flag_value_names_the_flag(tmp_path: Path) -> None:
 def test_unknown_flag_name_is_a_programming_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a tune option: trails"):
         resolve(project(tmp_path / "repo", None), {"trails": 3})
+
+
+def test_playbooks_as_one_folder_resolve_against_the_pyproject_not_the_cwd(tmp_path: Path, monkeypatch) -> None:
+    script = project(tmp_path / "repo", '[tool.tpu-agent]\nplaybooks = "tuning"\noutput-dir = "out"\n')
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    o = resolve(script, {"playbooks": ["mine"]}).options
+    assert o.playbooks == [str((tmp_path / "repo" / "tuning").resolve()), str((tmp_path / "elsewhere" / "mine").resolve())]
+    assert o.runs_root() == (tmp_path / "repo" / "out").resolve()
+    bad = project(tmp_path / "bad", "[tool.tpu-agent]\nplaybooks = 3\n")
+    with pytest.raises(InputError, match="playbooks: must be a directory or a list of directories"):
+        resolve(bad)
+
+
+def test_steps_below_five_are_refused_not_clamped(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"^--steps: Input should be greater than or equal to 5"):
+        resolve(project(tmp_path / "repo", None), {"steps": 3})

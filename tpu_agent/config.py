@@ -1,28 +1,32 @@
-"""Defaults for `tpu-agent tune` from `[tool.tpu-agent]` in the user's pyproject.toml; flags win.
+"""Every option of `tpu-agent tune`, once: its default, its flag, its `[tool.tpu-agent]` key; the one pyproject reader.
 
 The table is looked for from the script's directory upward: the nearest
 pyproject.toml that has a `[tool.tpu-agent]` table is used (a monorepo's
 package may have a pyproject.toml without one). Keys are the flags' long
 names (`min-gain = 0.05`; `min_gain` is read the same). An unknown key, a
 wrong type or a bad TOML file is an InputError (exit 2) naming the file and key,
-so a typo is never silently ignored.
+so a typo is never silently ignored. Paths in the table (`playbooks`,
+`output-dir`) are relative to the pyproject.toml's folder.
 
     [tool.tpu-agent]
     trials = 40
     target = "v5e"
     objective = "both"
     min-gain = 0.05
+    playbooks = "tuning/playbooks"      # or a list of folders
     storage = "postgresql://optuna@db/studies"
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tpu_agent.errors import InputError
 
@@ -30,6 +34,8 @@ TABLE = "tpu-agent"
 
 Target = Literal["cpu", "v4", "v5e", "v5p", "v6e", "v7x"]
 Objective = Literal["time", "memory", "both"]
+ProposerName = Literal["auto", "offline", "claude"]
+PATH_KEYS = ("playbooks", "output_dir")  # resolved against the folder of the file that names them
 
 
 class TuneOptions(BaseModel):
@@ -39,13 +45,13 @@ class TuneOptions(BaseModel):
 
     trials: int = Field(20, ge=1, description="trials to run (measured configurations)")
     timeout: float | None = Field(None, gt=0, description="stop starting trials after this many seconds")
-    trial_timeout: float = Field(600.0, gt=0, description="a trial running longer is stopped and recorded as failed")
-    steps: int = Field(10, ge=1, description="measured steps per trial, after warm-up")
-    warmup: int = Field(2, ge=0, description="first steps of a run left out of timings (compilation)")
+    trial_timeout: float = Field(600.0, gt=0, description="a trial step running longer is stopped and recorded as failed")
+    steps: int = Field(10, ge=5, description="interleaved baseline/candidate pairs per trial, after warm-up")
+    warmup: int = Field(2, ge=1, description="steps each process runs before it is timed (compilation)")
     pairs: int = Field(5, ge=5, description="interleaved baseline/candidate pairs when verifying a gain")
     target: Target = Field("cpu", description="what to tune for: this machine, or a TPU generation (cost model)")
     objective: Objective = Field("time", description="step time, peak memory, or both")
-    devices: int = Field(1, ge=1, description="simulated devices on a CPU")
+    devices: int = Field(1, ge=1, description="simulated devices on a CPU (for sharding)")
     seed: int = Field(0, description="seed of the sampler and of the bootstrap")
     study: str | None = Field(None, description="Optuna study name (default: from the script)")
     storage: str | None = Field(None, description="Optuna storage URL (default: SQLite under .tpu-agent/)")
@@ -55,11 +61,32 @@ class TuneOptions(BaseModel):
     apply: bool = Field(False, description="write the verified changes into the user's files (with a backup)")
     force: bool = Field(False, description="with apply: overwrite files that have uncommitted changes")
     output_dir: str | None = Field(None, description="where run directories go (default ./.tpu-agent/runs)")
-    playbooks: list[str] = Field(default_factory=list, description="extra playbook directories")
-    proposer: Literal["auto", "offline", "claude"] = Field("auto", description="auto: claude when ANTHROPIC_API_KEY is set")
+    playbooks: list[str] = Field(default_factory=list, description="extra playbook directories (a folder or a list)")
+    proposer: ProposerName = Field("auto", description="auto: claude when ANTHROPIC_API_KEY is set")
     model: str | None = Field(None, description="Claude model for the claude proposer")
     rounds: int = Field(1, ge=1, description="propose-search rounds (the claude proposer sees earlier results)")
     token_budget: int = Field(200_000, ge=1000, description="Claude tokens for the whole tune")
+    candidates: int = Field(6, ge=1, description="how many top candidates span the search space")
+
+    @field_validator("playbooks", mode="before")
+    @classmethod
+    def _one_folder_or_a_list(cls, value):
+        return [value] if isinstance(value, str) else value
+
+    @property
+    def verify_pairs(self) -> int:
+        """Pairs for a verification or an ablation: noise on a shared host wants a fixed, ample sample."""
+        return max(self.pairs, self.steps, 20)
+
+    def runs_root(self) -> Path:
+        return Path(self.output_dir) if self.output_dir else Path.cwd() / ".tpu-agent" / "runs"
+
+    def fingerprint(self, script: Path, args: list[str]) -> str:
+        """What makes two runs the same study: the script, its args and the measuring settings."""
+        keep = self.model_dump(include={"steps", "warmup", "target", "objective", "min_gain", "loss_tol"})
+        keep["devices"] = self.devices if self.devices > 1 else None  # as studies made before recorded it
+        text = json.dumps({"script": str(script), "args": args, **keep}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 KEYS = {name.replace("_", "-"): name for name in TuneOptions.model_fields}
@@ -96,6 +123,14 @@ def find_pyproject(start: Path) -> tuple[Path, dict[str, Any]] | None:
     return None
 
 
+def folders(value: Any, base: Path) -> list[str]:
+    """A folder or a list of folders, each resolved against `base`; ValueError when it is neither."""
+    entries = [value] if isinstance(value, str) else value
+    if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+        raise ValueError("must be a directory or a list of directories")
+    return [str((base / e).resolve()) for e in entries]
+
+
 def _check_table(path: Path, table: dict[str, Any]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for key, value in table.items():
@@ -112,8 +147,21 @@ def _check_table(path: Path, table: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
+def _paths(values: dict[str, Any], base: Path, origin: str) -> dict[str, Any]:
+    out = dict(values)
+    try:
+        if out.get("playbooks") is not None:
+            out["playbooks"] = folders(out["playbooks"], base)
+        if isinstance(out.get("output_dir"), str):
+            out["output_dir"] = str((base / out["output_dir"]).resolve())
+    except ValueError as exc:
+        raise InputError(f"{origin} playbooks: {exc}") from None
+    return out
+
+
 def resolve(script: Path | str, flags: dict[str, Any] | None = None) -> ResolvedOptions:
-    """Options for tuning `script`: flags that were given (not None) win over pyproject.toml, which wins over defaults."""
+    """Options for tuning `script`: flags that were given (not None) win over pyproject.toml, which wins over
+    defaults; `playbooks` adds up (the project's, then the flags')."""
     given = {k: v for k, v in (flags or {}).items() if v is not None}
     unknown = sorted(set(given) - set(TuneOptions.model_fields))
     if unknown:
@@ -123,8 +171,11 @@ def resolve(script: Path | str, flags: dict[str, Any] | None = None) -> Resolved
     path = None
     if found is not None:
         path, table = found
-        file_values = _check_table(path, table)
-    merged = {**file_values, **given}
+        file_values = _paths(_check_table(path, table), path.parent, f"{path}: [tool.{TABLE}]")
+    flag_values = _paths(given, Path.cwd(), "--playbooks:")
+    merged = {**file_values, **flag_values}
+    if "playbooks" in file_values and "playbooks" in flag_values:
+        merged["playbooks"] = list(dict.fromkeys([*file_values["playbooks"], *flag_values["playbooks"]]))
     try:
         options = TuneOptions.model_validate(merged)
     except ValidationError as exc:

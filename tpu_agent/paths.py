@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from pathlib import Path
@@ -11,13 +10,11 @@ RUNS_SUBDIR = Path(".tpu-agent") / "runs"
 
 
 def cache_dir() -> Path:
-    """`$TPU_AGENT_CACHE_DIR`, else `$XDG_CACHE_HOME/tpu-agent`, else `~/.cache/tpu-agent`."""
-    override = os.environ.get("TPU_AGENT_CACHE_DIR")
-    if override:
-        return Path(override).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "tpu-agent"
+    """`$TPU_AGENT_CACHE_DIR`, else `$XDG_CACHE_HOME/tpu-agent`, else `~/.cache/tpu-agent` (the profiler's rule:
+    its peak calibrations are what the cache holds)."""
+    from tpu_agent.profilers.peaks import cache_dir as profiler_cache_dir
+
+    return profiler_cache_dir()
 
 
 def runs_dir(cwd: Path | None = None) -> Path:
@@ -39,3 +36,11 @@ def new_run_dir(script: Path, root: Path | None = None) -> Path:
             continue
         return candidate
     raise FileExistsError(f"too many runs named {base} in {root}")
+
+
+def shown_path(path: str | Path) -> str:
+    """`path` relative to the working directory when it lies below it (as people read it), else as given."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return str(path)

@@ -16,6 +16,7 @@ from typing import Annotated, Callable
 
 import typer
 
+from tpu_agent.cli.format import ms, percent, si, size
 from tpu_agent.errors import InputError
 from tpu_agent.report.summary import Summary, load_summary
 
@@ -30,36 +31,18 @@ class Metric:
     points: bool = False  # a share: the change is shown in percentage points
 
 
-def _ms(v: float) -> str:
-    return f"{v * 1e3:.3g} ms"
-
-
-def _si(v: float) -> str:
-    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(v) >= factor:
-            return f"{v / factor:.3g} {prefix}FLOP"
-    return f"{v:.3g} FLOP"
-
-
-def _bytes(v: float) -> str:
-    for factor, unit in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
-        if abs(v) >= factor:
-            return f"{v / factor:.3g} {unit}"
-    return f"{int(v)} B"
-
-
-def _pct(v: float) -> str:
-    return f"{v:.2%}" if abs(v) < 0.1 else f"{v:.1%}"
+def _flops(v: float) -> str:
+    return si(v, "FLOP")
 
 
 METRICS = (
-    Metric("step time (median)", "step_time_s", _ms, True, True),
-    Metric("FLOPs / step", "flops_per_step", _si, None, False),
-    Metric("MFU", "mfu", _pct, False, False, points=True),
-    Metric("peak memory (XLA, per device)", "peak_memory_bytes", _bytes, True, True),
+    Metric("step time (median)", "step_time_s", ms, True, True),
+    Metric("FLOPs / step", "flops_per_step", _flops, None, False),
+    Metric("MFU", "mfu", percent, False, False, points=True),
+    Metric("peak memory (XLA, per device)", "peak_memory_bytes", size, True, True),
     # Not gated: buffers a script keeps across steps make it grow with the number of steps profiled.
-    Metric("live memory peak (measured)", "live_peak_bytes", _bytes, True, False),
-    Metric("padding waste (estimate)", "padding_waste", _pct, True, False, points=True),
+    Metric("live memory peak (measured)", "live_peak_bytes", size, True, False),
+    Metric("padding waste (estimate)", "padding_waste", percent, True, False, points=True),
 )
 
 

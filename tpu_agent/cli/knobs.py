@@ -19,11 +19,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tpu_agent.errors import InputError
+from tpu_agent.cli.format import percent
+from tpu_agent.errors import InputError, validation_line
 from tpu_agent.cli.inputs import check_script
-from tpu_agent.paths import RUNS_SUBDIR
+from tpu_agent.paths import RUNS_SUBDIR, shown_path
 
-PROFILE_FILE = "profile.json"
+from tpu_agent.profilers.session import PROFILE_FILE
 
 
 def load_profile(path: Path):
@@ -42,9 +43,7 @@ def load_profile(path: Path):
     try:
         return Profile.model_validate_json(text), path
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "the file"
-        raise InputError(f"not a tpu-agent profile: {path}: {where}: {first['msg']}") from None
+        raise InputError(f"not a tpu-agent profile: {path}: {validation_line(exc, where_if_none='the file')}") from None
 
 
 def latest_profile(script: Path, runs_root: Path) -> Path | None:
@@ -74,9 +73,7 @@ def latest_profile(script: Path, runs_root: Path) -> Path | None:
 
 
 def _percent(value: float | None) -> str:
-    if value is None:
-        return ""
-    return f"{value:.2%}" if abs(value) < 0.01 else f"{value:.1%}"
+    return percent(value, fine_below=0.01)
 
 
 def render(report, console: Console) -> None:
@@ -158,12 +155,7 @@ def knobs(
     if prof is None and not static and profile is None:
         note = (f"static only: no profile of this script under {RUNS_SUBDIR} (run `tpu-agent profile {script} "
                 "--steps 5` first, or pass --profile PATH); values already a multiple of 128 last")
-    shown = str(used) if used is not None else None
-    if used is not None:
-        try:
-            shown = str(used.resolve().relative_to(Path.cwd()))
-        except ValueError:
-            pass
+    shown = shown_path(used) if used is not None else None
     report = discover(path, profile=prof, script_args=script_args or [], profile_path=shown, note=note)
     if json_output:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")

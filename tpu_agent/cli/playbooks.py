@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from tpu_agent.cli.options import stdout_console
 from tpu_agent.errors import InputError
+from tpu_agent.paths import shown_path
 
-app = typer.Typer(
+app = typer.Typer(  # a group of commands, registered as `tpu-agent playbooks`
     name="playbooks",
     help="List, show and validate tuning playbooks (built-in, the project's, and --playbooks DIR).",
     no_args_is_help=True,
@@ -27,7 +28,7 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 
-stdout = Console(soft_wrap=True, highlight=False)
+stdout = stdout_console()
 
 PlaybooksOption = Annotated[
     list[Path] | None,
@@ -39,16 +40,11 @@ PlaybooksOption = Annotated[
 def _load(dirs: list[Path] | None):
     from tpu_agent.propose.playbook import load_playbooks
 
-    return load_playbooks(dirs or [])
+    return load_playbooks(dirs or [], project_dir=Path.cwd())
 
 
 def _where(pb) -> str:
-    if pb.builtin:
-        return "built-in"
-    try:
-        return str(Path(pb.source).relative_to(Path.cwd()))
-    except ValueError:
-        return str(pb.source)
+    return "built-in" if pb.builtin else shown_path(pb.source)
 
 
 def _summary(pb) -> dict:
@@ -108,3 +104,7 @@ def validate(
         raise InputError(f"{path}: no *.yaml playbooks found")
     stdout.print(f"ok: {escape(str(path))}: {len(books)} playbook(s): {escape(', '.join(pb.id for pb in books))}")
     return 0
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="playbooks")

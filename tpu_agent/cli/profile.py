@@ -1,6 +1,7 @@
 """`tpu-agent profile`: check the inputs, run the script under the profiler, show the profile.
 
-The measuring happens in the child (`tpu_agent.profilers.session`); this side
+The measuring happens in the child (`tpu_agent.profilers.session`, hooked in
+by `tpu_agent.run.child`); this side
 validates options before anything starts, shows progress while the script
 runs (on a terminal) and renders the `profile.json` the child wrote.
 """
@@ -8,22 +9,26 @@ runs (on a terminal) and renders the `profile.json` the child wrote.
 from __future__ import annotations
 
 import codecs
+import enum
 import os
 import subprocess
 import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import ValidationError
+import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from tpu_agent.errors import InputError, TpuAgentError
+from tpu_agent import envvars
 from tpu_agent.cli.inputs import check_script
+from tpu_agent.cli.options import ScriptArg, ScriptArgs, stderr_console, stdout_console
+from tpu_agent.errors import InputError, TpuAgentError
+from tpu_agent.cli.format import ms
 from tpu_agent.paths import RUNS_SUBDIR
-from tpu_agent.profilers.schema import Profile, Settings
-from tpu_agent.profilers.session import PROFILE_ENV, PROFILE_FILE, PROGRESS_FD_ENV
+from tpu_agent.profilers.schema import Settings
 
 
 def writable_dir(path: Path, what: str) -> Path:
@@ -71,7 +76,7 @@ class ProgressDisplay:
         os.set_inheritable(self.write_fd, True)
 
     def env(self) -> dict[str, str]:
-        return {PROGRESS_FD_ENV: str(self.write_fd)}
+        return {envvars.PROGRESS_FD.name: str(self.write_fd)}
 
     @contextmanager
     def __call__(self, proc: subprocess.Popen):
@@ -91,20 +96,24 @@ class ProgressDisplay:
                     thread.join(timeout=5)
 
     def _read(self, progress: Progress, task) -> None:
+        from pydantic import ValidationError
+
+        from tpu_agent.run.messages import Progress as Message
+
         with os.fdopen(self.read_fd, "rb") as pipe:
             for raw in pipe:
-                parts = raw.decode(errors="replace").split()
-                if not parts:
+                try:
+                    message = Message.model_validate_json(raw)
+                except ValidationError:
                     continue
-                if parts[0] == "step" and len(parts) >= 3:
-                    step, wall = int(parts[1]), float(parts[2])
-                    progress.update(task, completed=step,
-                                    description=f"profiling {self.script}: step {step}, last {wall * 1e3:.3g} ms")
-                elif parts[0] == "analysing":
+                if message.event == "step" and message.step is not None:
+                    progress.update(task, completed=message.step, description=f"profiling {self.script}: step "
+                                    f"{message.step}, last {ms(message.wall_s)}")
+                elif message.event == "analysing":
                     progress.update(task, description=f"profiling {self.script}: analysing executables")
 
 
-def profile(
+def profile_script(
     script: str,
     script_args: list[str],
     *,
@@ -114,24 +123,20 @@ def profile(
     stdout: Console,
     stderr: Console,
 ) -> int:
-    from tpu_agent.run.launch import run_script
+    from tpu_agent.run.profiled import read_profile, run_profiled
 
     check_script(script)
     if settings.trace_dir:
         settings.trace_dir = str(writable_dir(Path(settings.trace_dir).resolve(), "trace directory"))
     runs_root = writable_dir(output_dir if output_dir is not None else Path.cwd() / RUNS_SUBDIR, "output directory")
 
-    env = dict(os.environ)
-    env[PROFILE_ENV] = settings.model_dump_json()
-    env["PYTHONUNBUFFERED"] = env.get("PYTHONUNBUFFERED") or "1"
     display = None
     if stderr.is_terminal and not json_output:
         total = settings.warmup + settings.steps if settings.steps is not None else None
         display = ProgressDisplay(stderr, Path(script).name, total)
-        env.update(display.env())
     try:
-        result = run_script(
-            script, script_args, runs_root=runs_root, env=env,
+        result, path = run_profiled(
+            script, script_args, settings, runs_root=runs_root, extra_env=display.env() if display else None,
             # --json: stdout carries the profile; the script's own output goes to stderr.
             stdout=subprocess.PIPE if display else (sys.stderr.fileno() if json_output else None),
             stderr=subprocess.PIPE if display else None,
@@ -141,16 +146,13 @@ def profile(
     except OSError as exc:
         raise TpuAgentError(f"could not start the run: {exc}") from None
 
-    path = Path(result.run_dir) / PROFILE_FILE
     try:
-        prof = Profile.model_validate_json(path.read_text())
+        prof = read_profile(path)
     except FileNotFoundError:
         why = f"killed by signal {result.signal_number}" if result.signal_number else f"exit {result.exit_code}"
         sys.stdout.flush()
         sys.stderr.write(f"error: no profile was written ({script} {why}); run recorded in {result.run_dir}\n")
         return result.exit_code or 1
-    except (OSError, ValidationError, ValueError) as exc:
-        raise TpuAgentError(f"unreadable profile {path}: {exc}") from None
 
     if json_output:
         sys.stdout.write(prof.model_dump_json(indent=2) + "\n")
@@ -162,3 +164,64 @@ def profile(
                                                                   highlight=False, color_system=None))
     return result.exit_code
 
+
+
+class ProfileMode(str, enum.Enum):
+    eager = "eager"
+    fused = "fused"
+    compiled = "compiled-if-available"
+
+
+class TargetGeneration(str, enum.Enum):
+    v4 = "v4"
+    v5e = "v5e"
+    v5p = "v5p"
+    v6e = "v6e"
+    v7x = "v7x"
+
+
+def profile(
+    script: ScriptArg,
+    script_args: ScriptArgs = None,
+    steps: Annotated[
+        int | None,
+        typer.Option("--steps", min=1, help="Stop the script cleanly after N measured steps (after warm-up). Default: run it to the end.", show_default=False),
+    ] = None,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="First K steps (compilation) left out of the statistics.")] = 2,
+    mode: Annotated[ProfileMode, typer.Option("--mode", help="How the device runs ops: op by op, fused into one program per step, or compiled where the backend can.")] = ProfileMode.fused,
+    devices: Annotated[int, typer.Option("--devices", min=1, help="Simulate N devices on the CPU.")] = 1,
+    target: Annotated[
+        TargetGeneration | None,
+        typer.Option("--target", help="TPU generation for a roofline estimate (and the padding report).", show_default=False),
+    ] = None,
+    dump_hlo: Annotated[bool, typer.Option("--dump-hlo/--no-dump-hlo", help="Write the optimized HLO of every executable that ran to the run directory.")] = True,
+    xla_dump: Annotated[bool, typer.Option("--xla-dump", help="Also turn on XLA's own dump (--xla_dump_to) into the run directory.")] = False,
+    trace: Annotated[
+        Path | None,
+        typer.Option("--trace", metavar="DIR", help="Record a jax.profiler trace of the measured steps (TensorBoard/XProf, Perfetto).", show_default=False),
+    ] = None,
+    time_executables: Annotated[bool, typer.Option("--time-executables", help="Wait for every executable so its recorded time is execution time (slower).")] = False,
+    output_dir: Annotated[
+        Path | None,
+        typer.Option("--output-dir", "-o", metavar="DIR", help="Where run directories go (default ./.tpu-agent/runs).", show_default=False),
+    ] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print profile.json to stdout (the script's output goes to stderr).")] = False,
+) -> int:
+    """Profile SCRIPT on the bundled `tpu` device: step time, FLOPs, MFU, memory, hot ops, padding waste.
+
+    Steps are found without changing the script (every optimizer step, or
+    torch.tpu.mark_step()). Writes profile.json, HLO files and a step-time plot
+    to .tpu-agent/runs/<time>-<script>/. The exit code is the script's own.
+    Example: [bold]tpu-agent profile train.py --steps 10 -- --epochs 1[/bold]
+    """
+    settings = Settings(
+        steps=steps, warmup=warmup, mode=mode.value, devices=devices, target=target.value if target else None,
+        dump_hlo=dump_hlo, xla_dump=xla_dump, trace_dir=str(trace) if trace else None,
+        time_executables=time_executables,
+    )
+    return profile_script(script, script_args or [], settings=settings, output_dir=output_dir,
+                          json_output=json_output, stdout=stdout_console(), stderr=stderr_console())
+
+
+def register(app: typer.Typer) -> None:
+    app.command("profile")(profile)

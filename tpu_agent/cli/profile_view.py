@@ -12,41 +12,16 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from tpu_agent.cli.format import ms, si, size
+from tpu_agent.paths import shown_path
 from tpu_agent.profilers.schema import Profile
 
 HOT_ROWS = 10
 PADDING_ROWS = 8
 
 
-def si(value: float | None, unit: str = "", digits: int = 3) -> str:
-    if value is None:
-        return "n/a"
-    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= factor:
-            return f"{value / factor:.{digits}g} {prefix}{unit}"
-    return f"{value:.{digits}g} {unit}".rstrip()
-
-
-def size(value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    for factor, prefix in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
-        if abs(value) >= factor:
-            return f"{value / factor:.3g} {prefix}"
-    return f"{int(value)} B"
-
-
-def ms(seconds: float | None) -> str:
-    return "n/a" if seconds is None else f"{seconds * 1e3:.3g} ms"
-
-
 def _relative(path: str | None) -> str:
-    if not path:
-        return ""
-    try:
-        return str(Path(path).relative_to(Path.cwd()))
-    except ValueError:
-        return path
+    return shown_path(path) if path else ""
 
 
 def _headline(p: Profile) -> Text:

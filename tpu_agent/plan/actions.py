@@ -1,35 +1,63 @@
 """`Plan`: the changes a trial applies, as data (saved as plan.json).
 
-A plan is a list of actions. Each action says whether it preserves numerics
-(the same per-step losses within float32 summation-order noise); the
-verifier holds those to the baseline's losses and the others to a loss
-tolerance. Source changes happen only through `PadDim`, on a copy of the
-user's script; everything else is applied at run time by the backend.
+A plan is a list of actions. Each action class owns what the rest of the tool
+asks of its kind: its `group` (what an ablation credits), its one-line
+`describe()`, the `instruction()` a person follows to get it without
+tpu-agent, how it is applied in the child at run time (`apply`), and the
+field hint the Claude proposer is shown. Adding a kind is one class here.
+
+Each action says whether it preserves numerics (the same per-step losses
+within float32 summation-order noise); the verifier holds those to the
+baseline's losses and the others to a loss tolerance. Source changes happen
+only through `PadDim`, on a copy of the user's script; everything else is
+applied at run time by the backend.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+if TYPE_CHECKING:
+    from tpu_agent.plan.runtime import Applied
+
 SCHEMA_VERSION = 1
 MeshAxes = dict[str, int]
+Group = Literal["padding", "execution", "precision", "sharding"]
 
 
 class _Action(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    group: ClassVar[Group]
+    single: ClassVar[bool] = True  # at most one per plan
+    hint: ClassVar[str]  # its fields, as the Claude proposer's submit tool describes them
+
     @property
     def preserves_numerics(self) -> bool:
         raise NotImplementedError
+
+    def describe(self) -> str:
+        fields = {k: v for k, v in self.model_dump().items() if k != "kind"}
+        return f"{self.kind} {json.dumps(fields, separators=(',', ':'))}"
+
+    def instruction(self) -> str | None:
+        """How to get this action without tpu-agent, in the script or its environment (None: a source edit)."""
+        return None
+
+    def apply(self, applied: "Applied") -> None:
+        """Configure the backend in the child, before the script runs (source actions were applied to a copy)."""
 
 
 class PadDim(_Action):
     """Rewrite one integer literal of the user's source (a tensor dim) to a padded value."""
 
+    group: ClassVar[Group] = "padding"
+    single: ClassVar[bool] = False
+    hint: ClassVar[str] = "{knob, choices.new} (rewrites that integer literal)"
     kind: Literal["pad_dim"] = "pad_dim"
     file: str  # relative to the script's directory
     line: int = Field(ge=1)
@@ -48,10 +76,15 @@ class PadDim(_Action):
             raise ValueError("pad_dim values must be positive")
         return self
 
+    def describe(self) -> str:
+        return f"{self.name or 'literal'} {self.old}->{self.new} ({self.file}:{self.line})"
+
 
 class PadOps(_Action):
     """The backend zero-pads matmul/convolution operand dims to a multiple and slices results."""
 
+    group: ClassVar[Group] = "padding"
+    hint: ClassVar[str] = "{multiple}"
     kind: Literal["pad_ops"] = "pad_ops"
     multiple: int = Field(128, ge=2, le=1024)
 
@@ -59,10 +92,21 @@ class PadOps(_Action):
     def preserves_numerics(self) -> bool:
         return True
 
+    def instruction(self) -> str:
+        return f"operand padding: `TPU_AGENT_PAD_OPS={self.multiple}`"
+
+    def apply(self, applied: "Applied") -> None:
+        from tpu_agent.backend import padding
+
+        padding.set_multiple(self.multiple)
+        applied.notes.append(f"matmul operands padded to multiples of {self.multiple}")
+
 
 class Mesh(_Action):
     """A device mesh over the available devices, e.g. {"data": 4} or {"data": 2, "model": 2}."""
 
+    group: ClassVar[Group] = "sharding"
+    hint: ClassVar[str] = "{axes: {name: size}}"
     kind: Literal["mesh"] = "mesh"
     axes: MeshAxes
 
@@ -84,10 +128,19 @@ class Mesh(_Action):
     def preserves_numerics(self) -> bool:
         return True
 
+    def instruction(self) -> str:
+        return f"mesh: `torch.tpu.sharding.set_mesh({dict(self.axes)})`"
+
+    def apply(self, applied: "Applied") -> None:
+        applied.mesh = self  # placed on the model the script builds, at its first forward
+
 
 class ShardRule(_Action):
     """Parameters whose name matches the glob `pattern` are split with this PartitionSpec."""
 
+    group: ClassVar[Group] = "sharding"
+    single: ClassVar[bool] = False
+    hint: ClassVar[str] = "{pattern (glob over parameter names), spec (list of mesh axis names or null per dim)}"
     kind: Literal["shard_rule"] = "shard_rule"
     pattern: str
     spec: tuple[str | None, ...]
@@ -96,10 +149,18 @@ class ShardRule(_Action):
     def preserves_numerics(self) -> bool:
         return True
 
+    def instruction(self) -> str:
+        return f"sharding: `torch.tpu.sharding.shard_module(model, [({self.pattern!r}, {tuple(self.spec)})])`"
+
+    def apply(self, applied: "Applied") -> None:
+        applied.rules.append((self.pattern, tuple(self.spec)))
+
 
 class BatchSharding(_Action):
     """The model's tensor inputs are split along dim 0 over mesh axis `axis` (data parallel)."""
 
+    group: ClassVar[Group] = "sharding"
+    hint: ClassVar[str] = "{axis}"
     kind: Literal["batch_sharding"] = "batch_sharding"
     axis: str = "data"
 
@@ -107,10 +168,18 @@ class BatchSharding(_Action):
     def preserves_numerics(self) -> bool:
         return True
 
+    def instruction(self) -> str:
+        return f"batch split: `torch.tpu.sharding.shard_batches(model, {self.axis!r})`"
+
+    def apply(self, applied: "Applied") -> None:
+        applied.batch_axis = self.axis
+
 
 class Compile(_Action):
     """How the step executes: op by op, fused at sync points, or compiled as one program."""
 
+    group: ClassVar[Group] = "execution"
+    hint: ClassVar[str] = "{mode: eager|fused|compiled}"
     kind: Literal["compile"] = "compile"
     mode: Literal["eager", "fused", "compiled"]
 
@@ -118,10 +187,28 @@ class Compile(_Action):
     def preserves_numerics(self) -> bool:
         return True
 
+    def instruction(self) -> str | None:
+        if self.mode == "fused":
+            return ("fused execution: `TORCH_TPU_DEFER_AND_FUSE=1`, or "
+                    "`with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):` around the loop")
+        if self.mode == "compiled":
+            return "compiled model: `model = torch.compile(model)` (forward and backward as XLA programs)"
+        return None
+
+    def apply(self, applied: "Applied") -> None:
+        from tpu_agent.backend import modes
+
+        if self.mode in ("fused", "compiled"):
+            modes._set_mode(modes.EagerMode.DEFER_AND_FUSE)
+            applied.notes.append("fused execution (DEFER_AND_FUSE)")
+        applied.compile_model = self.mode == "compiled"
+
 
 class MatmulPrecision(_Action):
     """Matmul precision: `default` is one bf16 pass on TPUs; `highest` is full float32."""
 
+    group: ClassVar[Group] = "precision"
+    hint: ClassVar[str] = "{precision: default|high|highest}"
     kind: Literal["matmul_precision"] = "matmul_precision"
     precision: Literal["default", "high", "highest"]
 
@@ -129,12 +216,22 @@ class MatmulPrecision(_Action):
     def preserves_numerics(self) -> bool:
         return self.precision == "highest"
 
+    def instruction(self) -> str:
+        return f"matmul precision: `with torch.tpu.precision(torch.tpu.Precision.{self.precision.upper()}):`"
 
-Action = Annotated[
-    Union[PadDim, PadOps, Mesh, ShardRule, BatchSharding, Compile, MatmulPrecision],
-    Field(discriminator="kind"),
-]
-ACTION_KINDS = ("pad_dim", "pad_ops", "mesh", "shard_rule", "batch_sharding", "compile", "matmul_precision")
+    def apply(self, applied: "Applied") -> None:
+        from tpu_agent.backend import modes
+
+        modes._set_precision(modes.Precision[self.precision.upper()])
+        applied.notes.append(f"matmul precision {self.precision}")
+
+
+ACTION_CLASSES: tuple[type[_Action], ...] = (PadDim, PadOps, Mesh, ShardRule, BatchSharding, Compile, MatmulPrecision)
+Action = Annotated[Union[ACTION_CLASSES], Field(discriminator="kind")]  # noqa: UP007 - a tuple of classes
+ACTION_MODELS: dict[str, type[_Action]] = {cls.model_fields["kind"].default: cls for cls in ACTION_CLASSES}
+ACTION_KINDS: tuple[str, ...] = tuple(ACTION_MODELS)
+ActionKind = Literal[ACTION_KINDS]  # type: ignore[valid-type]
+GROUPS: dict[str, Group] = {kind: cls.group for kind, cls in ACTION_MODELS.items()}
 
 
 class Plan(BaseModel):
@@ -145,9 +242,8 @@ class Plan(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self):
-        singles = ("pad_ops", "mesh", "batch_sharding", "compile", "matmul_precision")
-        for kind in singles:
-            if sum(a.kind == kind for a in self.actions) > 1:
+        for kind, cls in ACTION_MODELS.items():
+            if cls.single and sum(a.kind == kind for a in self.actions) > 1:
                 raise ValueError(f"a plan has at most one {kind} action")
         seen = set()
         for a in self.actions:
@@ -180,6 +276,16 @@ class Plan(BaseModel):
     def of(self, cls):
         return [a for a in self.actions if isinstance(a, cls)]
 
+    def groups(self) -> dict[str, list]:
+        """Its actions by group, in the order the groups first appear."""
+        out: dict[str, list] = {}
+        for action in self.actions:
+            out.setdefault(action.group, []).append(action)
+        return out
+
+    def describe(self) -> str:
+        return "; ".join(a.describe() for a in self.actions) if self.actions else "(no change)"
+
     def key(self) -> str:
         """A canonical text: two plans with the same actions have the same key."""
         items = sorted(json.dumps(a.model_dump(), sort_keys=True) for a in self.actions)
@@ -187,7 +293,3 @@ class Plan(BaseModel):
 
     def save(self, path: Path) -> None:
         path.write_text(self.model_dump_json(indent=2) + "\n")
-
-    @classmethod
-    def load(cls, path: Path) -> "Plan":
-        return cls.model_validate_json(Path(path).read_text())

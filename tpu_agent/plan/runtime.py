@@ -1,57 +1,53 @@
 """Applies a plan's run-time actions inside the child process, before the script runs.
 
-Source actions (`PadDim`) were applied to a copy of the script already
-(rewrite.py). The rest configure the backend: operand padding, matmul
-precision, the execution mode, and sharding. Sharding and module compilation
-need the user's model, which the script builds: a global forward pre-hook
-finds it at its first call (the outermost module holding tpu parameters).
+Each action applies itself (`Action.apply`): operand padding, matmul
+precision and the execution mode configure the backend at once. Sharding and
+module compilation need the user's model, which the script builds: a global
+forward pre-hook finds it at its first call (the outermost module holding
+tpu parameters). Source actions (`PadDim`) were applied to a copy of the
+script already (rewrite.py).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
-from tpu_agent.plan.actions import BatchSharding, Compile, MatmulPrecision, Mesh, PadOps, Plan, ShardRule
+from tpu_agent.plan.actions import Mesh, Plan
 
 
-def apply_runtime(plan: Plan) -> "Applied":
-    """Configure the backend for `plan`; returns what was applied, for the trial's record."""
-    from tpu_agent.backend import modes, padding
+@dataclass
+class Applied:
+    """What a plan's actions asked of the run, and what was done (notes for the trial's record)."""
 
+    notes: list[str] = field(default_factory=list)
+    mesh: Mesh | None = None
+    rules: list[tuple[str, tuple]] = field(default_factory=list)
+    batch_axis: str | None = None
+    compile_model: bool = False
+    model: str | None = None  # the module the hook found
+    sharded: list[tuple[str, tuple]] = field(default_factory=list)  # parameter name -> its PartitionSpec
+
+
+def apply_runtime(plan: Plan) -> Applied:
+    """Configure the backend for `plan`; returns what was applied."""
     applied = Applied()
     for action in plan.actions:
-        if isinstance(action, PadOps):
-            padding.set_multiple(action.multiple)
-            applied.notes.append(f"matmul operands padded to multiples of {action.multiple}")
-        elif isinstance(action, MatmulPrecision):
-            modes._set_precision(modes.Precision[action.precision.upper()])
-            applied.notes.append(f"matmul precision {action.precision}")
-        elif isinstance(action, Compile) and action.mode in ("fused", "compiled"):
-            modes._set_mode(modes.EagerMode.DEFER_AND_FUSE)
-            applied.notes.append("fused execution (DEFER_AND_FUSE)")
-    mesh = plan.mesh
-    compile_model = any(isinstance(a, Compile) and a.mode == "compiled" for a in plan.actions)
-    if mesh is not None or compile_model:
-        _install_model_hook(plan, mesh, compile_model, applied)
+        action.apply(applied)
+    if applied.mesh is not None or applied.compile_model:
+        _install_model_hook(applied)
     return applied
 
 
-class Applied:
-    def __init__(self) -> None:
-        self.notes: list[str] = []
-        self.sharded: list[tuple[str, tuple]] = []
-        self.model: str | None = None
-
-
-def _install_model_hook(plan: Plan, mesh: Mesh | None, compile_model: bool, applied: Applied) -> None:
+def _install_model_hook(applied: Applied) -> None:
     from tpu_agent.backend import sharding
     from tpu_agent.backend.compile import CompiledModule
     from tpu_agent.backend.tensor import TpuTensor
 
+    mesh, axis = applied.mesh, applied.batch_axis
     if mesh is not None:
         sharding.set_mesh(dict(mesh.axes))
-    rules = [(r.pattern, tuple(r.spec)) for r in plan.of(ShardRule)]
-    batch = plan.of(BatchSharding)
     state = {"done": False}
 
     def first_forward(module, args):
@@ -64,16 +60,16 @@ def _install_model_hook(plan: Plan, mesh: Mesh | None, compile_model: bool, appl
         handle.remove()
         applied.model = type(module).__name__
         if mesh is not None:
-            applied.sharded = sharding.shard_module(module, rules, strict=False)
-            if batch:
-                sharding.shard_batches(module, batch[0].axis)
+            applied.sharded = sharding.shard_module(module, applied.rules, strict=False)
+            if axis is not None:
+                sharding.shard_batches(module, axis)
                 # This call's inputs are already bound: place them too.
                 for t in sharding._tensors(args):
                     if t.dim() >= 1 and not t._view_chain:
-                        sharding.shard_tensor(t, (batch[0].axis,))
-            applied.notes.append(f"mesh {dict(mesh.axes)}; {len(rules)} shard rules; "
-                                 f"batch split over {batch[0].axis if batch else 'nothing'}")
-        if compile_model:
+                        sharding.shard_tensor(t, (axis,))
+            applied.notes.append(f"mesh {dict(mesh.axes)}; {len(applied.rules)} shard rules; "
+                                 f"batch split over {axis or 'nothing'}")
+        if applied.compile_model:
             compiled = CompiledModule(module, call=type(module).forward.__get__(module))
             module.forward = compiled.forward
             applied.notes.append(f"{type(module).__name__} compiled: forward and backward programs")

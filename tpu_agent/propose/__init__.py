@@ -1,8 +1,9 @@
 """Proposers: who decides what to try. Offline (playbooks, the default) or Claude (with a key).
 
-Entry points for the tune command are plain functions: `choose_proposer`
-says which one a run uses and why, `make_proposer` builds it, and each
-proposer's `propose(profile, knobs, playbooks, results, round)` returns a
+Also the inputs they read: the knob finder (knobs.py) and the playbooks
+(conditions.py, playbook.py). `choose_proposer` says which proposer a run
+uses and why, `make_proposer` builds it, and every proposer (a `Proposer`,
+base.py) answers `propose(profile, knobs, playbooks, results, round)` with a
 `ProposalRound` (ranked candidates, a transcript, notes said out loud).
 """
 
@@ -12,21 +13,13 @@ import os
 from typing import Any, Mapping
 
 from tpu_agent.errors import InputError
-from tpu_agent.propose.base import (
-    ActionTemplate,
-    Candidate,
-    Evidence,
-    KnobRef,
-    ProposalRound,
-    Proposer,
-    TokenUsage,
-    TrialOutcome,
-)
+from tpu_agent.propose.base import ProposalRound, Proposer, TokenUsage, TrialOutcome
+from tpu_agent.propose.candidates import ActionTemplate, Candidate, Evidence
 
 PROPOSERS = ("auto", "offline", "claude")
 
 __all__ = [
-    "ActionTemplate", "Candidate", "Evidence", "KnobRef", "ProposalRound", "Proposer", "TokenUsage", "TrialOutcome",
+    "ActionTemplate", "Candidate", "Evidence", "ProposalRound", "Proposer", "TokenUsage", "TrialOutcome",
     "OfflineProposer", "propose_offline", "choose_proposer", "make_proposer", "PROPOSERS",
 ]
 

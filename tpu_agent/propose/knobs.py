@@ -27,49 +27,12 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from tpu_agent.plan.actions import PadDim
+from tpu_agent.profilers.padding import round_up
+from tpu_agent.propose.size_args import BATCH_NAME, DIM_KEYWORDS, FACTORIES, MODULE_DIMS, SIZE_METHODS
 
 MULTIPLES = (8, 128, 256)  # sublane rows, lanes / v4-v5 MXU edge, v6e-v7 MXU edge
 MAX_FILES = 50
 MAX_USES = 6
-
-# nn modules: which positional args / keywords are tensor dims.
-MODULE_DIMS: dict[str, tuple[tuple[int | None, str], ...]] = {
-    "Linear": ((0, "in_features"), (1, "out_features")),
-    "LazyLinear": ((0, "out_features"),),
-    "Bilinear": ((0, "in1_features"), (1, "in2_features"), (2, "out_features")),
-    "Embedding": ((0, "num_embeddings"), (1, "embedding_dim")),
-    "EmbeddingBag": ((0, "num_embeddings"), (1, "embedding_dim")),
-    "LayerNorm": ((0, "normalized_shape"),),
-    "RMSNorm": ((0, "normalized_shape"),),
-    "GroupNorm": ((1, "num_channels"),),
-    "MultiheadAttention": ((0, "embed_dim"), (1, "num_heads")),
-    "TransformerEncoderLayer": ((0, "d_model"), (1, "nhead"), (None, "dim_feedforward")),
-    "TransformerDecoderLayer": ((0, "d_model"), (1, "nhead"), (None, "dim_feedforward")),
-    "Transformer": ((0, "d_model"), (1, "nhead"), (None, "dim_feedforward")),
-    "LSTM": ((0, "input_size"), (1, "hidden_size")),
-    "GRU": ((0, "input_size"), (1, "hidden_size")),
-    "RNN": ((0, "input_size"), (1, "hidden_size")),
-    "LSTMCell": ((0, "input_size"), (1, "hidden_size")),
-    "GRUCell": ((0, "input_size"), (1, "hidden_size")),
-}
-for _n in ("Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"):
-    MODULE_DIMS[_n] = ((0, "in_channels"), (1, "out_channels"))
-for _n in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d"):
-    MODULE_DIMS[_n] = ((0, "num_features"),)
-
-# torch factories whose positional args (or the tuple among them) are sizes.
-FACTORIES = {"randn", "rand", "zeros", "ones", "empty", "randint", "full", "arange", "eye", "randperm", "linspace"}
-# Tensor methods whose args are sizes.
-SIZE_METHODS = {"view", "reshape", "expand", "repeat", "tile", "new_zeros", "new_ones", "new_empty", "new_full",
-                "unflatten"}
-# Keywords that carry a dim in any call (a DataLoader's batch_size, a user's GPT(vocab_size=...)).
-DIM_KEYWORDS = {
-    "batch_size", "hidden_size", "hidden_dim", "embed_dim", "embedding_dim", "d_model", "dim_feedforward",
-    "in_features", "out_features", "num_embeddings", "in_channels", "out_channels", "num_classes", "vocab_size",
-    "n_embd", "d_ff", "intermediate_size", "num_features", "seq_len", "max_seq_len", "block_size", "n_positions",
-    "max_position_embeddings", "num_heads", "n_head", "nhead", "size",
-}
-BATCH_NAME = re.compile(r"(^|_)(batch|batch_?size|bs)$", re.I)
 
 Where = Literal["constant", "argparse", "parameter", "literal"]
 
@@ -99,6 +62,24 @@ class Knob(BaseModel):
     def pad_dim(self, new: int) -> PadDim:
         return PadDim(file=self.file, line=self.line, column=self.column, old=self.value, new=new, name=self.name)
 
+    @property
+    def id(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} = {self.value} ({self.id})" if self.name else f"{self.value} at {self.id}"
+
+    def position(self) -> dict:
+        """The PadDim fields that say which literal to rewrite."""
+        return {"file": self.file, "line": self.line, "column": self.column, "old": self.value, "name": self.name}
+
+    def group_members(self, knobs: Sequence["Knob"]) -> list["Knob"]:
+        """The other literals of its group (one dim written in several places)."""
+        if self.group is None:
+            return []
+        return [k for k in knobs if k.group == self.group and k.id != self.id]
+
 
 def pad_group(knobs: Sequence[Knob], knob: Knob, new: int) -> list[PadDim]:
     """PadDim actions for `knob` and every knob of its group (a named knob is a group of one)."""
@@ -117,7 +98,7 @@ class KnobReport(BaseModel):
 
 def candidates_for(value: int) -> list[int]:
     """Next multiples of 8, 128 and 256 that are larger than `value`; never smaller, no repeats."""
-    out = sorted({-(-value // m) * m for m in MULTIPLES} - {value})
+    out = sorted({round_up(value, m) for m in MULTIPLES} - {value})
     return [c for c in out if c > value]
 
 

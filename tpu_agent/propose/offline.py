@@ -10,37 +10,18 @@ evidence says so.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
-from tpu_agent.propose.playbook import METRICS, Generator, Playbook, builtin_playbooks, substitute, variables
+from tpu_agent.profilers.padding import round_up
 from tpu_agent.profilers.schema import PaddingDim, Profile
-from tpu_agent.propose.base import (
-    ActionTemplate,
-    Candidate,
-    Evidence,
-    KnobRef,
-    ProposalRound,
-    action_key,
-    coerce_knobs,
-    coerce_results,
-    numerics_preserved,
-)
+from tpu_agent.propose.base import ProposalRound, Proposer, TrialOutcome
+from tpu_agent.propose.candidates import ActionTemplate, Candidate, Evidence, action_key, numerics_preserved
+from tpu_agent.propose.conditions import METRICS, name_words, substitute, variables
+from tpu_agent.propose.knobs import Knob
+from tpu_agent.propose.playbook import Generator, Playbook, builtin_playbooks
 
 NAME = "offline"
 MAX_HEAD_CHOICES = 3
-
-
-def load_profile(profile: Profile | dict | str | Path) -> Profile:
-    if isinstance(profile, Profile):
-        return profile
-    if isinstance(profile, dict):
-        return Profile.model_validate(profile)
-    return Profile.model_validate_json(Path(profile).read_text())
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 def _dim_evidence(dim: PaddingDim) -> Evidence:
@@ -63,29 +44,27 @@ def _select_dims(pb: Playbook, profile: Profile) -> list[PaddingDim]:
             and (sel.roles_any is None or set(sel.roles_any) & set(d.roles))]
 
 
-def _sets(knob: KnobRef, size: int) -> bool:
-    """The knob sets a dim of this size: the knob finder says so, or (without its say) the value is equal."""
-    return size in knob.dims if knob.dims else knob.value == size
+def _sets(knob: Knob, size: int) -> bool:
+    """The knob sets a dim of this size: its value is that size."""
+    return knob.value == size
 
 
 class _Binding:
     """A knob a playbook would rewrite, the dims that point at it, and (head_dim) the width knob."""
 
-    def __init__(self, knob: KnobRef, dims: list[PaddingDim], width: KnobRef | None = None):
+    def __init__(self, knob: Knob, dims: list[PaddingDim], width: Knob | None = None):
         self.knob, self.dims, self.width = knob, dims, width
 
 
-def _width_first(k: KnobRef):
+def _width_first(k: Knob):
     """For width / heads: model-width names (d_model, n_embd, hidden, width, dim) before other knobs."""
-    from tpu_agent.propose.playbook import name_words
-
     named = any(w.startswith(("model", "embd", "embed", "hidden", "width", "dim")) for w in name_words(k.name or ""))
     return (not named, k.file, k.line, k.column)
 
 
-def _bind_knobs(pb: Playbook, dims: list[PaddingDim], knobs: list[KnobRef]) -> list[_Binding]:
+def _bind_knobs(pb: Playbook, dims: list[PaddingDim], knobs: list[Knob]) -> list[_Binding]:
     sel = pb.targets.knobs
-    keep = [k for k in knobs if sel.keeps(k.name, k.is_batch) and not k.overridden]
+    keep = [k for k in knobs if sel.keeps(k.name, k.batch) and not k.overridden]
     out = []
     groups: set[str] = set()
     for knob in sorted(keep, key=lambda k: (k.file, k.line, k.column)):
@@ -116,11 +95,11 @@ def _bind_knobs(pb: Playbook, dims: list[PaddingDim], knobs: list[KnobRef]) -> l
 def _generate(gen: Generator, binding: _Binding, env: dict[str, int]) -> list[int]:
     value = binding.knob.value
     if gen.round_up_to is not None:
-        values = {_round_up(value, int(substitute(m, env))) for m in gen.round_up_to}
+        values = {round_up(value, int(substitute(m, env))) for m in gen.round_up_to}
     elif gen.knob_aligned:
-        values = set(binding.knob.aligned)
+        values = set(binding.knob.candidates)
     elif binding.width is None:  # a head-dim literal
-        values = {_round_up(value, gen.for_head_dim)}
+        values = {round_up(value, gen.for_head_dim)}
     else:  # a heads count: keep the width, choose heads so that width / heads is a multiple of the target
         width = binding.width.value
         heads = [h for h in range(width, 0, -1) if width % h == 0 and (width // h) % gen.for_head_dim == 0]
@@ -130,7 +109,7 @@ def _generate(gen: Generator, binding: _Binding, env: dict[str, int]) -> list[in
 
 
 def _templates(pb: Playbook, env: dict[str, int], binding: _Binding | None,
-               knobs: list[KnobRef] = ()) -> list[ActionTemplate] | None:
+               knobs: list[Knob] = ()) -> list[ActionTemplate] | None:
     out = []
     for spec in pb.actions:
         fixed = substitute(spec.fixed, env)
@@ -170,7 +149,7 @@ def _first_sentence(text: str) -> str:
     return text if end < 0 else text[: end + 1]
 
 
-def _match(pb: Playbook, profile: Profile, knobs: list[KnobRef], dot_share: float,
+def _match(pb: Playbook, profile: Profile, knobs: list[Knob], dot_share: float,
            dim_claims: dict[int, int]) -> tuple[list[Candidate], str]:
     found: list[Evidence] = []
     for cond in pb.applies_when:
@@ -276,11 +255,10 @@ def _without_tried(c: Candidate, tried: list[frozenset[str]]) -> Candidate | Non
     return None if all(_was_tried(o, tried) for o in c.options()) else c
 
 
-def propose_offline(profile, knobs: Sequence[Any] = (), playbooks: Sequence[Playbook] | None = None,
-                    results: Sequence[Any] = (), round: int = 1) -> ProposalRound:
-    """Rank the candidates the playbooks find in `profile` (a Profile, its dict, or a profile.json path)."""
-    profile = load_profile(profile)
-    knob_refs = coerce_knobs(knobs)
+def propose_offline(profile: Profile, knobs: Sequence[Knob] = (), playbooks: Sequence[Playbook] | None = None,
+                    results: Sequence[TrialOutcome] = (), round: int = 1) -> ProposalRound:
+    """Rank the candidates the playbooks find in `profile`."""
+    knob_refs = list(knobs)
     books = list(playbooks) if playbooks is not None else builtin_playbooks()
     dot_share = METRICS["dot_flop_share"][1](profile) or 1.0
     claims: dict[int, int] = {}
@@ -299,7 +277,7 @@ def propose_offline(profile, knobs: Sequence[Any] = (), playbooks: Sequence[Play
         target = c.target()
         merged[target] = _merge(merged[target], c) if target in merged else c
 
-    tried = [k for k in (r.action_keys() for r in coerce_results(results)) if k]
+    tried = [k for k in (r.action_keys() for r in results) if k]
     ranked = []
     for c in sorted(merged.values(), key=_order):
         kept = _without_tried(c, tried)
@@ -310,11 +288,11 @@ def propose_offline(profile, knobs: Sequence[Any] = (), playbooks: Sequence[Play
     return ProposalRound(proposer=NAME, requested=NAME, round=round, candidates=ranked, transcript=transcript)
 
 
-class OfflineProposer:
+class OfflineProposer(Proposer):
     """The default proposer: deterministic, no key, no network."""
 
-    name = NAME
+    name: ClassVar[str] = NAME
 
-    def propose(self, profile, knobs: Sequence[Any] = (), playbooks=None, results: Sequence[Any] = (),
-                round: int = 1) -> ProposalRound:
+    def propose(self, profile: Profile, knobs: Sequence[Knob] = (), playbooks: Sequence[Playbook] | None = None,
+                results: Sequence[TrialOutcome] = (), round: int = 1) -> ProposalRound:
         return propose_offline(profile, knobs, playbooks, results, round)

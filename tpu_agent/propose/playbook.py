@@ -19,21 +19,30 @@ Every problem is reported as `FILE: FIELD: PROBLEM`.
 
 from __future__ import annotations
 
-import math
 import re
-import tomllib
-import typing
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tpu_agent.errors import InputError
-from tpu_agent.plan.actions import ACTION_KINDS
-from tpu_agent.profilers.schema import Profile
-from tpu_agent.propose.base import ActionTemplate, Evidence
+from tpu_agent.config import find_pyproject, folders
+from tpu_agent.plan.actions import ACTION_KINDS, ACTION_MODELS
+from tpu_agent.propose.candidates import ActionTemplate
+from tpu_agent.propose.conditions import (  # noqa: F401 - re-exported: what playbooks may name
+    METRICS,
+    VARIABLES,
+    Condition,
+    _sample_variables,
+    check_field_path,
+    name_words,
+    resolve_field,
+    substitute,
+    variables,
+    _walk,
+)
 
 BUILTIN_PACKAGE = "tpu_agent.playbooks"
 PAD_DIM_BOUND = ("file", "line", "column", "old", "name")  # filled from the knob, never written in a playbook
@@ -45,212 +54,6 @@ class PlaybookError(InputError):
     def __init__(self, file: str | Path, field: str, problem: str):
         self.file, self.field, self.problem = str(file), field, problem
         super().__init__(f"{file}: {field}: {problem}" if field else f"{file}: {problem}")
-
-
-# ------------------------------------------------------------------ metrics and variables
-
-
-def _dot_ops(p: Profile):
-    if p.padding and p.padding.ops:
-        return [(op.lhs, op.flops_per_step) for op in p.padding.ops]
-    return [(h.operands[0] if h.operands else h.shape, h.flops_per_step) for h in p.hot_ops
-            if h.opcode in ("dot", "convolution") or h.contains]
-
-
-def _f32_dot_share(p: Profile) -> float:
-    ops = _dot_ops(p)
-    total = sum(f for _, f in ops)
-    return sum(f for shape, f in ops if shape.startswith("f32")) / total if total else 0.0
-
-
-def _devices(p: Profile) -> int:
-    return p.device.count if p.device else p.settings.devices
-
-
-# name -> (what it means, how it is computed from a Profile)
-METRICS: dict[str, tuple[str, Callable[[Profile], Any]]] = {
-    "padding_waste": ("estimate: FLOP-weighted share of dot/conv TPU work that is tile padding (0 without a report)",
-                      lambda p: p.padding.total_waste.value if p.padding else 0.0),
-    "unaligned_dims": ("number of unaligned dim sizes in the padding report",
-                       lambda p: len(p.padding.dims) if p.padding else 0),
-    "dot_flop_share": ("dots' and convolutions' share of the step's FLOPs",
-                       lambda p: p.flops.dot_conv_per_step / p.flops.per_step if p.flops and p.flops.per_step else 0.0),
-    "f32_dot_share": ("share of dot/conv FLOPs with float32 operands", _f32_dot_share),
-    "recompilations_after_warmup": ("recompilations in measured steps (after warm-up)",
-                                    lambda p: sum(1 for r in p.recompilations
-                                                  if r.step is not None and r.step > p.settings.warmup)),
-    "devices": ("devices the profile ran on (simulated ones included)", _devices),
-    "executables_per_step": ("XLA executables run per measured step",
-                             lambda p: sum(e.calls_per_step for e in p.executables)),
-    "mode": ("the eager mode the device ran: eager, fused, compiled", lambda p: p.mode_used),
-    "step_s": ("median measured step time, seconds", lambda p: p.steps.stats.median_s if p.steps.stats else 0.0),
-    "compile_s": ("measured compile time over the run, seconds", lambda p: p.steps.compile_s),
-    "mfu": ("achieved / peak FLOP/s", lambda p: (p.flops.mfu or 0.0) if p.flops else 0.0),
-    "live_peak_bytes": ("most device buffer bytes alive at a step boundary",
-                        lambda p: p.memory.live_peak_bytes or 0),
-    "fallbacks": ("aten ops run on the CPU, counted", lambda p: sum(p.fallbacks.values())),
-}
-
-_MXU = {"v6e": 256, "v7x": 256, "v7": 256}
-
-# $name -> (what it means, its value for a profile, a sample used to check templates at load)
-VARIABLES: dict[str, tuple[str, Callable[[Profile], int], int]] = {
-    "$mxu": ("MXU edge of the generation the padding report models (128; 256 on v6e/v7x)",
-             lambda p: p.padding.mxu if p.padding else _MXU.get((p.device.generation or "") if p.device else "", 128), 128),
-    "$devices": ("devices available", _devices, 2),
-    "$sublanes": ("rows of a 32-bit TPU tile", lambda p: 8, 8),
-    "$batch_multiple": ("8 rows per tile times the data-parallel degree", lambda p: 8 * max(1, _devices(p)), 16),
-}
-
-
-def variables(profile: Profile) -> dict[str, int]:
-    return {name: fn(profile) for name, (_, fn, _) in VARIABLES.items()}
-
-
-def _sample_variables() -> dict[str, int]:
-    return {name: sample for name, (_, _, sample) in VARIABLES.items()}
-
-
-# ------------------------------------------------------------------ profile field paths
-
-
-def _model_in(annotation) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    if typing.get_origin(annotation) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        for arg in typing.get_args(annotation):
-            found = _model_in(arg)
-            if found is not None:
-                return found
-    return None
-
-
-def check_field_path(path: str) -> str | None:
-    """Why `path` (dotted) names no field of `Profile`, or None when it does."""
-    model: type[BaseModel] = Profile
-    parts = path.split(".")
-    for i, part in enumerate(parts):
-        where = ".".join(parts[:i]) or "the profile"
-        if part not in model.model_fields:
-            known = ", ".join(sorted(model.model_fields))
-            return f"{where} has no field {part!r} (fields: {known})"
-        if i < len(parts) - 1:
-            sub = _model_in(model.model_fields[part].annotation)
-            if sub is None:
-                return f"{'.'.join(parts[:i + 1])} has no sub-fields"
-            model = sub
-    return None
-
-
-def resolve_field(profile: Profile, path: str):
-    """The value at `path`; a list or dict stands for its number of items; None when absent."""
-    value: Any = profile
-    for part in path.split("."):
-        if value is None:
-            return None
-        value = getattr(value, part, None)
-    if isinstance(value, (list, dict)):
-        return len(value)
-    return value
-
-
-# ------------------------------------------------------------------ schema
-
-
-class Condition(BaseModel):
-    """One test over the profile: a `field` path or a named `metric` compared, or `any`/`all` of others."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    field: str | None = Field(None, description="dotted path into profile.json, e.g. padding.total_waste.value")
-    metric: str | None = Field(None, description="a named metric: " + ", ".join(METRICS))
-    any: list["Condition"] | None = None
-    all: list["Condition"] | None = None
-    gt: float | None = None
-    ge: float | None = None
-    lt: float | None = None
-    le: float | None = None
-    eq: str | float | bool | None = None
-    ne: str | float | bool | None = None
-    in_: list[str | float | bool] | None = Field(None, alias="in")
-    exists: bool | None = None
-
-    @model_validator(mode="after")
-    def _shape(self):
-        subjects = [k for k in ("field", "metric", "any", "all") if getattr(self, k) is not None]
-        if len(subjects) != 1:
-            raise ValueError("a condition has exactly one of field, metric, any, all")
-        tests = [k for k in ("gt", "ge", "lt", "le", "eq", "ne", "in_", "exists") if getattr(self, k) is not None]
-        if subjects[0] in ("any", "all"):
-            if tests:
-                raise ValueError(f"{subjects[0]} takes a list of conditions, not a comparison")
-            if not getattr(self, subjects[0]):
-                raise ValueError(f"{subjects[0]} needs at least one condition")
-            return self
-        if not tests:
-            raise ValueError("a field or metric condition needs a comparison: gt, ge, lt, le, eq, ne, in or exists")
-        if self.metric is not None:
-            if self.metric not in METRICS:
-                raise ValueError(f"unknown metric {self.metric!r} (known: {', '.join(METRICS)})")
-            if self.exists is not None:
-                raise ValueError("exists applies to fields, not metrics")
-        if self.field is not None:
-            problem = check_field_path(self.field)
-            if problem:
-                raise ValueError(f"field {self.field!r}: {problem}")
-        return self
-
-    def describe(self) -> str:
-        if self.any:
-            return "any of (" + "; ".join(c.describe() for c in self.any) + ")"
-        if self.all:
-            return "all of (" + "; ".join(c.describe() for c in self.all) + ")"
-        ops = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "==", "ne": "!=", "in_": "in", "exists": "exists"}
-        subject = self.field or self.metric
-        return " and ".join(f"{subject} {sym} {getattr(self, k)}" for k, sym in ops.items() if getattr(self, k) is not None)
-
-    def evaluate(self, profile: Profile) -> tuple[bool, list[Evidence]]:
-        """Whether it holds, and the values that made it hold (evidence for the candidate)."""
-        if self.any is not None:
-            for c in self.any:
-                ok, ev = c.evaluate(profile)
-                if ok:
-                    return True, ev
-            return False, []
-        if self.all is not None:
-            found: list[Evidence] = []
-            for c in self.all:
-                ok, ev = c.evaluate(profile)
-                if not ok:
-                    return False, []
-                found += ev
-            return True, found
-        value = resolve_field(profile, self.field) if self.field else METRICS[self.metric][1](profile)
-        if self.exists is not None and (value is not None) != self.exists:
-            return False, []
-        for key, test in (("gt", float.__gt__), ("ge", float.__ge__), ("lt", float.__lt__), ("le", float.__le__)):
-            bound = getattr(self, key)
-            if bound is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not test(float(value), bound):
-                return False, []
-        if self.eq is not None and not _same(value, self.eq):
-            return False, []
-        if self.ne is not None and _same(value, self.ne):
-            return False, []
-        if self.in_ is not None and not any(_same(value, v) for v in self.in_):
-            return False, []
-        subject = self.field or self.metric
-        shown = round(value, 6) if isinstance(value, float) else value
-        return True, [Evidence(what=f"{subject} = {shown} ({self.describe()})", metric=subject,
-                               value=shown if isinstance(shown, (int, float, str)) else str(shown),
-                               estimate=subject in ("padding_waste",) or (self.field or "").startswith(("padding", "target")))]
-
-
-def _same(value, expected) -> bool:
-    if isinstance(expected, (int, float)) and not isinstance(expected, bool) and isinstance(value, (int, float)):
-        return math.isclose(float(value), float(expected))
-    return value == expected or str(value) == str(expected)
 
 
 Role = Literal["M", "K", "N"]
@@ -306,11 +109,6 @@ class KnobSelect(BaseModel):
             except re.error as exc:
                 raise ValueError(f"not a regular expression: {exc}") from None
         return value
-
-
-def name_words(name: str) -> list[str]:
-    """`NUM_CLASSES` -> num, classes; `nHeads` -> n, heads; `d_model2` -> d, model, 2."""
-    return [w.lower() for w in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+", name)]
 
 
 class Targets(BaseModel):
@@ -415,32 +213,8 @@ class Playbook(BaseModel):
         return Path(self.source).read_text()
 
 
-def _walk(value):
-    if isinstance(value, dict):
-        for v in value.values():
-            yield from _walk(v)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _walk(v)
-    else:
-        yield value
-
-
-def substitute(value, env: dict[str, int]):
-    """Replace `$name` strings by their values, anywhere inside `value`."""
-    if isinstance(value, str) and value.startswith("$"):
-        return env[value]
-    if isinstance(value, dict):
-        return {k: substitute(v, env) for k, v in value.items()}
-    if isinstance(value, list):
-        return [substitute(v, env) for v in value]
-    return value
-
-
 def check_playbook(pb: Playbook) -> list[tuple[str, str]]:
     """Problems the schema alone cannot see, as (field, problem)."""
-    from tpu_agent.plan import actions as plan_models
-
     problems: list[tuple[str, str]] = []
     knobs = pb.targets.knobs if pb.targets else None
     sample = _sample_variables()
@@ -448,9 +222,7 @@ def check_playbook(pb: Playbook) -> list[tuple[str, str]]:
     for i, spec in enumerate(pb.actions):
         where = f"actions[{i}]"
         before = len(problems)
-        model = next(m for m in (plan_models.PadDim, plan_models.PadOps, plan_models.Mesh, plan_models.ShardRule,
-                                 plan_models.BatchSharding, plan_models.Compile, plan_models.MatmulPrecision)
-                     if m.model_fields["kind"].default == spec.kind)
+        model = ACTION_MODELS[spec.kind]
         allowed = set(model.model_fields) - {"kind"}
         for part in ("fixed", "choices"):
             for name in getattr(spec, part):
@@ -621,36 +393,24 @@ def builtin_playbooks() -> list[Playbook]:
 
 def project_playbook_dirs(start: str | Path | None = None) -> list[Path]:
     """`playbooks` of the nearest pyproject.toml at or above `start` (default: cwd) with a [tool.tpu-agent]
-    table (the rule tune's config follows); paths are relative to that pyproject.toml."""
-    here = Path(start or Path.cwd()).resolve()
-    if here.is_file():
-        here = here.parent
-    for folder in (here, *here.parents):
-        pyproject = folder / "pyproject.toml"
-        if not pyproject.is_file():
-            continue
-        try:
-            data = tomllib.loads(pyproject.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise PlaybookError(pyproject, "", f"cannot read: {exc}") from None
-        table = data.get("tool", {}).get("tpu-agent")
-        if not isinstance(table, dict):
-            continue  # a package's own pyproject.toml without our table: look further up
-        value = table.get("playbooks")
-        if value is None:
-            return []
-        entries = [value] if isinstance(value, str) else value
-        if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
-            raise PlaybookError(pyproject, "tool.tpu-agent.playbooks", "must be a directory or a list of directories")
-        return [(folder / e).resolve() for e in entries]
-    return []
+    table (config's reader, as tune's options read it); paths are relative to that pyproject.toml."""
+    found = find_pyproject(Path(start or Path.cwd()))
+    if found is None or found[1].get("playbooks") is None:
+        return []
+    path, table = found
+    try:
+        return [Path(d) for d in folders(table["playbooks"], path.parent)]
+    except ValueError as exc:
+        raise PlaybookError(path, "tool.tpu-agent.playbooks", str(exc)) from None
 
 
 def load_playbooks(dirs: list[str | Path] | tuple = (), *, project_dir: str | Path | None = None,
                    builtin: bool = True) -> list[Playbook]:
-    """Built-ins, then the project's (pyproject.toml), then `dirs`; a later id replaces an earlier one."""
+    """Built-ins, then the project's (the pyproject.toml above `project_dir`, when given), then `dirs`;
+    a later id replaces an earlier one, and a folder named twice loads once."""
     layers = [builtin_playbooks()] if builtin else []
-    for directory in [*project_playbook_dirs(project_dir), *map(Path, dirs)]:
+    project = project_playbook_dirs(project_dir) if project_dir is not None else []
+    for directory in dict.fromkeys(p.resolve() for p in [*project, *map(Path, dirs)]):
         layers.append(load_path(directory))
     merged: dict[str, Playbook] = {}
     for layer in layers:

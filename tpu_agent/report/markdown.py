@@ -7,11 +7,11 @@ verification behind it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from tpu_agent.plan.actions import PadDim, Plan
-from tpu_agent.search.tune import TuneResult, Verdict, _plan_text, _speed_text
+from tpu_agent.report.result import TuneResult
+from tpu_agent.verify.verdict import Verdict
 
 
 def write_all(result: TuneResult, script: Path) -> dict[str, Path]:
@@ -33,29 +33,30 @@ def write_all(result: TuneResult, script: Path) -> dict[str, Path]:
 
 
 def _fmt_speed(verdict: Verdict) -> str:
-    return _speed_text(verdict.speed) if verdict.speed else "-"
+    return verdict.speed.text() if verdict.speed else "-"
 
 
 def markdown(result: TuneResult, files: dict[str, Path]) -> str:
     lines = [f"## tpu-agent: {Path(result.script).name}", ""]
     best = result.best
     if best is not None:
-        s = best.speed or {}
+        s = best.speed
+        base_s, cand_s = (s.baseline_median_s, s.candidate_median_s) if s else (0.0, 0.0)
         lines += [
-            f"**Verified change:** {_plan_text(best.plan)}",
+            f"**Verified change:** {best.plan.describe()}",
             "",
             "| | baseline | with the change |",
             "|---|---|---|",
-            f"| median step time{' per sample' if s.get('per_sample') else ''} | "
-            f"{s.get('baseline_median_s', 0) * 1e3:.2f} ms | {s.get('candidate_median_s', 0) * 1e3:.2f} ms |",
+            f"| median step time{' per sample' if s and s.per_sample else ''} | "
+            f"{base_s * 1e3:.2f} ms | {cand_s * 1e3:.2f} ms |",
             f"| speedup (median of paired ratios) | 1.000x | {_fmt_speed(best)} |",
         ]
         if best.memory:
             m = best.memory
-            change = (f"{m['saving']:.1%} saved, 95% CI {m['ci_low']:.1%} to {m['ci_high']:.1%}" if m["saving"] > 0
-                      else f"{-m['saving']:.1%} more")
-            lines.append(f"| device memory per device (measured) | {m['baseline_median_bytes'] / 2**20:.1f} MiB | "
-                         f"{m['candidate_median_bytes'] / 2**20:.1f} MiB ({change}) |")
+            change = (f"{m.saving:.1%} saved, 95% CI {m.ci_low:.1%} to {m.ci_high:.1%}" if m.saving > 0
+                      else f"{-m.saving:.1%} more")
+            lines.append(f"| device memory per device (measured) | {m.baseline_median_bytes / 2**20:.1f} MiB | "
+                         f"{m.candidate_median_bytes / 2**20:.1f} MiB ({change}) |")
         if best.estimate_note:
             lines += ["", f"*Time:* {best.estimate_note}."]
         for note in best.left_out:
@@ -65,17 +66,17 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
                       "it, fresh processes, interleaved pairs):", "",
                       "| changes | compared with | speedup they add |", "|---|---|---|"]
             for a in best.attribution:
-                lines.append(f"| {a['group']}: {a['actions']} | {a['without'] or '(no change)'} | "
-                             f"{_speed_text(a['speed']) if a['speed'] else a['reason']} |")
+                lines.append(f"| {a.group}: {a.actions} | {a.without or '(no change)'} | "
+                             f"{a.speed.text() if a.speed else a.reason} |")
         if best.numerics:
-            lines += ["", f"**Numerics:** {best.numerics['reason']}"]
+            lines += ["", f"**Numerics:** {best.numerics.reason}"]
         lines += ["", f"Measured on {result.settings.target if result.settings.target != 'cpu' else 'this host'}: "
                       f"baseline and candidate ran in fresh processes, steps interleaved (A B A B ...) after "
                       f"{result.settings.warmup} warm-up steps each, device synchronized around every step; "
                       f"accepted only if the interval's lower end clears {1 + result.settings.min_gain:.2f}x."]
         if "patch.diff" in files:
             lines += ["", "Apply the source change with `git apply patch.diff` (or `tpu-agent tune --apply`)."]
-        runtime = _runtime_instructions(best.plan)
+        runtime = [line for line in (a.instruction() for a in best.plan.actions) if line]
         if runtime:
             lines += ["", "Run-time changes (not in the patch; `tpu-agent run SCRIPT --plan plan.json` applies them all):"]
             lines += [f"- {line}" for line in runtime]
@@ -86,17 +87,17 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
 
     lines += ["", "### Verification", "", "| change | result | speed | numerics |", "|---|---|---|---|"]
     for v in result.verdicts:
-        num = v.numerics["reason"] if v.numerics else "-"
-        lines.append(f"| {_plan_text(v.plan)} | {'accepted' if v.accepted else 'rejected'}: {v.reason} | "
+        num = v.numerics.reason if v.numerics else "-"
+        lines.append(f"| {v.plan.describe()} | {'accepted' if v.accepted else 'rejected'}: {v.reason} | "
                      f"{_fmt_speed(v)} | {num} |")
     if not result.verdicts:
         lines.append("| - | no trial was faster than the baseline in the search | - | - |")
 
     lines += ["", f"### Candidates ({result.proposer} proposer)", ""]
     for c in result.candidates:
-        why = "; ".join(e["what"] for e in c.get("evidence", [])[:2])
-        lines.append(f"{c['rank']}. **{c['title']}** ({c['proposer']}"
-                     f"{', playbook ' + c['playbook'] if c.get('playbook') else ''}): {why}")
+        why = "; ".join(e.what for e in c.evidence[:2])
+        lines.append(f"{c.rank}. **{c.title}** ({c.proposer}"
+                     f"{', playbook ' + c.playbook if c.playbook else ''}): {why}")
     for note in result.proposer_notes:
         lines.append(f"- note: {note}")
 
@@ -105,7 +106,7 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
     for t in result.trials:
         sp = f"{t.speedup:.3f}x" if t.speedup is not None else "-"
         mem = f"{t.memory_ratio:.2f}x" if t.memory_ratio is not None else "-"
-        lines.append(f"| {t.number} | {t.state} | {sp} | {mem} | {_plan_text(t.plan)} | {t.reason[:80]} |")
+        lines.append(f"| {t.number} | {t.state} | {sp} | {mem} | {t.plan.describe()} | {t.reason[:80]} |")
     lines += ["", "Search speedups are single-trial medians against a warm baseline, for ranking only; only the "
                   "verification figures above are claims."]
     for name in ("trials.png", "gain_per_action.png"):
@@ -113,28 +114,6 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
             lines += ["", f"![{name}]({name})"]
     lines += ["", f"<sub>tpu-agent, {result.duration_s / 60:.1f} min, {len(result.trials)} trials</sub>", ""]
     return "\n".join(lines)
-
-
-def _runtime_instructions(plan: Plan) -> list[str]:
-    """How to get each run-time action without tpu-agent, in the script or its environment."""
-    out = []
-    for a in plan.actions:
-        if a.kind == "compile" and a.mode == "fused":
-            out.append("fused execution: `TORCH_TPU_DEFER_AND_FUSE=1`, or "
-                       "`with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):` around the loop")
-        elif a.kind == "compile" and a.mode == "compiled":
-            out.append("compiled model: `model = torch.compile(model)` (forward and backward as XLA programs)")
-        elif a.kind == "pad_ops":
-            out.append(f"operand padding: `TPU_AGENT_PAD_OPS={a.multiple}`")
-        elif a.kind == "matmul_precision":
-            out.append(f"matmul precision: `with torch.tpu.precision(torch.tpu.Precision.{a.precision.upper()}):`")
-        elif a.kind == "mesh":
-            out.append(f"mesh: `torch.tpu.sharding.set_mesh({dict(a.axes)})`")
-        elif a.kind == "shard_rule":
-            out.append(f"sharding: `torch.tpu.sharding.shard_module(model, [({a.pattern!r}, {tuple(a.spec)})])`")
-        elif a.kind == "batch_sharding":
-            out.append(f"batch split: `torch.tpu.sharding.shard_batches(model, {a.axis!r})`")
-    return out
 
 
 def _plots(result: TuneResult, run_dir: Path) -> dict[str, Path]:
@@ -177,6 +156,3 @@ def _plots(result: TuneResult, run_dir: Path) -> dict[str, Path]:
             plt.close(fig)
     return out
 
-
-def plan_json(plan: Plan) -> str:
-    return json.dumps(plan.model_dump(mode="json"), indent=2)

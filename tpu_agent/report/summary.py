@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from tpu_agent.errors import InputError
+from tpu_agent.errors import InputError, validation_line
 
 SCHEMA_VERSION = 1
 
@@ -54,12 +54,6 @@ def from_profile(profile) -> Summary:
     )
 
 
-def _first_error(exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"])
-    return f"{where}: {first['msg']}" if where else first["msg"]
-
-
 def summarize(data: Any, *, name: str = "input") -> Summary:
     """A Summary from a parsed profile.json, report.json (its `summary`) or summary JSON; InputError if none of them."""
     from tpu_agent.profilers.schema import Profile
@@ -74,7 +68,7 @@ def summarize(data: Any, *, name: str = "input") -> Summary:
         if "steps" in data and "status" in data:
             return from_profile(Profile.model_validate(data))
     except ValidationError as exc:
-        raise InputError(f"{name}: not a valid tpu-agent file: {_first_error(exc)}") from None
+        raise InputError(f"{name}: not a valid tpu-agent file: {validation_line(exc)}") from None
     raise InputError(f"{name}: not a tpu-agent profile.json or report.json (no 'steps' or 'summary')")
 
 

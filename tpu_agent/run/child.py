@@ -4,9 +4,11 @@ It makes the user's script see what `python SCRIPT ARGS...` would show it
 (argv, cwd, `sys.path[0]`, `__name__ == "__main__"`, its own traceback and
 exit status), with torch, and so our `tpu` device, loaded first. One
 difference is unavoidable with runpy: `sys.argv[0]` is the absolute path, as
-`__file__` already is under plain `python`. The profiler hooks in here when
-the parent asks for it (`$TPU_AGENT_PROFILE`), between `import torch` and the
-script; tuning plans will too.
+`__file__` already is under plain `python`. What the parent asks for comes in
+the environment (`tpu_agent.envvars`, payloads in `run.messages`): the
+profiler (`TPU_AGENT_PROFILE`), a timing trial (`TPU_AGENT_TRIAL`) or a
+plan's run-time actions (`TPU_AGENT_PLAN`), hooked in between `import torch`
+and the script.
 """
 
 from __future__ import annotations
@@ -15,7 +17,11 @@ import os
 import runpy
 import signal
 import sys
+from pathlib import Path
 from types import TracebackType
+
+from tpu_agent import envvars
+from tpu_agent.errors import one_line
 
 USAGE = "usage: python -m tpu_agent.run.child SCRIPT [ARGS...]"
 
@@ -39,35 +45,73 @@ def _exit_status(exc: SystemExit) -> int:
     return 1
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+def _prepare_process(settings, run_dir: Path) -> None:
+    """Before jax starts: XLA flags (simulated devices, XLA's dump) and executable timing."""
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    if settings.devices > 1:  # the backend's knob, and the flag it stands for
+        os.environ[envvars.DEVICES.name] = str(settings.devices)
+        flags = [f for f in flags if not f.startswith("--xla_force_host_platform_device_count")]
+        flags.append(f"--xla_force_host_platform_device_count={settings.devices}")
+    if settings.xla_dump:
+        flags += [f"--xla_dump_to={run_dir / 'xla_dump'}", "--xla_dump_hlo_as_text"]
+    if flags:
+        os.environ["XLA_FLAGS"] = " ".join(flags)
+    if settings.time_executables:
+        os.environ[envvars.TIME_EXECUTABLES.name] = "1"
+
+
+def _progress_writer(fd: int):
+    from tpu_agent.run.messages import Progress
+
+    os.set_inheritable(fd, False)  # the script's own children do not get it
+    state = {"fd": fd}
+
+    def write(event: str, **fields) -> None:
+        if state["fd"] is None:
+            return
+        try:
+            os.write(state["fd"], (Progress(event=event, **fields).model_dump_json() + "\n").encode())
+            if event == "done":
+                os.close(state["fd"])
+                state["fd"] = None
+        except OSError:
+            state["fd"] = None
+
+    return write
 
 
 def _profile_session(script: str, args: list[str]):
     """The profiler, when this run is a `tpu-agent profile` (imported only then)."""
-    if "TPU_AGENT_PROFILE" not in os.environ:
+    raw = envvars.PROFILE.pop()
+    if raw is None:
         return None
+    from tpu_agent.profilers.schema import Settings
     from tpu_agent.profilers.session import Session
+    from tpu_agent.run.environment import collect_environment
 
-    session = Session.from_env(script, args)
-    if session is not None:
-        session.prepare_process()
+    settings = Settings.model_validate_json(raw)
+    run_dir = Path(envvars.RUN_DIR.get() or ".")
+    fd = envvars.PROGRESS_FD.pop()
+    progress = _progress_writer(int(fd)) if fd and fd.isdigit() else None
+    session = Session(settings, run_dir, script, args, progress=progress, environment=collect_environment)
+    _prepare_process(settings, run_dir)
 
-        def terminate(signum, _frame):  # a timeout's SIGTERM still leaves a partial profile
-            raise SystemExit(128 + signum)
+    def terminate(signum, _frame):  # a timeout's SIGTERM still leaves a partial profile
+        raise SystemExit(128 + signum)
 
-        signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGTERM, terminate)
     return session
 
 
 def _trial_session():
     """The timing-trial gate, when the tuner runs this child (imported only then)."""
-    if "TPU_AGENT_TRIAL" not in os.environ:
+    raw = envvars.TRIAL.pop()
+    if raw is None:
         return None
+    from tpu_agent.run.messages import TrialRequest
     from tpu_agent.run.trial_child import TrialSession
 
-    return TrialSession.from_env()
+    return TrialSession(TrialRequest.model_validate_json(raw))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -88,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.argv = [script, *argv[1:]]
     session = _profile_session(script, argv[1:])
     trial = _trial_session()
+    plan = envvars.PLAN.pop()
 
     # As if the script's first line were `import torch`: its entry points load
     # our device, after sys.path is the script's, exactly as for plain python.
@@ -97,11 +142,11 @@ def main(argv: list[str] | None = None) -> None:
         session.start()
     if trial is not None:
         trial.start()
-    elif "TPU_AGENT_PLAN" in os.environ:  # `tpu-agent run --plan`: the plan's run-time actions
-        from tpu_agent.plan.runtime import apply_runtime
+    elif plan is not None:  # `tpu-agent run --plan`: the plan's run-time actions
         from tpu_agent.plan.actions import Plan
+        from tpu_agent.plan.runtime import apply_runtime
 
-        apply_runtime(Plan.model_validate_json(os.environ.pop("TPU_AGENT_PLAN")))
+        apply_runtime(Plan.model_validate_json(plan))
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
@@ -110,18 +155,18 @@ def main(argv: list[str] | None = None) -> None:
             session.finish(status, None if status == 0 else f"SystemExit: {exc.code}")
         raise
     except BaseException as exc:  # noqa: BLE001 - report it as python would, then exit 1
-        if trial is not None and type(exc).__name__ == "StopTrial":
+        if trial is not None and trial.is_stop(exc):
             trial.finish(0, None)
             return
         if trial is not None:
-            trial.finish(1, _one_line(exc))
+            trial.finish(1, one_line(exc))
         if session is not None and session.is_stop(exc):
             session.finish(0, None)  # --steps reached: a clean stop at a step boundary
             return
         tb = _script_traceback(exc.__traceback__, script)
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
         if session is not None:
-            session.finish(130 if isinstance(exc, KeyboardInterrupt) else 1, _one_line(exc))
+            session.finish(130 if isinstance(exc, KeyboardInterrupt) else 1, one_line(exc))
         if isinstance(exc, KeyboardInterrupt):
             # Re-raise so python ends the process by SIGINT after its normal
             # shutdown, as it does for a script; the traceback is already shown.

@@ -13,46 +13,12 @@ import platform
 import sys
 from pathlib import Path
 
-from pydantic import BaseModel, Field
-
 from tpu_agent import __version__
+from tpu_agent.errors import one_line
 from tpu_agent.paths import cache_dir, runs_dir
+from tpu_agent.profilers.schema import Environment, JaxDevice
 
-SCHEMA_VERSION = 1
-
-
-class JaxDevice(BaseModel):
-    id: int
-    platform: str
-    device_kind: str
-    process_index: int
-
-
-class Environment(BaseModel):
-    schema_version: int = SCHEMA_VERSION
-    tpu_agent_version: str
-    python_version: str
-    python_executable: str
-    os: str
-    machine: str
-    cpu_count: int | None
-    torch_version: str | None
-    torch_tpu_device: bool | None = Field(
-        description="torch's PrivateUse1 backend is registered as `tpu` (None: torch did not import)"
-    )
-    jax_version: str | None
-    jaxlib_version: str | None
-    jax_default_backend: str | None
-    jax_devices: list[JaxDevice]
-    torch_tpu_importable: bool = Field(description="Google's TorchTPU (`torch_tpu`) can be imported")
-    anthropic_api_key_set: bool
-    cache_dir: str
-    runs_dir: str
-    peak_flops_per_s: float | None = Field(
-        None, description="the device's peak FLOP/s for MFU: a TPU's datasheet figure, else the cached calibration"
-    )
-    peak_source: str | None = Field(None, description="where the peak comes from; None: not calibrated yet")
-    problems: list[str] = Field(default_factory=list)
+__all__ = ["Environment", "JaxDevice", "collect_environment"]
 
 
 def _dist_version(name: str) -> str | None:
@@ -62,18 +28,10 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    # torch wraps a failing backend entry point in a RuntimeError; the cause is the news.
-    cause = exc.__cause__
-    return f"{line} (caused by {_one_line(cause)})" if cause is not None else line
-
-
 def _import_problem(name: str, exc: BaseException) -> str:
     if isinstance(exc, ModuleNotFoundError) and exc.name == name:
         return f"{name} is not installed"
-    return f"import {name} failed: {_one_line(exc)}"
+    return f"import {name} failed: {one_line(exc, causes=True)}"
 
 
 def _probe_torch(problems: list[str]) -> tuple[str | None, bool | None]:
@@ -103,7 +61,7 @@ def _probe_jax(problems: list[str]) -> tuple[str | None, list[JaxDevice]]:
             for d in jax.devices()
         ]
     except Exception as exc:  # noqa: BLE001
-        problems.append(f"jax could not list devices: {_one_line(exc)}")
+        problems.append(f"jax could not list devices: {one_line(exc, causes=True)}")
         return None, []
     return backend, devices
 
@@ -122,7 +80,7 @@ def _probe_peak(problems: list[str], calibrate: bool) -> tuple[float | None, str
 
         peak = current_peak(measure=calibrate)
     except Exception as exc:  # noqa: BLE001
-        problems.append(f"could not read the peak FLOP/s: {_one_line(exc)}")
+        problems.append(f"could not read the peak FLOP/s: {one_line(exc, causes=True)}")
         return None, None
     return (peak.flops_per_s, peak.source) if peak is not None else (None, None)
 

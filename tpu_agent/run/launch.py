@@ -1,7 +1,9 @@
-"""Run a user's script in a fresh child process and record the run.
+"""The one child launcher: a user's script in a fresh child process, and the record of a run.
 
 A child per run keeps the user's globals, device state and crashes out of the
-tool, and gives each tuning trial a clean process to time.
+tool, and gives each tuning trial a clean process to time. `launch` starts
+every child (runs, profiles, timing trials); `run_script` waits for one and
+records it in `run.json`.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from tpu_agent import envvars
 from tpu_agent.paths import new_run_dir
 
 SCHEMA_VERSION = 1
-RUN_DIR_ENV = "TPU_AGENT_RUN_DIR"  # tells the child (and later its hooks) where to write
+RUN_DIR_ENV = envvars.RUN_DIR.name  # tells the child (and its hooks) where to write
 RESULT_FILE = "run.json"
 
 
@@ -46,6 +49,13 @@ class RunResult(BaseModel):
 def child_command(script: str | Path, args: Sequence[str]) -> list[str]:
     # -P: nothing is prepended to sys.path for us; the child puts the script's dir there.
     return [sys.executable, "-P", "-m", "tpu_agent.run.child", str(script), *args]
+
+
+def launch(script: str | Path, args: Sequence[str], *, env: Mapping[str, str], cwd: Path | None = None,
+           stdout=None, stderr=None, pass_fds: Sequence[int] = (), new_session: bool = False) -> subprocess.Popen:
+    """Start `python -P -m tpu_agent.run.child SCRIPT ARGS...` (what the child does is in `env`)."""
+    return subprocess.Popen(child_command(script, args), cwd=cwd, env=dict(env), stdout=stdout, stderr=stderr,
+                            pass_fds=tuple(pass_fds), start_new_session=new_session)
 
 
 def _wait(proc: subprocess.Popen[bytes]) -> int:
@@ -100,7 +110,7 @@ def run_script(
 
     started_at = datetime.now(timezone.utc)
     t0 = time.perf_counter()
-    proc = subprocess.Popen(command, env=child_env, stdout=stdout, stderr=stderr, pass_fds=tuple(pass_fds))
+    proc = launch(script, args, env=child_env, stdout=stdout, stderr=stderr, pass_fds=pass_fds)
     with monitor(proc) if monitor is not None else nullcontext():
         returncode = _wait(proc)
     duration = time.perf_counter() - t0

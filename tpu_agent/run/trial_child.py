@@ -7,16 +7,18 @@ step by step in alternation (A B A B ...), each step measured while the
 other process is idle, which keeps a shared machine's noise out of the ratio.
 
 The loss of a step is the scalar `backward()` was called on, so scripts need
-no change.
+no change. Every line on the pipe is a `run.messages` model.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
 import torch
+from pydantic import BaseModel
+
+from tpu_agent.run.messages import Ended, Ready, StepRecord, TrialRequest
 
 
 class StopTrial(BaseException):
@@ -24,30 +26,22 @@ class StopTrial(BaseException):
 
 
 class TrialSession:
-    def __init__(self, spec: dict):
-        from tpu_agent.plan.actions import Plan
-
-        self.plan = Plan.model_validate(spec["plan"])
-        self.gate = os.fdopen(spec["gate_fd"], "rb", buffering=0)
-        self.report = os.fdopen(spec["report_fd"], "w", buffering=1)
+    def __init__(self, request: TrialRequest):
+        self.plan = request.plan
+        self.gate = os.fdopen(request.gate_fd, "rb", buffering=0)
+        self.report = os.fdopen(request.report_fd, "w", buffering=1)
         self.step = 0
         self.last = None
         self.loss = None
-        self.applied = None
-
-    @classmethod
-    def from_env(cls) -> "TrialSession | None":
-        raw = os.environ.pop("TPU_AGENT_TRIAL", None)
-        return cls(json.loads(raw)) if raw else None
 
     def start(self) -> None:
-        from tpu_agent.plan.runtime import apply_runtime
         from tpu_agent.backend.steps import add_step_listener
+        from tpu_agent.plan.runtime import apply_runtime
 
-        self.applied = apply_runtime(self.plan)
+        applied = apply_runtime(self.plan)
         self._patch_backward()
         add_step_listener(self._on_step)
-        self._send({"event": "ready", "notes": self.applied.notes})
+        self._send(Ready(notes=applied.notes))
         self._wait_for_go()
         self.last = time.perf_counter()
 
@@ -67,26 +61,25 @@ class TrialSession:
         now = time.perf_counter()
         self.step += 1
         loss = float(self.loss.item()) if self.loss is not None else None
-        record = {"event": "step", "step": self.step, "wall_s": now - self.last, "loss": loss,
-                  "device_bytes": _device_bytes()}
-        if self.step == 1 and self.applied is not None:
-            record["model"] = self.applied.model
-            record["sharded"] = self.applied.sharded
-        self._send(record)
+        self._send(StepRecord(step=self.step, wall_s=now - self.last, loss=loss, device_bytes=_device_bytes()))
         self._wait_for_go()
         self.last = time.perf_counter()
 
-    def _send(self, record: dict) -> None:
-        self.report.write(json.dumps(record) + "\n")
+    def _send(self, message: BaseModel) -> None:
+        self.report.write(message.model_dump_json() + "\n")
 
     def _wait_for_go(self) -> None:
         byte = self.gate.read(1)
         if byte != b"g":  # b"q", or the parent went away
             raise StopTrial()
 
+    @staticmethod
+    def is_stop(exc: BaseException) -> bool:
+        return isinstance(exc, StopTrial)
+
     def finish(self, status: int, error: str | None) -> None:
         try:
-            self._send({"event": "end", "status": status, "error": error, "steps": self.step})
+            self._send(Ended(status=status, error=error, steps=self.step))
         except (BrokenPipeError, ValueError):
             pass
 

@@ -1,40 +1,37 @@
 """The parent side of timing trials: warm processes stepped under a gate.
 
 `TrialProcess` runs the user's script (or a rewritten copy) with a plan in a
-child process that stops at every step boundary and reports the step.
-`interleave` alternates steps of two such processes (A B A B ...) after each
-has warmed up, so both see the same machine. A crash, an out-of-memory error
+child process (started by the one launcher, `run.launch`) that stops at every
+step boundary and reports the step (`run.messages`). `search.measure` steps
+two of them in alternation (A B A B ...). A crash, an out-of-memory error
 or a step that hangs past its timeout ends the trial with a reason, never the
 tool.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, Field
-
+from tpu_agent import envvars
 from tpu_agent.plan.actions import Plan
+from tpu_agent.run.launch import launch
+from tpu_agent.run.messages import TRIAL_MESSAGE, Ended, StepRecord, TrialRequest
 
+__all__ = ["StepRecord", "TrialFailed", "TrialProcess"]
 
-class StepRecord(BaseModel):
-    step: int
-    wall_s: float
-    loss: float | None = None
-    device_bytes: int = 0
+FailureKind = Literal["crashed", "out_of_memory", "timed_out", "too_few_steps"]
 
 
 class TrialFailed(Exception):
-    def __init__(self, kind: str, message: str):
+    def __init__(self, kind: FailureKind, message: str):
         super().__init__(f"{kind}: {message}")
-        self.kind = kind  # crashed | out_of_memory | timed_out | too_few_steps
+        self.kind = kind
         self.message = message
 
 
@@ -50,7 +47,6 @@ class TrialProcess:
         self.proc: subprocess.Popen | None = None
         self.notes: list[str] = []
         self.steps: list[StepRecord] = []
-        self.first_step_info: dict = {}
         self._buffer = b""
 
     def start(self) -> None:
@@ -59,29 +55,22 @@ class TrialProcess:
         self._report, report_write = os.pipe()
         env = dict(os.environ)
         env.update(self.env)
-        env["TPU_AGENT_TRIAL"] = json.dumps({"plan": self.plan.model_dump(mode="json"),
-                                             "gate_fd": gate_read, "report_fd": report_write})
+        env[envvars.TRIAL.name] = TrialRequest(plan=self.plan, gate_fd=gate_read, report_fd=report_write).model_dump_json()
         self._log = open(self.log_dir / f"{self.name}.log", "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-P", "-m", "tpu_agent.run.child", str(self.script), *self.args],
-            cwd=self.cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-            pass_fds=(gate_read, report_write), start_new_session=True,
-        )
+        self.proc = launch(self.script, self.args, env=env, cwd=self.cwd, stdout=self._log, stderr=subprocess.STDOUT,
+                           pass_fds=(gate_read, report_write), new_session=True)
         os.close(gate_read)
         os.close(report_write)
         ready = self._read(self.step_timeout + 120)  # imports, JAX start-up
-        self.notes = ready.get("notes", [])
+        self.notes = list(getattr(ready, "notes", []))
 
     def step(self) -> StepRecord:
         self._go(b"g")
         record = self._read(self.step_timeout)
-        if record.get("event") != "step":
+        if not isinstance(record, StepRecord):
             self._fail_from_end(record)
-        step = StepRecord(**{k: record[k] for k in ("step", "wall_s", "loss", "device_bytes")})
-        if step.step == 1:
-            self.first_step_info = {k: record.get(k) for k in ("model", "sharded")}
-        self.steps.append(step)
-        return step
+        self.steps.append(record)
+        return record
 
     def stop(self) -> None:
         if self.proc is None:
@@ -101,7 +90,7 @@ class TrialProcess:
     def _go(self, byte: bytes) -> None:
         os.write(self._gate, byte)
 
-    def _read(self, timeout: float) -> dict:
+    def _read(self, timeout: float):
         deadline = time.monotonic() + timeout
         while b"\n" not in self._buffer:
             left = deadline - time.monotonic()
@@ -116,12 +105,13 @@ class TrialProcess:
                 self._fail_from_exit()
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
-        return json.loads(line)
+        return TRIAL_MESSAGE.validate_json(line)
 
-    def _fail_from_end(self, record: dict) -> None:
+    def _fail_from_end(self, record) -> None:
         self._finish_process()
-        error = record.get("error") or f"the script ended after {record.get('steps')} steps"
-        kind = "too_few_steps" if record.get("status") == 0 else _kind(error, self._tail())
+        end = record if isinstance(record, Ended) else Ended(status=1, error=f"unexpected {record.event!r} message")
+        error = end.error or f"the script ended after {end.steps} steps"
+        kind = "too_few_steps" if end.status == 0 else _kind(error, self._tail())
         raise TrialFailed(kind, error if kind != "crashed" else f"{error}\n{self._tail()}")
 
     def _fail_from_exit(self) -> None:
@@ -180,23 +170,3 @@ _OOM_MARKERS = ("MemoryError", "RESOURCE_EXHAUSTED", "Out of memory", "out of me
 def _kind(error: str, tail: str) -> str:
     text = f"{error}\n{tail}"
     return "out_of_memory" if any(m in text for m in _OOM_MARKERS) else "crashed"
-
-
-class Interleaved(BaseModel):
-    """Paired steps of baseline (A) and candidate (B), after each warmed up."""
-
-    a: list[StepRecord] = Field(default_factory=list)
-    b: list[StepRecord] = Field(default_factory=list)
-    warmup: int
-
-
-def interleave(a: TrialProcess, b: TrialProcess, *, warmup: int, pairs: int) -> Interleaved:
-    """A warms up, B warms up, then A B A B ... for `pairs` pairs."""
-    result = Interleaved(warmup=warmup)
-    for process in (a, b):
-        for _ in range(warmup):
-            process.step()
-    for _ in range(pairs):
-        result.a.append(a.step())
-        result.b.append(b.step())
-    return result

@@ -59,6 +59,11 @@ class SpeedupEstimate(_Interval):
         """The median relative gain, e.g. 0.15 for 15 % faster."""
         return self.speedup - 1.0
 
+    def text(self) -> str:
+        """One line for people: `1.457x (95% CI 1.405-1.568, 18 pairs)`."""
+        unit = " per sample" if self.per_sample else ""
+        return f"{self.speedup:.3f}x{unit} (95% CI {self.ci_low:.3f}-{self.ci_high:.3f}, {self.pairs} pairs)"
+
 
 class MemoryEstimate(_Interval):
     """Relative saving of B's measured peak bytes over A's: median of 1 - B/A with a bootstrap interval."""

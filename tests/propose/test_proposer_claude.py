@@ -7,7 +7,6 @@ written in the Messages API's wire format (not captured from the live API).
 
 from __future__ import annotations
 
-import copy
 import json
 import secrets
 from pathlib import Path
@@ -16,39 +15,18 @@ import anthropic
 import httpx2
 import pytest
 
-from agent_support import DATA, RECORDED, example_knobs, profile
+from support.claude import FakeClient, message, use
+from support.paths import DATA
+from support.profiles import RECORDED, example_knobs, knob, profile
 from tpu_agent.plan.actions import Compile, PadDim, PadOps
 from tpu_agent.propose.claude import DEFAULT_MODEL, SUBMIT_TOOL, TOOLS, ClaudeProposer, propose_claude
+from tpu_agent.propose.base import TrialOutcome
 from tpu_agent.propose.offline import propose_offline
 
 GOOD = json.loads((DATA / "claude" / "tool_use_turns.json").read_text())["exchanges"][2]["body"]["content"][1]["input"]
 
 
 # ------------------------------------------------------------------ helpers
-
-
-def message(content, stop="tool_use", tokens=(100, 50)) -> dict:
-    return {"id": "msg_x", "type": "message", "role": "assistant", "model": DEFAULT_MODEL, "content": content,
-            "stop_reason": stop, "stop_sequence": None, "usage": {"input_tokens": tokens[0], "output_tokens": tokens[1]}}
-
-
-def use(name, data, ident=None) -> dict:
-    return {"type": "tool_use", "id": ident or f"toolu_{name}_{secrets.token_hex(3)}", "name": name, "input": data}
-
-
-class FakeClient:
-    """Answers `messages.create` from a script; keeps a deep copy of every request."""
-
-    def __init__(self, answers):
-        self.answers, self.requests = list(answers), []
-        self.messages = self
-
-    def create(self, **kwargs):
-        self.requests.append(copy.deepcopy(kwargs))
-        answer = self.answers.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        return anthropic.types.Message.model_validate(answer)
 
 
 def tool_results(request) -> dict:
@@ -125,9 +103,9 @@ def test_round_two_shows_the_results_and_continues_the_conversation():
                          message([use("submit_proposals", GOOD, "s2")])])
     p = proposer(client)
     p.propose(prof, knobs, round=1)
-    results = [{"number": 0, "candidate": "claude-r1-1", "status": "rejected", "speedup": 0.98,
-                "actions": [PadDim(file="odd_shapes.py", line=19, column=14, old=10, new=128).model_dump()],
-                "note": "loss worse than the tolerance"}]
+    results = [TrialOutcome(number=0, candidate="claude-r1-1", status="rejected", speedup=0.98,
+                            actions=[PadDim(file="odd_shapes.py", line=19, column=14, old=10, new=128).model_dump()],
+                            note="loss worse than the tolerance")]
     out = p.propose(prof, knobs, results=results, round=2)
     opening = client.requests[1]["messages"][-1]["content"]
     assert opening[0] == {"type": "tool_result", "tool_use_id": "s1",
@@ -207,8 +185,7 @@ def test_source_excerpt_reads_only_the_scripts_files(tmp_path):
     (tmp_path / "secret.txt").write_text("API_KEY = 1\n")
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "train.py").write_text("WIDTH = 100\n")
-    knobs = [{"file": "../secret.txt", "line": 1, "column": 10, "value": 1, "name": "API_KEY"},
-             {"file": "train.py", "line": 1, "column": 8, "value": 100, "name": "WIDTH"}]
+    knobs = [knob("../secret.txt", 1, 10, 1, "API_KEY"), knob("train.py", 1, 8, 100, "WIDTH")]
     client = FakeClient([message([use("source_excerpt", {"knob": "API_KEY"}, "a"),
                                   use("source_excerpt", {"knob": "WIDTH"}, "b"),
                                   use("source_excerpt", {"knob": "nope"}, "c"),

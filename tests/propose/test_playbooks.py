@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_support import profile
-from conftest import clean_env, one_error_line, run_tool
+from support.profiles import profile
+from support.processes import clean_env, one_error_line, run_tool
 from tpu_agent.errors import InputError
 from tpu_agent.plan.actions import ACTION_KINDS
 from tpu_agent.propose.playbook import (

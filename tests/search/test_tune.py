@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_env, run_tool
+from support.processes import clean_env, run_tool
+
+pytestmark = pytest.mark.slow  # whole tunes or every example, end to end
 
 TINY = textwrap.dedent("""
     import argparse, os, sys, time

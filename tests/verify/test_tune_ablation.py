@@ -6,10 +6,13 @@ import random
 
 from rich.console import Console
 
-from tpu_agent.report import markdown as report
+from tpu_agent.config import TuneOptions as TuneSettings
 from tpu_agent.plan.actions import Compile, MatmulPrecision, PadDim, PadOps, Plan
+from tpu_agent.report import markdown as report
+from tpu_agent.search.measure import interleave as _interleave
 from tpu_agent.search.trials import StepRecord
-from tpu_agent.search.tune import GROUPS, TuneSettings, _interleave, settle, verify
+from tpu_agent.verify.ablation import GROUPS, settle
+from tpu_agent.verify.verdict import verify
 
 # Step time factor of each group of actions on a 10 ms baseline step.
 FACTORS = {"padding": 0.8, "execution": 0.9, "precision": 1.2}
@@ -67,10 +70,10 @@ def test_a_slowing_group_is_left_out_and_the_smaller_plan_verified():
 
     assert best is not first and best.accepted
     assert best.plan == Plan(actions=[PAD, PadOps(multiple=8), Compile(mode="fused")])
-    assert best.speed["speedup"] > first.speed["speedup"]
+    assert best.speed.speedup > first.speed.speedup
     assert len(best.left_out) == 1 and best.left_out[0].startswith("precision (matmul_precision")
     # The first plan's ablation measured three groups; the smaller plan's, two, none of them slowing.
-    added = {a["group"]: a["speed"]["speedup"] for a in best.attribution}
+    added = {a.group: a.speed.speedup for a in best.attribution}
     assert set(added) == {"padding", "execution"}
     assert abs(added["padding"] - 1 / 0.8) < 0.05 and abs(added["execution"] - 1 / 0.9) < 0.05
     assert [m[0] for m in runner.measured] == ["verify", "ablate-padding", "ablate-execution", "ablate-precision",
@@ -89,7 +92,7 @@ def test_a_single_group_plan_is_not_ablated():
 
 
 def _result(best, verdicts):
-    from tpu_agent.search.tune import TuneResult
+    from tpu_agent.report.result import TuneResult
 
     return TuneResult(script="t.py", args=[], settings=TuneSettings(), study="s", storage="sqlite://", run_dir=".",
                       best=best, verdicts=[best, *verdicts])

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import one_error_line, run_tool
-from fake_profiles import make_profile
+from support.paths import REPO
+from support.processes import one_error_line, run_tool
+from support.fake_profiles import make_profile
 from tpu_agent.cli.diff import compare
 from tpu_agent.errors import InputError
 from tpu_agent.report.summary import from_profile, summarize
@@ -107,7 +108,7 @@ def test_readme_ci_job_is_valid_yaml_that_gates_on_diff() -> None:
 
     import yaml
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     block = next(b for b in re.findall(r"```yaml\n(.*?)```", readme, re.S) if "tpu-agent diff" in b)
     job = yaml.safe_load(block)
     steps = job["jobs"]["perf"]["steps"]

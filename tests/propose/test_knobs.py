@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, one_error_line, run_tool
-from fake_profiles import hot_op, make_profile, padding_dim
+from support.paths import EXAMPLES
+from support.processes import one_error_line, run_tool
+from support.fake_profiles import hot_op, make_profile, padding_dim
 from tpu_agent.propose.knobs import aligned_to, candidates_for, discover, pad_group
 from tpu_agent.plan.rewrite import rewrite_source
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import EXAMPLES
+from support.paths import EXAMPLES
 
 STEPS = 20
 # Dropout masks come from each device's own RNG stream: compare with dropout off.

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, run_python, run_tool
+from support.paths import EXAMPLES
+from support.processes import run_python, run_tool
+
+pytestmark = pytest.mark.slow  # whole tunes or every example, end to end
 
 STEP_LINE = re.compile(r"step=(\d+) loss=(-?\d+\.\d{6}|nan|inf|-inf)")
 EXAMPLE_NAMES = ["mlp", "odd_shapes", "cnn", "transformer"]

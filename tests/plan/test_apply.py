@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from conftest import EXAMPLES
+from support.paths import EXAMPLES
 
 RUNNER = textwrap.dedent("""
     import json, runpy, sys

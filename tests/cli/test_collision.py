@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_python, run_tool
+from support.processes import run_python, run_tool
 
 USER_SCRIPT = """\
     import json, sys

@@ -8,8 +8,10 @@ import random
 
 import pytest
 
-from agent_support import EXAMPLES, RECORDED, example_knobs, profile, profile_data
-from conftest import run_tool
+from support.paths import EXAMPLES
+from tpu_agent.profilers.schema import Profile
+from support.profiles import RECORDED, example_knobs, knob, profile, profile_data
+from support.processes import run_tool
 from tpu_agent.errors import InputError
 from tpu_agent.plan.actions import Compile, Mesh, PadDim, PadOps, Plan
 from tpu_agent.propose.playbook import builtin_playbooks
@@ -102,7 +104,7 @@ def test_same_input_same_output_whatever_the_order():
     random.Random(1).shuffle(shuffled_knobs)
     random.Random(2).shuffle(shuffled_books)
     assert propose_offline(profile("transformer"), shuffled_knobs, shuffled_books).model_dump_json() == first
-    assert OfflineProposer().propose(profile_data("transformer"), knobs).model_dump_json() == first
+    assert OfflineProposer().propose(profile("transformer"), knobs).model_dump_json() == first
 
 
 def test_duplicates_merge_and_the_baseline_mode_is_not_proposed():
@@ -122,8 +124,8 @@ def test_options_tried_in_earlier_rounds_are_dropped():
     tried = [TrialOutcome(actions=[PadOps(multiple=128).model_dump()], status="rejected", speedup=0.97),
              TrialOutcome(actions=[PadOps(multiple=8).model_dump()], status="measured", speedup=1.01),
              # Tried together with another change: still measured.
-             {"plan": {"actions": [Compile(mode="compiled").model_dump(), batch.model_dump()]},
-              "status": "accepted", "speedup": 1.4}]
+             TrialOutcome(actions=[Compile(mode="compiled").model_dump(), batch.model_dump()],
+                          status="accepted", speedup=1.4)]
     again = propose_offline(prof, knobs, results=tried, round=2)
     ids = [c.id for c in again.candidates]
     assert "pad-ops" not in ids and "compiled-step" not in ids and "pad-batch@odd_shapes.py:15:8" not in ids
@@ -142,7 +144,7 @@ def test_generation_and_devices_shape_the_choices():
     data = copy.deepcopy(profile_data("odd_shapes"))
     data["padding"]["mxu"] = 256
     data["device"]["count"] = 2
-    ranked = propose_offline(data, example_knobs("odd_shapes")).candidates
+    ranked = propose_offline(Profile.model_validate(data), example_knobs("odd_shapes")).candidates
     by_id = {c.id: c for c in ranked}
     assert by_id["pad-ops"].actions[0].choices == {"multiple": [8, 128, 256]}
     assert by_id["pad-batch@odd_shapes.py:15:8"].actions[0].choices == {"new": [128]}  # 256: more than double
@@ -195,12 +197,12 @@ def test_batch_flag_overridden_knobs_and_groups():
     prof = profile("odd_shapes")
     knobs = [
         # The finder says this unnamed-looking knob is the batch; pad-batch takes it, pad-matmul-dims does not.
-        {"file": "t.py", "line": 3, "column": 4, "value": 127, "name": "n", "batch": True},
+        knob("t.py", 3, 4, 127, "n", batch=True),
         # Overridden on the command line: rewriting the literal would change nothing.
-        {"file": "t.py", "line": 4, "column": 4, "value": 2047, "name": "HIDDEN", "overridden": "--hidden 2048"},
+        knob("t.py", 4, 4, 2047, "HIDDEN", overridden="--hidden 2048"),
         # One dim written twice (Linear(..., 1023) then Linear(1023, ...)): padded together.
-        {"file": "t.py", "line": 5, "column": 20, "value": 1023, "name": None, "group": "t.py:build:1023"},
-        {"file": "t.py", "line": 6, "column": 14, "value": 1023, "name": None, "group": "t.py:build:1023"},
+        knob("t.py", 5, 20, 1023, None, group="t.py:build:1023"),
+        knob("t.py", 6, 14, 1023, None, group="t.py:build:1023"),
     ]
     ranked = propose_offline(prof, knobs).candidates
     by_id = {c.id: c for c in ranked}
@@ -218,6 +220,6 @@ def test_head_dim_prefers_the_model_width_knob():
     prof = profile("transformer")
     knobs = example_knobs("transformer")
     # A knob of 128 declared before D_MODEL must not be taken for the width.
-    knobs.insert(0, {"file": "transformer.py", "line": 1, "column": 0, "value": 128, "name": "LOG_EVERY"})
+    knobs.insert(0, knob("transformer.py", 1, 0, 128, "LOG_EVERY"))
     head = next(c for c in propose_offline(prof, knobs).candidates if c.playbook == "attention-head-dim")
     assert "through D_MODEL = 128 / heads" in head.evidence[-1].what

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
-from conftest import EXAMPLES
-from test_proposer_claude import FakeClient, message, use
-from tpu_agent.report import markdown as report
-from tpu_agent.search import tune
+from support.paths import EXAMPLES
+from support.claude import FakeClient, message, use
+from tpu_agent import pipeline as tune
+from tpu_agent.config import TuneOptions
 from tpu_agent.propose.claude import ClaudeProposer
+from tpu_agent.report import markdown as report
+
+pytestmark = pytest.mark.slow  # whole tunes or every example, end to end
 
 PROPOSAL = {"proposals": [{
     "title": "Pad the convolution channels and run the step as fused XLA graphs",
@@ -33,15 +37,15 @@ def test_fake_claude_drives_a_full_tune_to_a_verified_gain(tmp_path: Path, monke
 
     monkeypatch.setattr(tune, "make_proposer", make_proposer)
     monkeypatch.chdir(tmp_path)
-    settings = tune.TuneSettings(trials=2, steps=5, warmup=2, storage=f"sqlite:///{tmp_path / 's.db'}", study="c")
+    settings = TuneOptions(trials=2, steps=5, warmup=2, storage=f"sqlite:///{tmp_path / 's.db'}", study="c")
     result = tune.run(EXAMPLES / "odd_shapes.py", [], settings, console=Console(quiet=True), proposer="claude",
                       runs_root=tmp_path / ".tpu-agent" / "runs")
     files = report.write_all(result, EXAMPLES / "odd_shapes.py")
 
     assert result.proposer == "claude"
-    assert [c["proposer"] for c in result.candidates] == ["claude"]
+    assert [c.proposer for c in result.candidates] == ["claude"]
     assert result.best is not None and result.best.accepted, [v.reason for v in result.verdicts]
-    assert result.best.speed["ci_low"] > 1.03
+    assert result.best.speed.ci_low > 1.03
     assert "claude" in files["report.md"].read_text()
     assert len(client.requests) == 2  # a tool-use turn, then the proposal
     for path in Path(result.run_dir).rglob("*"):

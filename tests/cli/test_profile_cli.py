@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, TPU_AGENT, clean_env, one_error_line, run_tool
+from support.paths import EXAMPLES, TPU_AGENT
+from support.processes import clean_env, one_error_line, run_tool
 from tpu_agent.profilers.schema import Profile
 
 

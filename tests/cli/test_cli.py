@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_env, one_error_line, run_python, run_tool
+from support.processes import clean_env, one_error_line, run_python, run_tool
 from tpu_agent import __version__
 from tpu_agent.run.environment import Environment
 from tpu_agent.run.launch import RUN_DIR_ENV, RunResult

@@ -1,0 +1,79 @@
+"""`tpu-agent run SCRIPT [--plan PLAN.json] [-- ARGS]`: the script as `python SCRIPT ARGS` would run it, with our device."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+from rich.markup import escape
+
+from tpu_agent import envvars
+from tpu_agent.cli.inputs import check_script
+from tpu_agent.cli.options import PROG, ScriptArg, ScriptArgs, stderr_console
+from tpu_agent.errors import InputError, TpuAgentError, validation_line
+from tpu_agent.paths import RUNS_SUBDIR, shown_path
+
+
+def load_plan(path: str):
+    """A plan file, or one clear line: pydantic's first complaint with its location."""
+    from tpu_agent.plan.actions import Plan
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise InputError(f"cannot read plan {path}: {exc.strerror or exc}") from None
+    try:
+        return Plan.model_validate_json(text)
+    except ValidationError as exc:
+        raise InputError(f"invalid plan {path}: {validation_line(exc, where_if_none='plan', more=True)}") from None
+
+
+def run_with_plan(script: str, plan_path: str) -> tuple[str, dict[str, str]]:
+    """The script to run (a rewritten copy when the plan edits source) and the environment for the child."""
+    from tpu_agent.paths import new_run_dir
+    from tpu_agent.plan.actions import PadDim
+    from tpu_agent.plan.rewrite import apply_pad_dims
+
+    plan = load_plan(plan_path)
+    env = dict(os.environ)
+    env[envvars.PLAN.name] = plan.model_dump_json()
+    if not plan.of(PadDim):
+        return script, env
+    workspace = new_run_dir(Path(script), Path.cwd() / RUNS_SUBDIR) / "workspace"
+    rewrite = apply_pad_dims(plan, Path(script), workspace)  # SourceChanged: exit 2, one line
+    return str(rewrite.script), env
+
+
+def run(
+    script: ScriptArg,
+    script_args: ScriptArgs = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary line after the run.")] = False,
+    plan: Annotated[str | None, typer.Option("--plan", metavar="PLAN.json", help="Run with a plan: source edits on a copy, run-time actions in the backend.", show_default=False)] = None,
+) -> int:
+    """Run SCRIPT with the bundled `tpu` device loaded, as `python SCRIPT ARGS...` would.
+
+    Same argv, working directory and sys.path[0]; the exit code is the script's own.
+    Example: [bold]tpu-agent run train.py -- --epochs 1[/bold]
+    """
+    from tpu_agent.run.launch import run_script  # keeps `--help` and `doctor` lean
+
+    check_script(script)
+    env = None
+    if plan is not None:
+        script, env = run_with_plan(script, plan)
+    try:
+        result = run_script(script, script_args or [], env=env)  # as typed, like `python SCRIPT`
+    except OSError as exc:
+        raise TpuAgentError(f"could not start the run: {exc}") from None
+    if not quiet:
+        status = "[green]exit 0[/green]" if result.ok else f"[red]exit {result.exit_code}[/red]"
+        stderr_console().print(f"[dim]{PROG}:[/dim] {escape(script)} {status} after {result.duration_s:.2f} s; "
+                               f"run recorded in {escape(shown_path(result.run_dir))}")
+    return result.exit_code
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run)

@@ -1,0 +1,137 @@
+"""`tpu-agent tune`, stage by stage: run -> profile -> propose -> search -> verify -> report.
+
+A baseline profile of the unchanged script; its knobs and the playbooks feed
+a proposer, round after round; an Optuna study searches the candidates'
+combinations, each trial a plan timed against a warm baseline process; the
+best plans are verified in fresh processes (a confidence interval on the
+gain, the numerics check) and a verified plan is ablated; the report, the
+patch and the plan are written. Only verified changes are reported as gains.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import optuna
+from rich.console import Console
+
+from tpu_agent.config import TuneOptions
+from tpu_agent.errors import TpuAgentError
+from tpu_agent.paths import new_run_dir
+from tpu_agent.profilers.schema import Profile, Settings
+from tpu_agent.propose import knobs as knob_finder
+from tpu_agent.propose import make_proposer as _make_proposer
+from tpu_agent.propose.playbook import load_playbooks
+from tpu_agent.report.result import TuneResult, summary_of
+from tpu_agent.run.profiled import read_profile, run_profiled
+from tpu_agent.search.measure import Runner
+from tpu_agent.search.study import Space, TrialRecord, build_space, open_study, ranked_plans, redact, search, storage_url
+from tpu_agent.verify.ablation import settle
+from tpu_agent.verify.verdict import verify
+
+
+def run(script: Path, args: list[str], options: TuneOptions, *, console: Console, proposer: str = "offline",
+        runs_root: Path, model: str | None = None) -> TuneResult:
+    """The whole job; the result is written to the run directory (tune.json) as it goes."""
+    t_start = time.perf_counter()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own lines say what happens
+    run_dir = new_run_dir(script, runs_root)
+    fingerprint = options.fingerprint(script.resolve(), args)
+    name = options.study or f"{script.stem}-{fingerprint[:8]}"
+    study = open_study(options, name, fingerprint, runs_root)
+    result = TuneResult(script=str(script), args=args, settings=options, study=name,
+                        storage=redact(storage_url(options, runs_root)), run_dir=str(run_dir))
+
+    # run + profile: the unchanged script, its knobs
+    console.print(f"[bold]baseline[/bold]: profiling {script.name} ({options.warmup} warm-up + {options.steps} steps)")
+    profile, profile_path = baseline_profile(script, args, run_dir, options)
+    result.baseline_profile, result.summary = str(profile_path), summary_of(profile, None)
+    knobs = knob_finder.discover(script, profile=profile, script_args=args, profile_path=str(profile_path)).knobs
+    batch_knob = next((k for k in knobs if k.batch and not k.overridden), None)
+    baseline_batch = batch_knob.value if batch_knob else None
+
+    # propose + search, round after round
+    playbooks = load_playbooks(options.playbooks)
+    agent = make_proposer(proposer, audit_dir=run_dir / "agent", model=model, token_budget=options.token_budget,
+                          script=script)
+    runner, baseline_losses, space = Runner(script, args, options, run_dir), {}, Space(candidates=[])
+
+    def on_trial(record: TrialRecord):
+        shown = f"{record.speedup:.3f}x" if record.speedup is not None else "-"
+        console.print(f"  trial {record.number:3d} {record.state:9s} {shown:>8s}  {record.plan.describe()}"
+                      + (f"  [dim]{record.reason[:90]}[/dim]" if record.reason and record.state != "complete" else ""))
+        result.trials.append(record)
+        result.save(t_start)
+
+    try:
+        for round_number in range(1, options.rounds + 1):
+            round_ = agent.propose(profile, knobs, playbooks, [t.outcome() for t in result.trials], round_number)
+            result.proposer = round_.proposer
+            result.proposer_notes += list(round_.notes)
+            for note in round_.notes:
+                console.print(f"[yellow]{note}[/yellow]")
+            space = build_space(round_, options.candidates, space)
+            result.candidates = list(space.candidates)
+            if not space.candidates:
+                console.print("no candidate changes for this profile: nothing to search")
+                break
+            budget = options.trials * round_number // options.rounds
+            console.print(f"[bold]search[/bold] (round {round_number}): {len(space.candidates)} candidates, "
+                          f"trials up to {budget} of {options.trials} (study {name!r})")
+            for c in space.candidates:
+                console.print(f"  {c.rank}. {c.title} [dim]({c.proposer}, {len(space.options[c.id])} options)[/dim]")
+            search(study, space, runner, options.model_copy(update={"trials": budget}), baseline_batch,
+                   baseline_losses, on_trial=on_trial)
+    except KeyboardInterrupt:
+        result.interrupted = True
+        console.print("[yellow]interrupted: finished trials are saved in the study; --resume continues[/yellow]")
+    finally:
+        runner.close()
+
+    # verify the best plans in fresh processes; ablate the first verified one
+    for plan in ([] if result.interrupted else ranked_plans(study)[:3]):
+        console.print(f"[bold]verify[/bold]: {plan.describe()} (fresh processes, interleaved pairs)")
+        verdict = verify(plan, runner, options, baseline_batch, profile)
+        result.verdicts.append(verdict)
+        console.print(("  [green]accepted[/green]: " if verdict.accepted else "  [red]rejected[/red]: ") + verdict.reason)
+        if verdict.accepted:
+            if options.objective != "memory" and not verdict.estimate_note:
+                verdict = settle(verdict, runner, options, baseline_batch, profile, console, result.verdicts)
+            result.best, result.summary = verdict, summary_of(profile, verdict)
+            break
+    return result.save(t_start)
+
+
+def baseline_profile(script: Path, args: list[str], run_dir: Path, options: TuneOptions) -> tuple[Profile, Path]:
+    """Profile the unchanged script in a child process (its output goes to a log)."""
+    settings = Settings(steps=options.steps, warmup=options.warmup, mode="eager", devices=options.devices,
+                        target=None if options.target == "cpu" else options.target)
+    log_path = run_dir / "baseline-profile.log"
+    with open(log_path, "wb") as log:
+        result, path = run_profiled(script, args, settings, runs_root=run_dir, stdout=log.fileno(), stderr=log.fileno())
+    try:
+        return read_profile(path), path
+    except FileNotFoundError:
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-12:]
+        raise TpuAgentError("the baseline run failed (exit {}): {}".format(result.exit_code, " | ".join(tail)[-600:]))
+
+
+def make_proposer(proposer: str, *, audit_dir: Path, model: str | None, token_budget: int, script: Path):
+    """The offline proposer, or Claude (which falls back to the offline one itself, out loud)."""
+    options = {"audit_dir": audit_dir, "token_budget": token_budget, "source_root": script.resolve().parent}
+    if model:
+        options["model"] = model
+    return _make_proposer(proposer, **options)
+
+
+
+def tune(script: Path, args: list[str], options: TuneOptions, *, console: Console,
+         proposer: str) -> tuple[TuneResult, dict[str, Path]]:
+    """run(), then the report: report.md, report.json, patch.diff, plan.json, plots."""
+    from tpu_agent.report.markdown import write_all
+
+    runs_root = options.runs_root()
+    runs_root.mkdir(parents=True, exist_ok=True)
+    result = run(script, args, options, console=console, proposer=proposer, runs_root=runs_root, model=options.model)
+    return result, write_all(result, script)

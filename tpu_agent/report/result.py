@@ -1,0 +1,49 @@
+"""The record of a tune (tune.json, report.json): what the pipeline found, typed, stage by stage."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from tpu_agent.config import TuneOptions
+from tpu_agent.propose.base import Candidate
+from tpu_agent.report.summary import Summary, from_profile
+from tpu_agent.search.study import TrialRecord
+from tpu_agent.verify.verdict import Verdict
+
+
+class TuneResult(BaseModel):
+    script: str
+    args: list[str]
+    settings: TuneOptions
+    study: str
+    storage: str
+    run_dir: str
+    baseline_profile: str | None = None
+    proposer: str = "offline"
+    proposer_notes: list[str] = Field(default_factory=list)
+    candidates: list[Candidate] = Field(default_factory=list)
+    trials: list[TrialRecord] = Field(default_factory=list)
+    verdicts: list[Verdict] = Field(default_factory=list)
+    best: Verdict | None = None
+    interrupted: bool = False
+    duration_s: float = 0.0
+    summary: Summary | None = Field(None, description="for `tpu-agent diff`: the step time after the verified change")
+
+    def save(self, t_start: float) -> "TuneResult":
+        self.duration_s = time.perf_counter() - t_start
+        (Path(self.run_dir) / "tune.json").write_text(self.model_dump_json(indent=2) + "\n")
+        return self
+
+
+def summary_of(profile, verdict: Verdict | None) -> Summary:
+    """The baseline's figures; with a verified change, its measured step time (other figures unknown)."""
+    summary = from_profile(profile).model_copy(update={"source": "report"})
+    if verdict is not None and verdict.speed and not verdict.speed.per_sample:
+        summary = summary.model_copy(update={
+            "step_time_s": verdict.speed.candidate_median_s, "steps_measured": verdict.speed.pairs,
+            "flops_per_step": None, "mfu": None, "peak_memory_bytes": None, "live_peak_bytes": None,
+            "padding_waste": None})
+    return summary

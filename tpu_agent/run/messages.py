@@ -1,0 +1,58 @@
+"""What the parent and a run's child process tell each other, as pydantic models (one JSON object a line).
+
+Parent -> child, in the environment (`tpu_agent.envvars`): the profiler's
+Settings (`TPU_AGENT_PROFILE`), a `TrialRequest` (`TPU_AGENT_TRIAL`) or a
+Plan (`TPU_AGENT_PLAN`). Child -> parent, on pipes: a timing trial's
+`Ready`, `StepRecord` and `Ended` lines; the profiler's `Progress` lines.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, Field, TypeAdapter
+
+from tpu_agent.plan.actions import Plan
+
+
+class TrialRequest(BaseModel):
+    """A timing trial: apply `plan`, then step under the gate (`gate_fd` in, `report_fd` out)."""
+
+    plan: Plan
+    gate_fd: int
+    report_fd: int
+
+
+class Ready(BaseModel):
+    event: Literal["ready"] = "ready"
+    notes: list[str] = Field(default_factory=list, description="what the plan's run-time actions did")
+
+
+class StepRecord(BaseModel):
+    """One step of a timing trial, measured in the child with the device synchronized at both ends."""
+
+    event: Literal["step"] = "step"
+    step: int
+    wall_s: float
+    loss: float | None = None
+    device_bytes: int = 0
+
+
+class Ended(BaseModel):
+    event: Literal["end"] = "end"
+    status: int
+    error: str | None = None
+    steps: int = 0
+
+
+TrialMessage = Annotated[Union[Ready, StepRecord, Ended], Field(discriminator="event")]
+TRIAL_MESSAGE: TypeAdapter = TypeAdapter(TrialMessage)
+
+
+class Progress(BaseModel):
+    """The profiler's progress, for the parent's progress bar."""
+
+    event: Literal["running", "step", "stopping", "analysing", "done"]
+    step: int | None = None
+    wall_s: float | None = None
+    compile_s: float | None = None

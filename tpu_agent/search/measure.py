@@ -1,0 +1,130 @@
+"""Measuring plans: a warm baseline process and one candidate process per trial, stepped in turns (A B A B ...)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tpu_agent import envvars
+from tpu_agent.config import TuneOptions
+from tpu_agent.plan.actions import PadDim, Plan
+from tpu_agent.search.trials import StepRecord, TrialFailed, TrialProcess
+
+
+def batch_size(plan: Plan, baseline_batch: int | None) -> int | None:
+    """The candidate's batch when a PadDim changes the batch literal (time is then per sample)."""
+    if baseline_batch is None:
+        return None
+    for action in plan.of(PadDim):
+        if action.name and "batch" in action.name.lower():
+            return action.new
+    return baseline_batch
+
+
+def interleave(step_a, step_b, pairs: int, report=None) -> tuple[list[StepRecord], list[StepRecord]]:
+    """A B A B ... for `pairs` pairs; when the script's own step count ends a side, the pairs so far (>= 5)."""
+    a: list[StepRecord] = []
+    b: list[StepRecord] = []
+    for i in range(pairs):
+        try:
+            first = step_a()
+            second = step_b()
+        except TrialFailed as exc:
+            if exc.kind != "too_few_steps" or len(b) < 5:
+                raise
+            break
+        a.append(first)
+        b.append(second)
+        if report is not None:
+            report(i, a, b)
+    return a, b
+
+
+class Runner:
+    """Runs trials: a warm baseline process, one candidate process per trial, stepped in turns."""
+
+    def __init__(self, script: Path, args: list[str], options: TuneOptions, run_dir: Path):
+        self.script, self.args, self.options, self.run_dir = script, args, options, run_dir
+        self.env = {envvars.DEVICES.name: str(options.devices)} if options.devices > 1 else {}
+        self.baseline: TrialProcess | None = None
+        self.baseline_count = 0
+        self.verifications = 0
+        self.last_baseline_steps: list[StepRecord] = []
+
+    def _baseline(self) -> TrialProcess:
+        if self.baseline is None or self.baseline.proc is None or self.baseline.proc.poll() is not None:
+            if self.baseline is not None:  # it ran out of steps: keep what it measured (losses by step)
+                self.last_baseline_steps.extend(self.baseline.steps)
+            self.baseline_count += 1
+            self.baseline = self._process(self.script, Plan(), f"baseline-{self.baseline_count}")
+            self._warm(self.baseline)
+        return self.baseline
+
+    def _process(self, script: Path, plan: Plan, name: str) -> TrialProcess:
+        return TrialProcess(script, self.args, plan, cwd=Path.cwd(), log_dir=self.run_dir / "logs",
+                            step_timeout=self.options.trial_timeout, env=self.env, name=name)
+
+    def candidate(self, plan: Plan, name: str) -> TrialProcess:
+        script = self.script
+        if plan.of(PadDim):
+            from tpu_agent.plan.rewrite import apply_pad_dims
+
+            rewrite = apply_pad_dims(plan, self.script, self.run_dir / "workspaces" / name)
+            script = rewrite.script
+        return self._process(script, plan, name)
+
+    def measure(self, plan: Plan, name: str, pairs: int, report=None, fresh_baseline: bool = False):
+        """(baseline steps, candidate steps, the candidate's process), interleaved."""
+        if fresh_baseline:
+            self.close()
+            self.last_baseline_steps = []
+        base = self._baseline()
+
+        def baseline_step() -> StepRecord:
+            nonlocal base
+            try:
+                return base.step()
+            except TrialFailed as exc:
+                if exc.kind != "too_few_steps":
+                    raise
+                base = self._baseline()  # the script ran out of steps: a fresh warm baseline
+                return base.step()
+
+        cand = self.candidate(plan, name)
+        try:
+            self._warm(cand)
+            a, b = interleave(baseline_step, cand.step, pairs, report)
+            return a, b, cand
+        finally:
+            cand.stop()
+
+    def measure_plans(self, without: Plan, plan: Plan, name: str, pairs: int):
+        """Two fresh plan processes stepped in turns: (steps of `without`, steps of `plan`)."""
+        self.close()
+        a_proc, b_proc = self.candidate(without, f"{name}-without"), self.candidate(plan, f"{name}-with")
+        try:
+            self._warm(a_proc)
+            self._warm(b_proc)
+            return interleave(a_proc.step, b_proc.step, pairs)
+        finally:
+            a_proc.stop()
+            b_proc.stop()
+
+    def _warm(self, proc: TrialProcess) -> None:
+        proc.start()
+        for _ in range(self.options.warmup):
+            proc.step()
+
+    def close(self) -> None:
+        if self.baseline is not None:
+            self.last_baseline_steps.extend(self.baseline.steps)
+            self.baseline.stop()
+            self.baseline = None
+
+
+def losses_of(steps: list[StepRecord]) -> list[float]:
+    return [s.loss for s in steps if s.loss is not None]
+
+
+def median(values: list[float]) -> float:
+    """The upper median, as the search has always taken it (no interpolation)."""
+    return sorted(values)[len(values) // 2]
