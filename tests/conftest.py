@@ -7,10 +7,16 @@ import them from conftest (tests/test_sharding.py).
 from __future__ import annotations
 
 import os
+import tempfile
 
 # Tests build Hugging Face models from configs; nothing may reach the hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+# XLA's compilation cache: shared by this run's workers and the processes they start (the
+# same op programs compile once per run, not once per process), and never the user's own.
+os.environ["TPU_AGENT_XLA_CACHE"] = os.path.join(
+    tempfile.gettempdir(), f"tpu-agent-tests-xla-{os.environ.get('PYTEST_XDIST_TESTRUNUID', os.getpid())}")
 
 from support.paths import EXAMPLES, REPO, TPU_AGENT  # noqa: E402,F401 - re-exported
 from support.processes import clean_env, one_error_line, run_python, run_tool  # noqa: E402,F401 - re-exported

@@ -160,3 +160,27 @@ def test_dropout_statistics():
     kept = (y != 0).float().mean().item()
     assert abs(kept - 0.75) < 0.01
     assert torch.allclose(y[y != 0], torch.tensor(1 / 0.75))
+
+
+def test_compiled_programs_persist_in_the_xla_cache_for_the_next_process(tmp_path):
+    code = """
+        import torch
+        x = torch.ones(3, 5).to("tpu")
+        print(float((x * 2 + 1).sum()))
+    """
+    cache = tmp_path / "xla"
+    first = run_python(code, {"TPU_AGENT_XLA_CACHE": str(cache)})
+    assert first.returncode == 0, first.stderr
+    entries = sorted(p.name for p in cache.iterdir())
+    assert entries, "nothing was written to the compilation cache"
+    second = run_python(code, {"TPU_AGENT_XLA_CACHE": str(cache)})
+    assert second.returncode == 0 and second.stdout == first.stdout
+    assert sorted(p.name for p in cache.iterdir()) == entries  # the same programs: read, not compiled again
+
+    home = tmp_path / "home"
+    off = run_python(code, {"TPU_AGENT_XLA_CACHE": "off", "TPU_AGENT_CACHE_DIR": str(home)})
+    assert off.returncode == 0, off.stderr
+    assert not (home / "xla").exists()
+    default = run_python(code, {"TPU_AGENT_XLA_CACHE": "", "TPU_AGENT_CACHE_DIR": str(home)})
+    assert default.returncode == 0, default.stderr
+    assert any((home / "xla").iterdir()), "by default the cache lives in the tool's cache directory"
