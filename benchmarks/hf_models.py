@@ -18,9 +18,9 @@ import sys
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the support package
 
-import hf_models  # noqa: E402
+from support import hf_models  # noqa: E402
 
 
 def timed_train(family, attn, device, mode, steps):

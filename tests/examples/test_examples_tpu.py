@@ -2,28 +2,9 @@
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
-
 import pytest
 
-from support.paths import EXAMPLES
-
-STEPS = 20
-# Dropout masks come from each device's own RNG stream: compare with dropout off.
-EXTRA = {"cnn": ["--dropout", "0"]}
-
-
-def losses(name: str, device: str, *extra: str) -> list[float]:
-    out = subprocess.run(
-        [sys.executable, str(EXAMPLES / f"{name}.py"), "--device", device, "--steps", str(STEPS), *EXTRA.get(name, []), *extra],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    values = [float(v) for v in re.findall(r"^step=\d+ loss=(\S+)$", out.stdout, re.M)]
-    assert len(values) == STEPS, out.stdout
-    return values
+from support.examples import losses
 
 
 @pytest.mark.parametrize("name", ["mlp", "odd_shapes", "cnn", "transformer"])

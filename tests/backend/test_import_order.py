@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-BACKEND = Path(__file__).resolve().parent.parent / "backend"
+BACKEND = Path(__file__).resolve().parents[2] / "backend"
 
 # Each module may import (at module level) only modules earlier in this list.
 ORDER = [

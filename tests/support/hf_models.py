@@ -133,13 +133,16 @@ class Family:
     name: str
     build: Callable
     attention: bool = True  # has attention: trained with both "sdpa" and "eager"
+    attentions: tuple[str, ...] = ("sdpa", "eager")
     batchnorm: bool = False  # running statistics: compared at 1e-4, not 1e-5
 
 
 FAMILIES = {f.name: f for f in [
     Family("gpt2", gpt2), Family("llama", llama), Family("mistral", mistral), Family("bert", bert),
     Family("t5", t5), Family("vit", vit), Family("resnet", resnet, attention=False, batchnorm=True),
-    Family("qwen3_moe", qwen3_moe), Family("qwen3_moe_loop", qwen3_moe_loop),
+    Family("qwen3_moe", qwen3_moe),
+    # The expert loop is about routing, not attention (qwen3_moe covers both attentions).
+    Family("qwen3_moe_loop", qwen3_moe_loop, attentions=("eager",)),
 ]}
 
 MODES = ("eager", "fused", "compiled")

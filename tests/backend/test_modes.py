@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from test_examples_tpu import losses
+from support.examples import losses
 
 MODES = {
     "fused": ({"TORCH_TPU_DEFER_AND_FUSE": "1"}, []),

@@ -117,7 +117,7 @@ def test_grouped_mm_rejects_what_pytorch_rejects():
 
 def test_moe_experts_with_grouped_mm_match_cpu():
     """A tiny Qwen3-MoE whose experts run through grouped_mm: loss and gradients as on the CPU."""
-    from hf_models import qwen3_moe
+    from support.hf_models import qwen3_moe
 
     model_cls, cfg, batch = qwen3_moe()
     cfg._experts_implementation = "grouped_mm"

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from conftest import EXAMPLES
+from support.paths import EXAMPLES
 
 SCRIPT = textwrap.dedent("""
     import sys, json, torch, torch.nn.functional as F
