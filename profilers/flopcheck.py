@@ -96,7 +96,7 @@ def compare(region: str, xla_flops: float, xla_dot_conv_flops: float, counter_fl
         return FlopCheck(
             region=region, xla_flops=xla_flops, xla_dot_conv_flops=xla_dot_conv_flops,
             flop_counter_flops=counter_flops, flop_counter_by_op=by_op,
-            relative_difference=0.0 if xla_flops == 0 else float("inf"), agrees=xla_flops == 0,
+            relative_difference=0.0 if xla_flops == 0 else None, agrees=xla_flops == 0,
             explanation="FlopCounterMode counted no matmul or convolution on the tpu device in this region"
             + ("" if xla_flops == 0 else "; XLA's FLOPs are all elementwise work it does not count"),
         )

@@ -130,7 +130,9 @@ class FlopCheck(BaseModel):
     xla_dot_conv_flops: float = Field(description="the dots' and convolutions' share, from HLO shapes")
     flop_counter_flops: float = Field(description="torch.utils.flop_counter.FlopCounterMode, tpu tensors only")
     flop_counter_by_op: dict[str, float] = Field(default_factory=dict)
-    relative_difference: float = Field(description="xla_flops / flop_counter_flops - 1")
+    relative_difference: float | None = Field(
+        description="xla_flops / flop_counter_flops - 1; null when FlopCounterMode counted nothing and XLA did "
+        "(no ratio exists: a step with no matmul or convolution)")
     dot_conv_relative_difference: float | None = None
     xla_conv_padding_flops: float = Field(0.0, description="multiply-adds against convolutions' zero padding "
                                           "(from HLO windows): FlopCounterMode counts them, XLA's cost analysis not")

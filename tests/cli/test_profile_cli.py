@@ -147,6 +147,27 @@ def test_failing_script_keeps_a_partial_profile(tmp_path, cache_dir, after, code
     assert json.loads((run_dir / "run.json").read_text())["exit_code"] == code
 
 
+def test_a_step_without_matmul_profiles_and_keeps_the_scripts_exit_code(tmp_path, cache_dir):
+    """FlopCounterMode counts 0 when no step has a matmul: no ratio (null), never inf, and the profile reads back."""
+    write(tmp_path, "nomm.py", """\
+        import sys, torch
+        p = torch.nn.Parameter(torch.ones(8, device="tpu"))
+        opt = torch.optim.SGD([p], lr=0.1)
+        for step in range(4):
+            opt.zero_grad()
+            (p.sin() ** 2).sum().backward()
+            opt.step()
+        sys.exit(3)
+    """)
+    proc = profile("nomm.py", "--warmup", "1", cwd=tmp_path, cache=cache_dir)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "error" not in proc.stderr and "no ratio" in proc.stdout
+    prof = load(only_run_dir(tmp_path))
+    assert (prof.status, prof.exit_code) == ("failed", 3)
+    assert prof.flops.check.flop_counter_flops == 0 and prof.flops.check.relative_difference is None
+    assert prof.flops.per_step > 0
+
+
 def test_stop_at_steps_runs_the_scripts_finally(tmp_path, cache_dir):
     write(tmp_path, "loop.py", """\
         import torch

@@ -153,6 +153,10 @@ def profile_script(
         sys.stdout.flush()
         sys.stderr.write(f"error: no profile was written ({script} {why}); run recorded in {result.run_dir}\n")
         return result.exit_code or 1
+    except TpuAgentError as exc:  # a profile we cannot read: say so, keep the script's own exit code
+        sys.stdout.flush()
+        sys.stderr.write(f"error: {exc}; run recorded in {result.run_dir}\n")
+        return result.exit_code or 1
 
     if json_output:
         sys.stdout.write(prof.model_dump_json(indent=2) + "\n")

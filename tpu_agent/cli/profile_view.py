@@ -58,10 +58,12 @@ def _rows(p: Profile) -> list[tuple[str, Text | str]]:
         if f.check is not None:
             c = f.check
             verdict = (Text(f"agree within {c.tolerance:.0%}", style="green") if c.agrees
+                       else Text("no ratio", style="yellow") if c.relative_difference is None
                        else Text(f"differ by more than {c.tolerance:.0%}", style="yellow"))
             rows.append(("cross-check", Text.assemble(
-                f"{c.region}: XLA {si(c.xla_flops, 'FLOP')} vs FlopCounterMode {si(c.flop_counter_flops, 'FLOP')} "
-                f"({c.relative_difference:+.1%}): ", verdict, f"; {c.explanation}")))
+                f"{c.region}: XLA {si(c.xla_flops, 'FLOP')} vs FlopCounterMode {si(c.flop_counter_flops, 'FLOP')}",
+                (f" ({c.relative_difference:+.1%}): " if c.relative_difference is not None else ": "), verdict,
+                f"; {c.explanation}")))
         rows.append(("bytes/step", f"{size(f.bytes_per_step)} accessed (XLA cost analysis)"))
         if f.achieved_flops_per_s is not None:
             tp = Text(f"{si(f.achieved_flops_per_s, 'FLOP/s')} achieved")
