@@ -94,6 +94,17 @@ def _device_kwarg(kwargs):
     return kwargs
 
 
+# Positional arguments PyTorch requires on the CPU whatever the device, which the OpInfo's
+# samples create there (no device=): PyTorch's device tests pass them on the CPU, so the tpu
+# side gets them on the CPU too (tensor_split's tensor_indices_or_sections).
+_HOST_ARGS = {"tensor_split": (1,)}
+
+
+def _host_args(opinfo, args, targs):
+    keep = _HOST_ARGS.get(opinfo.name, ())
+    return tuple(a if i in keep and isinstance(a, torch.Tensor) else t for i, (a, t) in enumerate(zip(args, targs)))
+
+
 def _to_cpu(x):
     if isinstance(x, torch.Tensor) and x.device.type == "tpu":
         return x.cpu()
@@ -141,19 +152,23 @@ def check_op(opinfo, max_samples: int = MAX_SAMPLES, seconds: int = 20) -> OpRes
         for sample in samples:
             result.samples += 1
             args = (sample.input,) + tuple(sample.args)
+            # The sample's own post-processing of results that are not unique (eigenvectors up to
+            # sign: their abs), which PyTorch's test_compare_cpu and gradient tests apply too.
+            post = sample.output_process_fn_grad
             # Copies first: a CPU run may update its arguments (in-place ops, running stats).
             targs, tkwargs, _ = _moved(args, _device_kwarg(sample.kwargs), _to_tpu)
+            targs = _host_args(opinfo, args, targs)
             cargs, ckwargs, _ = _moved(args, sample.kwargs, _cpu_copy)
             try:
                 torch.manual_seed(0)
-                expected = opinfo.op(*args, **sample.kwargs)
-                random = _is_random(opinfo) or _seed_dependent(opinfo, lambda: opinfo.op(*cargs, **ckwargs), expected)
+                expected = post(opinfo.op(*args, **sample.kwargs))
+                random = _is_random(opinfo) or _seed_dependent(opinfo, lambda: post(opinfo.op(*cargs, **ckwargs)), expected)
             except Exception:
                 result.samples -= 1  # the CPU itself rejects this sample
                 continue
             result.seeded += random and not _is_random(opinfo)
             try:
-                actual = tree_map(_to_cpu, opinfo.op(*targs, **tkwargs))
+                actual = post(tree_map(_to_cpu, opinfo.op(*targs, **tkwargs)))
                 if random:
                     _compare_meta(actual, expected)
                 else:
@@ -259,20 +274,24 @@ def check_op_grad(opinfo, max_samples: int = MAX_SAMPLES, seconds: int = 20) -> 
         for sample in samples:
             result.samples += 1
             args = (sample.input,) + tuple(sample.args)
+            # The sample's own post-processing of results that are not unique (eigenvectors up to
+            # sign: their abs), which PyTorch's test_compare_cpu and gradient tests apply too.
+            post = sample.output_process_fn_grad
             # Copies first: a CPU run may update its arguments (batch norm's running stats).
             targs, tkwargs, pairs = _moved(args, _device_kwarg(sample.kwargs), _to_tpu)
+            targs = _host_args(opinfo, args, targs)
             cargs, ckwargs, cpairs = _moved(args, sample.kwargs, _cpu_copy)
             try:
                 torch.manual_seed(0)
-                expected = _grads(_loss(opinfo.op(*args, **sample.kwargs)), [c for c, _ in pairs])
+                expected = _grads(_loss(post(opinfo.op(*args, **sample.kwargs))), [c for c, _ in pairs])
                 random = _is_random(opinfo) or _seed_dependent(
-                    opinfo, lambda: _grads(_loss(opinfo.op(*cargs, **ckwargs)), [c for _, c in cpairs]), expected)
+                    opinfo, lambda: _grads(_loss(post(opinfo.op(*cargs, **ckwargs))), [c for _, c in cpairs]), expected)
             except Exception:
                 result.samples -= 1  # the CPU itself rejects this sample (or it has nothing to differentiate)
                 continue
             result.seeded += random and not _is_random(opinfo)
             try:
-                actual = _grads(_loss(opinfo.op(*targs, **tkwargs)), [t for _, t in pairs])
+                actual = _grads(_loss(post(opinfo.op(*targs, **tkwargs))), [t for _, t in pairs])
                 for i, (a, e) in enumerate(zip(actual, expected)):
                     if a is None or e is None:
                         assert a is None and e is None, f"input {i}: the grad is None on one device only"
