@@ -10,6 +10,7 @@ patch and the plan are written. Only verified changes are reported as gains.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -18,13 +19,13 @@ from rich.console import Console
 
 from tpu_agent.config import TuneOptions
 from tpu_agent.errors import TpuAgentError
-from tpu_agent.paths import new_run_dir
+from tpu_agent.paths import new_run_dir, shown_path
 from tpu_agent.profilers.schema import Profile, Settings
 from tpu_agent.propose import knobs as knob_finder
 from tpu_agent.propose import make_proposer as _make_proposer
 from tpu_agent.propose.playbook import load_playbooks
 from tpu_agent.report.result import TuneResult, summary_of
-from tpu_agent.run.profiled import read_profile, run_profiled
+from tpu_agent.run.profiled import StepWatch, read_profile, run_profiled
 from tpu_agent.search.measure import Runner
 from tpu_agent.search.study import Space, TrialRecord, build_space, open_study, ranked_plans, redact, search, storage_url
 from tpu_agent.verify.ablation import settle
@@ -45,7 +46,12 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
 
     # run + profile: the unchanged script, its knobs
     console.print(f"[bold]baseline[/bold]: profiling {script.name} ({options.warmup} warm-up + {options.steps} steps)")
-    profile, profile_path = baseline_profile(script, args, run_dir, options)
+    try:
+        profile, profile_path = baseline_profile(script, args, run_dir, options)
+    except KeyboardInterrupt:
+        result.interrupted = True
+        console.print("[yellow]interrupted during the baseline: nothing was measured yet[/yellow]")
+        return result.save(t_start)
     result.baseline_profile, result.summary = str(profile_path), summary_of(profile, None)
     knobs = knob_finder.discover(script, profile=profile, script_args=args, profile_path=str(profile_path)).knobs
     batch_knob = next((k for k in knobs if k.batch and not k.overridden), None)
@@ -103,18 +109,42 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
     return result.save(t_start)
 
 
+class BaselineFailed(TpuAgentError):
+    """The unchanged script did not run (exit 1): there is nothing to tune against."""
+
+
 def baseline_profile(script: Path, args: list[str], run_dir: Path, options: TuneOptions) -> tuple[Profile, Path]:
-    """Profile the unchanged script in a child process (its output goes to a log)."""
+    """Profile the unchanged script in a child process (its output goes to a log).
+
+    A step (or the start-up before the first) running past `--trial-timeout` stops it; a run that fails
+    shows the script's own output (its traceback, its usage message) and stops the tune; Ctrl-C while it
+    runs is the tune's KeyboardInterrupt."""
     settings = Settings(steps=options.steps, warmup=options.warmup, mode="eager", devices=options.devices,
                         target=None if options.target == "cpu" else options.target)
     log_path = run_dir / "baseline-profile.log"
+    watch = StepWatch(options.trial_timeout)
     with open(log_path, "wb") as log:
-        result, path = run_profiled(script, args, settings, runs_root=run_dir, stdout=log.fileno(), stderr=log.fileno())
+        result, path = run_profiled(script, args, settings, runs_root=run_dir, stdout=log.fileno(), stderr=log.fileno(),
+                                    extra_env=watch.env(), pass_fds=(watch.write_fd,), monitor=watch,
+                                    deadline=watch.deadline)
+    shown = shown_path(log_path)
+    if result.interrupted or (result.exit_code == 130 and not result.timed_out):
+        raise KeyboardInterrupt
+    if result.timed_out:
+        raise BaselineFailed(f"the baseline run timed out: no progress to {watch.waiting_for or watch.timed_out_waiting} within "
+                             f"{options.trial_timeout:.0f} s (--trial-timeout); its output is in {shown}")
+    if not result.ok:
+        tail = log_path.read_text(errors="replace").rstrip().splitlines()[-25:]
+        if tail:  # the script's own words (its traceback, its usage message), as python would show them
+            sys.stderr.write("\n".join(tail) + "\n")
+            sys.stderr.flush()
+        why = f"killed by signal {result.signal_number}" if result.signal_number else f"exit {result.exit_code}"
+        raise BaselineFailed(f"the baseline run of {script.name} failed ({why}); its output is in {shown} "
+                             "(pass the script's own arguments after '--')")
     try:
         return read_profile(path), path
     except FileNotFoundError:
-        tail = log_path.read_text(errors="replace").strip().splitlines()[-12:]
-        raise TpuAgentError("the baseline run failed (exit {}): {}".format(result.exit_code, " | ".join(tail)[-600:]))
+        raise BaselineFailed(f"the baseline run wrote no profile; its output is in {shown}") from None
 
 
 def make_proposer(proposer: str, *, audit_dir: Path, model: str | None, token_budget: int, script: Path):

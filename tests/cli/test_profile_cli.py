@@ -168,6 +168,13 @@ def test_a_step_without_matmul_profiles_and_keeps_the_scripts_exit_code(tmp_path
     assert prof.flops.per_step > 0
 
 
+def test_timeout_stops_a_hanging_script_with_exit_124(tmp_path):
+    write(tmp_path, "hang.py", "import time\ntime.sleep(3600)\n")
+    proc = run_tool("profile", "hang.py", "--timeout", "2", cwd=tmp_path, timeout=60)
+    assert proc.returncode == 124, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: hang.py ran past --timeout 2 s and was stopped")
+
+
 def test_stop_at_steps_runs_the_scripts_finally(tmp_path, cache_dir):
     write(tmp_path, "loop.py", """\
         import torch

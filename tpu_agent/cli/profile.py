@@ -30,6 +30,8 @@ from tpu_agent.cli.format import ms
 from tpu_agent.paths import RUNS_SUBDIR
 from tpu_agent.profilers.schema import Settings
 
+TIMED_OUT = 124  # as timeout(1) exits
+
 
 def writable_dir(path: Path, what: str) -> Path:
     """Create `path` if needed and prove it takes a file; InputError (exit 2) if not."""
@@ -122,6 +124,7 @@ def profile_script(
     json_output: bool,
     stdout: Console,
     stderr: Console,
+    timeout: float | None = None,
 ) -> int:
     from tpu_agent.run.profiled import read_profile, run_profiled
 
@@ -141,11 +144,16 @@ def profile_script(
             stdout=subprocess.PIPE if display else (sys.stderr.fileno() if json_output else None),
             stderr=subprocess.PIPE if display else None,
             pass_fds=(display.write_fd,) if display else (),
-            monitor=display,
+            monitor=display, timeout=timeout,
         )
     except OSError as exc:
         raise TpuAgentError(f"could not start the run: {exc}") from None
 
+    if result.timed_out:
+        sys.stdout.flush()
+        sys.stderr.write(f"error: {script} ran past --timeout {timeout:g} s and was stopped; "
+                         f"run recorded in {result.run_dir}\n")
+        return TIMED_OUT
     try:
         prof = read_profile(path)
     except FileNotFoundError:
@@ -210,6 +218,10 @@ def profile(
         typer.Option("--output-dir", "-o", metavar="DIR", help="Where run directories go (default ./.tpu-agent/runs).", show_default=False),
     ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print profile.json to stdout (the script's output goes to stderr).")] = False,
+    timeout: Annotated[
+        float | None,
+        typer.Option("--timeout", min=0.001, metavar="SECONDS", help="Stop the script after this many seconds (exit 124).", show_default=False),
+    ] = None,
 ) -> int:
     """Profile SCRIPT on the bundled `tpu` device: step time, FLOPs, MFU, memory, hot ops, padding waste.
 
@@ -224,7 +236,7 @@ def profile(
         time_executables=time_executables,
     )
     return profile_script(script, script_args or [], settings=settings, output_dir=output_dir,
-                          json_output=json_output, stdout=stdout_console(), stderr=stderr_console())
+                          json_output=json_output, stdout=stdout_console(), stderr=stderr_console(), timeout=timeout)
 
 
 def register(app: typer.Typer) -> None:

@@ -77,6 +77,9 @@ def tune(
         if best is not None:
             console.print(f"[green bold]verified[/green bold]: {best.plan.describe()}")
             console.print(f"  {best.reason}")
+        elif result.interrupted:
+            console.print("[yellow bold]interrupted[/yellow bold]: no change verified; what finished is in the "
+                          "study, --resume continues")
         else:
             console.print("[bold]no change verified[/bold]: the baseline stays")
         for name in ("report.md", "patch.diff", "plan.json"):

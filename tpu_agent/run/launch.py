@@ -40,6 +40,8 @@ class RunResult(BaseModel):
     duration_s: float
     exit_code: int  # as a shell reports it: death by signal N is 128 + N
     signal_number: int | None = None  # set when the child died by a signal
+    timed_out: bool = False  # stopped by us: past its time limit
+    interrupted: bool = False  # Ctrl-C reached us while it ran
 
     @property
     def ok(self) -> bool:
@@ -58,8 +60,9 @@ def launch(script: str | Path, args: Sequence[str], *, env: Mapping[str, str], c
                             pass_fds=tuple(pass_fds), start_new_session=new_session)
 
 
-def _wait(proc: subprocess.Popen[bytes]) -> int:
-    """Wait for the child, letting it handle Ctrl-C; pass SIGTERM on to it."""
+def _wait(proc: subprocess.Popen[bytes], deadline: Callable[[], float] | None = None) -> tuple[int, bool, bool]:
+    """Wait for the child, letting it handle Ctrl-C; pass SIGTERM on to it; stop it past `deadline()`
+    (a monotonic time, asked again each time round). (exit status, timed out, interrupted)."""
 
     def forward_term(signum: int, _frame: object) -> None:
         proc.send_signal(signum)
@@ -67,10 +70,19 @@ def _wait(proc: subprocess.Popen[bytes]) -> int:
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, forward_term) if in_main_thread else None
     interrupts = 0
+    timed_out = False
     try:
         while True:
             try:
-                return proc.wait()
+                if deadline is None or timed_out:
+                    return proc.wait(), timed_out, interrupts > 0
+                left = deadline() - time.monotonic()
+                if left > 0:
+                    return proc.wait(timeout=min(left, 1.0)), False, interrupts > 0
+                timed_out = True
+                _stop(proc)
+            except subprocess.TimeoutExpired:
+                continue
             except KeyboardInterrupt:
                 # The terminal sent SIGINT to the child too; it decides what to do.
                 # If it ignores repeated Ctrl-C, we escalate.
@@ -84,6 +96,15 @@ def _wait(proc: subprocess.Popen[bytes]) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
+def _stop(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL after `grace` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def run_script(
     script: str | Path,
     args: Sequence[str] = (),
@@ -94,6 +115,8 @@ def run_script(
     stderr: int | None = None,
     pass_fds: Sequence[int] = (),
     monitor: Callable[[subprocess.Popen[bytes]], AbstractContextManager[object]] | None = None,
+    timeout: float | None = None,
+    deadline: Callable[[], float] | None = None,
 ) -> RunResult:
     """Run `script` with `args` as `python script args` would, in the current cwd.
 
@@ -102,6 +125,8 @@ def run_script(
     relay), so the user sees their script's output and traceback live.
     `monitor(proc)` is entered while the child runs (a progress display).
     The result is also written to `run.json` in the new run directory.
+    `timeout` (seconds in all) or `deadline()` (a monotonic time, asked as
+    the child runs) stops the child when passed (`timed_out` in the result).
     """
     run_dir = new_run_dir(Path(script), runs_root)
     command = child_command(script, args)  # as given: the child resolves it like python does
@@ -110,9 +135,12 @@ def run_script(
 
     started_at = datetime.now(timezone.utc)
     t0 = time.perf_counter()
+    if timeout is not None and deadline is None:
+        end = time.monotonic() + timeout
+        deadline = lambda: end  # noqa: E731
     proc = launch(script, args, env=child_env, stdout=stdout, stderr=stderr, pass_fds=pass_fds)
     with monitor(proc) if monitor is not None else nullcontext():
-        returncode = _wait(proc)
+        returncode, timed_out, interrupted = _wait(proc, deadline)
     duration = time.perf_counter() - t0
 
     sig = -returncode if returncode < 0 else None
@@ -126,6 +154,8 @@ def run_script(
         duration_s=duration,
         exit_code=128 + sig if sig is not None else returncode,
         signal_number=sig,
+        timed_out=timed_out,
+        interrupted=interrupted,
     )
     (run_dir / RESULT_FILE).write_text(result.model_dump_json(indent=2) + "\n")
     return result

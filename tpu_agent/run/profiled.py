@@ -6,6 +6,9 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,3 +44,55 @@ def read_profile(path: Path) -> Profile:
         raise
     except (OSError, ValidationError, ValueError) as exc:
         raise TpuAgentError(f"unreadable profile {path}: {exc}") from None
+
+
+class StepWatch:
+    """A time limit per step for a profiled run, read from the profiler's progress pipe: the run is stopped
+    when no step boundary (or the end of its analysis) comes within `step_timeout` seconds of the last one
+    (the first one gets up to 120 seconds more, no more than `step_timeout` again: imports, JAX start-up)."""
+
+    def __init__(self, step_timeout: float, startup: float = 120.0) -> None:
+        self.step_timeout, self.startup = step_timeout, min(startup, step_timeout)
+        self.waiting_for: str | None = None  # what it was waiting for when the limit passed
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_inheritable(self.write_fd, True)
+        self.last = time.monotonic()
+        self.seen_step = False
+        self.timed_out_waiting = "the first step"
+
+    def env(self) -> dict[str, str]:
+        return {envvars.PROGRESS_FD.name: str(self.write_fd)}
+
+    def deadline(self) -> float:
+        end = self.last + self.step_timeout + (0.0 if self.seen_step else self.startup)
+        if self.waiting_for is None and time.monotonic() >= end:
+            self.waiting_for = self.timed_out_waiting
+        return end
+
+    @contextmanager
+    def __call__(self, proc):
+        os.close(self.write_fd)
+        reader = threading.Thread(target=self._read, daemon=True)
+        reader.start()
+        try:
+            yield
+        finally:
+            reader.join(timeout=5)
+
+    def _read(self) -> None:
+        from pydantic import ValidationError
+
+        from tpu_agent.run.messages import Progress
+
+        with os.fdopen(self.read_fd, "rb") as pipe:
+            for raw in pipe:
+                try:
+                    message = Progress.model_validate_json(raw)
+                except ValidationError:
+                    continue
+                if message.event == "step":
+                    self.seen_step, self.last = True, time.monotonic()
+                    self.timed_out_waiting = f"step {(message.step or 0) + 1}"
+                elif message.event in ("stopping", "analysing"):
+                    self.last = time.monotonic()
+                    self.timed_out_waiting = "the end of the profile's analysis"

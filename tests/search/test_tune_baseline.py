@@ -1,0 +1,60 @@
+"""The tune's baseline: a failing, hanging or interrupted baseline stops the tune with its own exit code."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from support.processes import clean_env, run_tool
+from support.tune import ctrl_c, runs, start_tool, wait_for
+
+pytestmark = pytest.mark.slow
+
+SLOW_STEPS = textwrap.dedent("""
+    import time, torch
+    m = torch.nn.Linear(4, 4).to("tpu")
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    x = torch.randn(2, 4).to("tpu")
+    for i in range(100):
+        opt.zero_grad(); m(x).sum().backward(); opt.step(); print(f"step={i}"); time.sleep(1)
+""")
+
+
+def tune(project: Path, script: str, *args: str, timeout: float = 240):
+    return run_tool("tune", script, "--trials", "2", "--storage", f"sqlite:///{project / 'studies.db'}", *args,
+                    cwd=project, env=clean_env(), timeout=timeout)
+
+
+def test_a_failing_baseline_stops_the_tune_with_the_scripts_own_message(tmp_path: Path):
+    (tmp_path / "needs.py").write_text("import argparse\np = argparse.ArgumentParser()\n"
+                                       "p.add_argument('--data', required=True)\np.parse_args()\n")
+    proc = tune(tmp_path, "needs.py")
+    assert proc.returncode == 1, proc.stderr
+    assert "the following arguments are required: --data" in proc.stderr  # the script's own words
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the baseline run of needs.py failed (exit 2)"), proc.stderr
+    assert "Traceback" not in proc.stderr and "search" not in proc.stdout
+
+
+def test_a_baseline_hanging_before_its_first_step_times_out(tmp_path: Path):
+    (tmp_path / "hang.py").write_text("import time\ntime.sleep(3600)\n")
+    proc = tune(tmp_path, "hang.py", "--trial-timeout", "5", timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: the baseline run timed out: no progress to the first step within 5 s "
+                           "(--trial-timeout)"), line
+
+
+def test_ctrl_c_during_the_baseline_stops_the_tune(tmp_path: Path):
+    (tmp_path / "slow.py").write_text(SLOW_STEPS)
+    proc = start_tool("tune", "slow.py", "--trials", "2", "--storage", f"sqlite:///{tmp_path / 'studies.db'}",
+                      cwd=tmp_path)
+    wait_for(lambda: any((r / "baseline-profile.log").exists() and (r / "baseline-profile.log").stat().st_size
+                         for r in runs(tmp_path)), 120, "the baseline to start")
+    code, out, err = ctrl_c(proc)
+    assert code == 130, err
+    assert "interrupted during the baseline" in out and "search" not in out
+    (run_dir,) = runs(tmp_path)
+    assert (run_dir / "tune.json").exists() and (run_dir / "report.md").exists()
