@@ -333,13 +333,18 @@ def _compile(func, lowering: Lowering, flat, spec, template, dynamic, jit: bool)
 _RETURN_CONVERTERS = {"bool": bool, "int": int, "float": float, "SymInt": int, "Scalar": lambda x: x.item()}
 
 
+@functools.lru_cache(maxsize=None)
+def _return_types(func) -> tuple[str, ...]:
+    return tuple(str(r.type) for r in func._schema.returns)
+
+
 def _wrap_outputs(func, out):
-    returns = func._schema.returns
+    returns = _return_types(func)
     if not returns:
         return None
     if len(returns) == 1:
-        return _wrap_one(str(returns[0].type), out)
-    return tuple(_wrap_one(str(r.type), o) for r, o in zip(returns, out))
+        return _wrap_one(returns[0], out)
+    return tuple(_wrap_one(r, o) for r, o in zip(returns, out))
 
 
 def _wrap_one(type_name: str, value):

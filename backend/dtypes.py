@@ -45,7 +45,10 @@ def to_jax_dtype(dtype: torch.dtype):
 
 
 def to_torch_dtype(dtype) -> torch.dtype:
+    found = _JAX_TO_TORCH.get(dtype)  # arrays carry np.dtype objects: no conversion on the hot path
+    if found is not None:
+        return found
     try:
         return _JAX_TO_TORCH[np.dtype(dtype)]
-    except KeyError:
+    except (KeyError, TypeError):
         raise UnsupportedDtype(f"jax dtype {dtype} has no PyTorch equivalent") from None

@@ -24,10 +24,13 @@ def launch(exe: Executable, args):
     if mesh.get_mesh() is not None:
         args = mesh.align(list(args))
     t0 = time.perf_counter()
-    with out_of_memory_as_torch(exe.name, exe.source):
+    try:  # not out_of_memory_as_torch: a context manager costs microseconds on every op
         out = exe.fn(*args)
         if modes.launch_blocking():
             jax.block_until_ready(out)
+    except jax.errors.JaxRuntimeError as exc:
+        _raise_if_out_of_memory(exc, exe.name, exe.source)
+        raise
     exe.calls += 1
     exe.time_s += time.perf_counter() - t0
     return out
@@ -43,9 +46,13 @@ def out_of_memory_as_torch(what: str, source: str | None = None):
     try:
         yield
     except jax.errors.JaxRuntimeError as exc:
-        message = str(exc)
-        if "RESOURCE_EXHAUSTED" not in message and "out of memory" not in message.lower():
-            raise
+        _raise_if_out_of_memory(exc, what, source)
+        raise
+
+
+def _raise_if_out_of_memory(exc: Exception, what: str, source: str | None) -> None:
+    message = str(exc)
+    if "RESOURCE_EXHAUSTED" in message or "out of memory" in message.lower():
         raise torch.OutOfMemoryError(_describe(what, source, message)) from None
 
 

@@ -77,7 +77,7 @@ class Program:
 
 def _aval_key(a):
     if isinstance(a, (Lazy, jax.Array)):
-        return (a.shape, str(a.dtype))
+        return (a.shape, a.dtype)  # np.dtype hashes by value; str() of it costs more than the op
     return type(a)
 
 
