@@ -13,6 +13,7 @@ The same recorder captures a whole step for `torch.compile` (see compile.py).
 
 from __future__ import annotations
 
+import os
 import time
 import weakref
 from dataclasses import dataclass
@@ -84,7 +85,12 @@ def _aval_key(a):
 # Flush reasons that cut a step's graph in two (the rest are step boundaries and syncs).
 DATA_DEPENDENT = "data-dependent shape"
 HOST_READ = "value read on the host"
-BREAK_REASONS = (DATA_DEPENDENT, HOST_READ)
+SIZE_LIMIT = "graph size limit"
+BREAK_REASONS = (DATA_DEPENDENT, HOST_READ, SIZE_LIMIT)
+
+# A loop with no sync point (forward and backward with no optimizer step or read) would
+# grow one pending graph without bound, and compile a bigger one at every flush.
+MAX_GRAPH_OPS = int(os.environ.get("TPU_AGENT_MAX_GRAPH_OPS", "") or 10_000)
 
 
 @dataclass
@@ -124,10 +130,15 @@ class Recorder:
         self.listeners: list[Callable] = []
         self.capture = None  # a compile.Capture while a step is being captured
         self.last_flush = None  # (executable, inputs, outputs, storages) of the latest flush
+        self.max_ops = MAX_GRAPH_OPS
+        self.since_flush = 0  # ops recorded since the last flush
 
     # --- recording ------------------------------------------------------------------
     def record(self, program: Program, args):
         """Append a call of `program` to the graph; return its outputs as Lazy placeholders."""
+        if self.since_flush >= self.max_ops and self.capture is None:
+            self.flush(SIZE_LIMIT, also=args, op=program.name)
+        self.since_flush += 1
         args = [_resolved(a) for a in args]
         treedef, avals = program.abstract_eval(args)
         node = Node(program, args, self.order)
@@ -145,6 +156,7 @@ class Recorder:
         (a view's pending value, which no storage holds). `op` names what needed the values."""
         storages = [s for s in list(self.pending) if isinstance(s.array, Lazy)]
         self.pending = weakref.WeakSet()
+        self.since_flush = 0
         extra = [a for a in also if type(a) is Lazy and a.value is None and a.node is not None]
         if not storages and not extra:
             return

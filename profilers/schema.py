@@ -250,7 +250,7 @@ class Recompilation(BaseModel):
 class GraphBreakSite(BaseModel):
     op: str | None = Field(description="what needed a concrete value: an aten op with a data-dependent output "
                            "shape, Tensor.item(), a copy to the CPU")
-    reason: str = Field(description="data-dependent shape | value read on the host")
+    reason: str = Field(description="data-dependent shape | value read on the host | graph size limit")
     source: str | None = Field(description="file:line of the code that ran it (a model's own file counts)")
     count: int
     first_step: int | None = None

@@ -48,9 +48,11 @@ GENERATION = EnvVar("TPU_AGENT_GENERATION", "backend", "the TPU generation the d
 CPU_FALLBACK = EnvVar("TPU_AGENT_CPU_FALLBACK", "backend", "`1`: ops without a lowering run on the CPU, counted")
 PAD_OPS = EnvVar("TPU_AGENT_PAD_OPS", "backend", "zero-pad matmul/convolution operand dims to this multiple")
 TIME_EXECUTABLES = EnvVar("TPU_AGENT_TIME_EXECUTABLES", "backend", "`1`: wait for every executable so its time is execution time")
+MAX_GRAPH_OPS = EnvVar("TPU_AGENT_MAX_GRAPH_OPS", "backend",
+                       "fused mode: run the pending graph when it holds this many ops (default 10000)")
 XLA_CACHE = EnvVar("TPU_AGENT_XLA_CACHE", "backend",
                    "XLA's persistent compilation cache: a directory, or `off`; default xla/ in the cache directory")
 
 ALL: tuple[EnvVar, ...] = (CACHE_DIR, RUN_DIR, PROFILE, PROGRESS_FD, TRIAL, PLAN, DEVICE, DEVICES, GENERATION,
-                           CPU_FALLBACK, PAD_OPS, TIME_EXECUTABLES, XLA_CACHE)
+                           CPU_FALLBACK, PAD_OPS, TIME_EXECUTABLES, MAX_GRAPH_OPS, XLA_CACHE)
 NAMES = frozenset(v.name for v in ALL)

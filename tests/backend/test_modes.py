@@ -127,3 +127,31 @@ def test_compiled_step_recaptures_when_the_learning_rate_changes():
         print("UNCHANGED", torch.equal(before, model.weight.cpu()))
     """)
     assert "UNCHANGED True" in out, out
+
+
+def test_a_loop_with_no_sync_point_flushes_at_the_size_limit_and_says_so():
+    import torch
+
+    from tpu_agent.backend.lazy import RECORDER, SIZE_LIMIT
+
+    def grads(device, fused):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 4).to(device)
+        x = torch.randn(16, 8).to(device)
+        mode = torch.tpu.EagerMode.DEFER_AND_FUSE if fused else torch.tpu.EagerMode.DEFER_NEVER
+        with torch.tpu.set_eager_mode(mode):
+            for _ in range(30):  # forward and backward, no optimizer step, no read: grads accumulate
+                model(x).square().mean().backward()
+        return model.weight.grad.cpu()
+
+    old, RECORDER.max_ops = RECORDER.max_ops, 40
+    try:
+        before, flushes = len(RECORDER.breaks), RECORDER.flushes
+        fused = grads("tpu", fused=True)
+        limited = [b for b in RECORDER.breaks[before:] if b.reason == SIZE_LIMIT]
+        ran = RECORDER.flushes - flushes
+    finally:
+        RECORDER.max_ops = old
+    assert torch.allclose(fused, grads("cpu", fused=False), rtol=1e-5, atol=1e-6)
+    assert len(limited) >= 5 and ran >= 5, (len(limited), ran)  # ~30 steps x ~12 ops, cut every 40
+    assert all(b.source and b.source.startswith("test_modes.py:") for b in limited), limited[:3]
