@@ -16,6 +16,7 @@ from pathlib import Path
 
 import optuna
 from rich.console import Console
+from rich.markup import escape
 
 from tpu_agent.config import TuneOptions
 from tpu_agent.errors import TpuAgentError
@@ -27,7 +28,7 @@ from tpu_agent.propose.playbook import load_playbooks
 from tpu_agent.report.result import TuneResult, summary_of
 from tpu_agent.run.profiled import StepWatch, read_profile, run_profiled
 from tpu_agent.search.measure import Runner
-from tpu_agent.search.study import Space, TrialRecord, build_space, open_study, ranked_plans, redact, search, storage_url
+from tpu_agent.search.study import Space, TrialRecord, build_space, earlier_records, open_study, ranked_plans, redact, search, storage_url
 from tpu_agent.verify.ablation import settle
 from tpu_agent.verify.verdict import verify
 
@@ -36,13 +37,16 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
         runs_root: Path, model: str | None = None) -> TuneResult:
     """The whole job; the result is written to the run directory (tune.json) as it goes."""
     t_start = time.perf_counter()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own lines say what happens
     run_dir = new_run_dir(script, runs_root)
+    _optuna_log_to(run_dir / "optuna.log")  # our own lines say what happens; its tracebacks go to the log
     fingerprint = options.fingerprint(script.resolve(), args)
     name = options.study or f"{script.stem}-{fingerprint[:8]}"
     study = open_study(options, name, fingerprint, runs_root)
     result = TuneResult(script=str(script), args=args, settings=options, study=name,
                         storage=redact(storage_url(options, runs_root)), run_dir=str(run_dir))
+    result.trials = earlier_records(study)
+    if result.trials:
+        console.print(f"resuming study {name!r}: {len(result.trials)} trial(s) recorded earlier, not run again")
 
     # run + profile: the unchanged script, its knobs
     console.print(f"[bold]baseline[/bold]: profiling {script.name} ({options.warmup} warm-up + {options.steps} steps)")
@@ -65,14 +69,17 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
 
     def on_trial(record: TrialRecord):
         shown = f"{record.speedup:.3f}x" if record.speedup is not None else "-"
+        log = f" (logs/trial-{record.number}.log)" if record.state == "failed" else ""
         console.print(f"  trial {record.number:3d} {record.state:9s} {shown:>8s}  {record.plan.describe()}"
-                      + (f"  [dim]{record.reason[:90]}[/dim]" if record.reason and record.state != "complete" else ""))
+                      + (f"  [dim]{escape(record.reason[:90])}{log}[/dim]"
+                         if record.reason and record.state != "complete" else ""))
         result.trials.append(record)
         result.save(t_start)
 
     try:
         for round_number in range(1, options.rounds + 1):
-            round_ = agent.propose(profile, knobs, playbooks, [t.outcome() for t in result.trials], round_number)
+            round_ = agent.propose(profile, knobs, playbooks, [t.outcome() for t in result.trials if not t.earlier],
+                                   round_number)  # this run's trials: a resumed study keeps its search space
             result.proposer = round_.proposer
             result.proposer_notes += list(round_.notes)
             for note in round_.notes:
@@ -96,17 +103,42 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
         runner.close()
 
     # verify the best plans in fresh processes; ablate the first verified one
-    for plan in ([] if result.interrupted else ranked_plans(study)[:3]):
-        console.print(f"[bold]verify[/bold]: {plan.describe()} (fresh processes, interleaved pairs)")
-        verdict = verify(plan, runner, options, baseline_batch, profile)
-        result.verdicts.append(verdict)
-        console.print(("  [green]accepted[/green]: " if verdict.accepted else "  [red]rejected[/red]: ") + verdict.reason)
-        if verdict.accepted:
-            if options.objective != "memory" and not verdict.estimate_note:
-                verdict = settle(verdict, runner, options, baseline_batch, profile, console, result.verdicts)
-            result.best, result.summary = verdict, summary_of(profile, verdict)
-            break
+    phase = "verification"
+    try:
+        for plan in ([] if result.interrupted else ranked_plans(study)[:3]):
+            console.print(f"[bold]verify[/bold]: {plan.describe()} (fresh processes, interleaved pairs)")
+            verdict = verify(plan, runner, options, baseline_batch, profile)
+            result.verdicts.append(verdict)
+            result.save(t_start)
+            console.print(("  [green]accepted[/green]: " if verdict.accepted else "  [red]rejected[/red]: ")
+                          + verdict.reason)
+            if verdict.accepted:
+                # verified: kept as it stands if the ablation is interrupted
+                result.best, result.summary = verdict, summary_of(profile, verdict)
+                if options.objective != "memory" and not verdict.estimate_note:
+                    phase = "ablation"
+                    verdict = settle(verdict, runner, options, baseline_batch, profile, console, result.verdicts)
+                result.best, result.summary = verdict, summary_of(profile, verdict)
+                break
+    except KeyboardInterrupt:
+        result.interrupted = True
+        kept = f"; the verified plan stands ({result.best.plan.describe()})" if result.best else ""
+        console.print(f"[yellow]interrupted during the {phase}: {len(result.verdicts)} finished verification(s) "
+                      f"kept{kept}; the study keeps every trial, --resume verifies again[/yellow]")
+    finally:
+        runner.close()
     return result.save(t_start)
+
+
+def _optuna_log_to(path: Path) -> None:
+    """Optuna's messages (a failed trial's traceback among them) into the run directory, not on stderr."""
+    import logging
+
+    optuna.logging.set_verbosity(optuna.logging.INFO)
+    optuna.logging.disable_default_handler()
+    handler = logging.FileHandler(path, delay=True)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    optuna.logging.get_logger("optuna").addHandler(handler)
 
 
 class BaselineFailed(TpuAgentError):

@@ -94,8 +94,11 @@ def test_tune_records_trials_writes_a_report_and_resume_repeats_nothing(project:
     assert again.returncode == 2 and "pass --resume" in again.stderr
 
     second = result_of(tune(project, "--trials", "6", "--study", "s1", "--resume"))
-    new = second["trials"]
+    assert [t["number"] for t in second["trials"]] == list(range(6))  # the report lists the earlier trials too
+    assert [t["earlier"] for t in second["trials"]] == [True] * 3 + [False] * 3
+    new = [t for t in second["trials"] if not t["earlier"]]
     assert len(new) == 3  # 6 in all, 3 already done
+    assert "(earlier run)" in (Path(second["run_dir"]) / "report.md").read_text()
     for t in new:
         if json.dumps(t["plan"], sort_keys=True) in measured_plans:
             assert t["state"] == "repeated", t  # a measured configuration is not run twice

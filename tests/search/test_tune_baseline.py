@@ -58,3 +58,11 @@ def test_ctrl_c_during_the_baseline_stops_the_tune(tmp_path: Path):
     assert "interrupted during the baseline" in out and "search" not in out
     (run_dir,) = runs(tmp_path)
     assert (run_dir / "tune.json").exists() and (run_dir / "report.md").exists()
+
+
+def test_piped_output_is_not_wrapped_at_80_columns(tmp_path: Path):
+    name = "a_training_script_with_a_name_long_enough_to_pass_eighty_columns_on_its_own.py"
+    (tmp_path / name).write_text("raise SystemExit(4)\n")
+    proc = tune(tmp_path, name)
+    assert proc.returncode == 1
+    assert f"baseline: profiling {name} (2 warm-up + 10 steps)" in proc.stdout.splitlines(), proc.stdout

@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from tpu_agent.cli.inputs import check_script
-from tpu_agent.cli.options import ScriptArg, ScriptArgs
+from tpu_agent.cli.options import ScriptArg, ScriptArgs, stderr_console, stdout_console
 from tpu_agent.paths import shown_path
 
 
@@ -65,7 +64,7 @@ def tune(
                  token_budget=token_budget)
     opts = resolve(script, flags).options
     chosen, why = choose_proposer(opts.proposer, offline)
-    console = Console(stderr=json_output)
+    console = stderr_console() if json_output else stdout_console()
     console.print(f"proposer: {chosen} ({why})")
     result, files = pipeline.tune(Path(script), script_args or [], opts, console=console, proposer=chosen)
     if json_output:

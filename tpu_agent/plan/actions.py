@@ -200,7 +200,9 @@ class Compile(_Action):
 
         if self.mode in ("fused", "compiled"):
             modes._set_mode(modes.EagerMode.DEFER_AND_FUSE)
-            applied.notes.append("fused execution (DEFER_AND_FUSE)")
+            applied.notes.append("fused execution (DEFER_AND_FUSE)" if self.mode == "fused" else
+                                 "compiled model (torch.compile: forward and backward as XLA programs; "
+                                 "the rest of the step fused)")
         applied.compile_model = self.mode == "compiled"
 
 

@@ -106,7 +106,8 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
     for t in result.trials:
         sp = f"{t.speedup:.3f}x" if t.speedup is not None else "-"
         mem = f"{t.memory_ratio:.2f}x" if t.memory_ratio is not None else "-"
-        lines.append(f"| {t.number} | {t.state} | {sp} | {mem} | {t.plan.describe()} | {t.reason[:80]} |")
+        state = f"{t.state} (earlier run)" if t.earlier else t.state
+        lines.append(f"| {t.number} | {state} | {sp} | {mem} | {t.plan.describe()} | {t.reason[:80]} |")
     lines += ["", "Search speedups are single-trial medians against a warm baseline, for ranking only; only the "
                   "verification figures above are claims."]
     for name in ("trials.png", "gain_per_action.png"):

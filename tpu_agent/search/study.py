@@ -37,6 +37,7 @@ class TrialRecord(BaseModel):
     memory_ratio: float | None = None
     reason: str = ""
     duration_s: float = 0.0
+    earlier: bool = False  # recorded by an earlier run of the study (--resume)
 
     def outcome(self) -> TrialOutcome:
         """The trial as the proposers read it."""
@@ -90,29 +91,67 @@ def redact(url: str) -> str:
     return re.sub(r"//([^:/@]+):([^@]+)@", r"//\1:***@", url)
 
 
+HEARTBEAT_S = 30  # a RUNNING trial whose process stopped beating this long ago (kill -9) is failed as stale
+GRACE_S = 90
+
+
+def _storage(url: str):
+    """An RDB URL gets Optuna's heartbeat: a trial left RUNNING by a killed tune is failed at the next trial."""
+    if "://" not in url:
+        return url
+    return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+
+
 def open_study(options: TuneOptions, name: str, fingerprint: str, runs_root: Path) -> optuna.Study:
     storage = storage_url(options, runs_root)
     try:
-        existing = optuna.study.get_all_study_names(storage=storage)
+        backend = _storage(storage)
+        existing = optuna.study.get_all_study_names(storage=backend)
     except Exception as exc:  # noqa: BLE001 - any backend failure: one clear line
         raise InputError(f"cannot open the study storage {redact(storage)}: {type(exc).__name__}: "
                          f"{str(exc).splitlines()[0][:200]}") from None
     if name in existing:
-        study = optuna.load_study(study_name=name, storage=storage)
-        theirs = study.user_attrs.get("fingerprint")
-        if theirs != fingerprint:
-            raise InputError(f"study {name!r} exists with different settings (script, args or measuring "
-                             "options); pick another --study name")
-        if not options.resume and study.trials:
-            raise InputError(f"study {name!r} already has {len(study.trials)} trials; pass --resume to continue it")
-        return study
+        return _checked(optuna.load_study(study_name=name, storage=backend), options, name, fingerprint)
+    if options.resume and options.study:
+        shown = ", ".join(repr(n) for n in sorted(existing)[:8]) or "none"
+        raise InputError(f"--resume: there is no study {name!r} in {redact(storage)} (studies there: {shown})")
     sampler = optuna.samplers.TPESampler(seed=options.seed)
     # Timings on a shared machine are noisy: judge only after 4 pairs and 4 finished trials.
     pruner = optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=3)
-    study = optuna.create_study(study_name=name, storage=storage, direction="maximize",
-                                sampler=sampler, pruner=pruner)
+    try:
+        study = optuna.create_study(study_name=name, storage=backend, direction="maximize",
+                                    sampler=sampler, pruner=pruner)
+    except optuna.exceptions.DuplicatedStudyError:  # another tune created it since we looked: share it
+        return _checked(optuna.load_study(study_name=name, storage=backend, sampler=sampler, pruner=pruner),
+                        options, name, fingerprint, wait_s=10.0)
     study.set_user_attr("fingerprint", fingerprint)
     return study
+
+
+def _checked(study: optuna.Study, options: TuneOptions, name: str, fingerprint: str,
+             wait_s: float = 0.0) -> optuna.Study:
+    """The study, if it was made with the same settings (a study created this instant gets `wait_s` for its
+    creator to write them)."""
+    deadline = time.monotonic() + wait_s
+    theirs = study.user_attrs.get("fingerprint")
+    while theirs is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        theirs = study.user_attrs.get("fingerprint")
+    if theirs is None and wait_s:
+        study.set_user_attr("fingerprint", fingerprint)
+        theirs = fingerprint
+    if theirs != fingerprint:
+        raise InputError(f"study {name!r} exists with different settings (script, args or measuring "
+                         "options); pick another --study name")
+    if not options.resume and counted(study):
+        raise InputError(f"study {name!r} already has {len(counted(study))} trials; pass --resume to continue it")
+    return study
+
+
+def counted(study: optuna.Study) -> list:
+    """The trials that ran to an end we recorded: a trial interrupted by Ctrl-C or left by a killed tune
+    (failed by Optuna, with no state of ours) does not count against --trials and is run again."""
+    return [t for t in study.trials if t.state.is_finished() and t.user_attrs.get("state")]
 
 
 def _objective_value(options: TuneOptions, speed: float | None, memory_ratio: float | None) -> float:
@@ -139,7 +178,7 @@ def search(study: optuna.Study, space: Space, runner: Runner, options: TuneOptio
     """Run the Optuna study; every finished trial is in the study's storage as it ends."""
     records: list[TrialRecord] = []
     # Plans already measured (this run or an earlier one of the study): plan key -> (trial number, value).
-    measured = {t.user_attrs["plan_key"]: (t.number, t.value) for t in study.trials
+    measured = {t.user_attrs["plan_key"]: (t.number, t.value) for t in counted(study)
                 if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
                 and t.user_attrs.get("plan_key")}
 
@@ -184,6 +223,8 @@ def search(study: optuna.Study, space: Space, runner: Runner, options: TuneOptio
         except optuna.TrialPruned as exc:
             record = TrialRecord(number=trial.number, plan=plan, state="pruned", reason=str(exc),
                                  duration_s=time.perf_counter() - t0)
+            trial.set_user_attr("state", record.state)
+            trial.set_user_attr("reason", record.reason)
             records.append(record)
             if on_trial:
                 on_trial(record)
@@ -229,12 +270,30 @@ def search(study: optuna.Study, space: Space, runner: Runner, options: TuneOptio
             raise _Failed(record.reason)
         return record.value
 
-    done = sum(1 for t in study.trials if t.state.is_finished())
+    done = len(counted(study))
     remaining = max(options.trials - done, 0)
     if remaining:
         study.optimize(objective, n_trials=remaining, timeout=options.timeout, catch=(_Failed,),
                        gc_after_trial=False)
     return records
+
+
+def earlier_records(study: optuna.Study) -> list[TrialRecord]:
+    """The trials an earlier run of the study recorded, as this run's report lists them."""
+    out = []
+    for t in counted(study):
+        attrs = t.user_attrs
+        try:
+            plan = Plan.model_validate(attrs.get("plan") or {"actions": []})
+        except ValueError:
+            continue
+        speedup = attrs.get("speedup")
+        if speedup is None and attrs.get("state") == "repeated":
+            speedup = t.value
+        out.append(TrialRecord(number=t.number, plan=plan, state=attrs["state"], value=t.value, speedup=speedup,
+                               memory_ratio=attrs.get("memory_ratio"), reason=attrs.get("reason", ""),
+                               earlier=True))
+    return out
 
 
 def ranked_plans(study: optuna.Study) -> list[Plan]:

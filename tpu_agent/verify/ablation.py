@@ -12,13 +12,15 @@ from tpu_agent.verify.verdict import Attribution, Verdict, verify
 __all__ = ["GROUPS", "attribute", "settle"]
 
 
-def attribute(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: int | None) -> list[Attribution]:
+def attribute(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: int | None,
+              out: list[Attribution] | None = None) -> list[Attribution]:
     """Ablate a verified plan: each group of its actions against the plan without it, so a gain is not
-    credited to padding when fused execution carried it (or the reverse). Only for plans of two groups or more."""
+    credited to padding when fused execution carried it (or the reverse). Only for plans of two groups or more.
+    Each measured group is appended to `out` as it finishes (an interrupted ablation keeps those)."""
+    out = [] if out is None else out
     groups = plan.groups()
     if len(groups) < 2:
-        return []
-    out = []
+        return out
     for group, actions in groups.items():
         without = Plan(actions=[a for a in plan.actions if a not in actions])
         text = Plan(actions=actions).describe()
@@ -44,7 +46,8 @@ def settle(verdict: Verdict, runner: Runner, options: TuneOptions, baseline_batc
            console, verdicts: list[Verdict]) -> Verdict:
     """Ablate a verified plan; when a group of its actions verifiably slows it (the interval of what it adds
     lies below 1), verify the plan without that group and keep it if it passes (then ablate that one)."""
-    verdict.attribution = attribute(verdict.plan, runner, options, baseline_batch)
+    verdict.attribution = []
+    attribute(verdict.plan, runner, options, baseline_batch, out=verdict.attribution)
     for a in verdict.attribution:
         console.print(f"  {a.group} ({a.actions}) adds {a.speed.text() if a.speed else a.reason} over the rest of the plan")
     slow = [a for a in verdict.attribution if a.speed and a.speed.ci_high < 1.0]
