@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -99,7 +100,16 @@ def _storage(url: str):
     """An RDB URL gets Optuna's heartbeat: a trial left RUNNING by a killed tune is failed at the next trial."""
     if "://" not in url:
         return url
-    return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+
+
+def _fail_stale(study: optuna.Study) -> None:
+    """Trials whose tune stopped beating (kill -9, a lost host) are failed now, before resume counts them."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)  # nothing for a storage without a heartbeat
 
 
 def open_study(options: TuneOptions, name: str, fingerprint: str, runs_root: Path) -> optuna.Study:
@@ -111,7 +121,9 @@ def open_study(options: TuneOptions, name: str, fingerprint: str, runs_root: Pat
         raise InputError(f"cannot open the study storage {redact(storage)}: {type(exc).__name__}: "
                          f"{str(exc).splitlines()[0][:200]}") from None
     if name in existing:
-        return _checked(optuna.load_study(study_name=name, storage=backend), options, name, fingerprint)
+        study = optuna.load_study(study_name=name, storage=backend)
+        _fail_stale(study)
+        return _checked(study, options, name, fingerprint)
     if options.resume and options.study:
         shown = ", ".join(repr(n) for n in sorted(existing)[:8]) or "none"
         raise InputError(f"--resume: there is no study {name!r} in {redact(storage)} (studies there: {shown})")
