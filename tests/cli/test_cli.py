@@ -168,6 +168,20 @@ def test_syntax_error_names_the_line(tmp_path: Path) -> None:
     assert not (tmp_path / ".tpu-agent").exists()
 
 
+@pytest.mark.parametrize("command", ["run", "knobs", "tune", "profile"])
+def test_source_that_python_cannot_decode_is_refused_as_python_refuses_it(tmp_path: Path, command: str) -> None:
+    (tmp_path / "latin.py").write_bytes(b"print('this must not run')\nx = 1  # caf\xe9\n")
+    proc = run_tool(command, "latin.py", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert one_error_line(proc) == ("error: latin.py line 2 is not valid utf-8: byte 0xe9 (save it as UTF-8, or "
+                                    "declare its encoding on the first line, e.g. `# -*- coding: latin-1 -*-`)")
+    assert not (tmp_path / ".tpu-agent").exists()
+    (tmp_path / "declared.py").write_bytes(b"# -*- coding: latin-1 -*-\nprint('caf\xe9')\n")
+    if command == "run":
+        ok = run_tool("run", "-q", "declared.py", cwd=tmp_path)
+        assert ok.returncode == 0 and ok.stdout == "caf\u00e9\n", ok.stderr
+
+
 def test_script_option_before_separator_gets_a_hint(tmp_path: Path) -> None:
     write(tmp_path / "ok.py", "print('ran')\n")
     proc = run_tool("run", "ok.py", "--steps", "3", cwd=tmp_path)

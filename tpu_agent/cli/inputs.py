@@ -6,6 +6,8 @@ into one `error:` line (exit 2) instead of a traceback from deep inside a run.
 
 from __future__ import annotations
 
+import io
+import tokenize
 from pathlib import Path
 
 from tpu_agent.errors import InputError
@@ -23,6 +25,23 @@ def check_script(path: str | Path) -> Path:
         source = p.read_bytes()
     except OSError as exc:
         raise InputError(f"cannot read {shown}: {exc.strerror or exc}") from None
+    try:
+        # python refuses a file that is not in its declared encoding (UTF-8 without a coding line);
+        # compile() on bytes lets an undecodable comment through, so decode first, as python does.
+        try:
+            encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)
+        except SyntaxError as exc:
+            if "unknown encoding" in str(exc):
+                raise
+            encoding = "utf-8"  # its first lines do not decode: say where below
+        source.decode(encoding)
+    except UnicodeDecodeError as exc:
+        line = source[:exc.start].count(b"\n") + 1
+        raise InputError(f"{shown} line {line} is not valid {exc.encoding}: byte {source[exc.start]:#04x} "
+                         "(save it as UTF-8, or declare its encoding on the first line, e.g. "
+                         "`# -*- coding: latin-1 -*-`)") from None
+    except SyntaxError as exc:  # an unknown coding name
+        raise InputError(f"syntax error in {shown}: {exc.msg}") from None
     try:
         # bytes, so a PEP 263 coding line is honoured exactly as `python SCRIPT` would.
         compile(source, shown, "exec", dont_inherit=True)
