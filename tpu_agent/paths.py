@@ -28,6 +28,7 @@ def new_run_dir(script: Path, root: Path | None = None) -> Path:
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", script.stem) or "script"
     base = f"{time.strftime('%Y%m%d-%H%M%S')}-{stem}"
     root.mkdir(parents=True, exist_ok=True)
+    ignore_tool_dir(root)
     for n in range(1, 10_000):
         candidate = root / (base if n == 1 else f"{base}-{n}")
         try:
@@ -44,3 +45,17 @@ def shown_path(path: str | Path) -> str:
         return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
     except (ValueError, OSError):
         return str(path)
+
+
+def ignore_tool_dir(path: Path) -> None:
+    """A `.gitignore` holding `*` in the `.tpu-agent/` at or above `path` (as pytest does for its cache), so the
+    runs, the studies and the backups never show up as untracked in the user's repository."""
+    for d in (path, *path.parents[:2]):
+        if d.name == RUNS_SUBDIR.parent.name:
+            ignore = d / ".gitignore"
+            if not ignore.exists():
+                try:
+                    ignore.write_text("# created by tpu-agent: its runs, studies and backups\n*\n")
+                except OSError:
+                    pass
+            return

@@ -20,7 +20,7 @@ from rich.markup import escape
 
 from tpu_agent.config import TuneOptions
 from tpu_agent.errors import TpuAgentError
-from tpu_agent.paths import new_run_dir, shown_path
+from tpu_agent.paths import ignore_tool_dir, new_run_dir, shown_path
 from tpu_agent.profilers.schema import Profile, Settings
 from tpu_agent.propose import knobs as knob_finder
 from tpu_agent.propose import make_proposer as _make_proposer
@@ -34,14 +34,15 @@ from tpu_agent.verify.verdict import verify
 
 
 def run(script: Path, args: list[str], options: TuneOptions, *, console: Console, proposer: str = "offline",
-        runs_root: Path, model: str | None = None) -> TuneResult:
+        runs_root: Path, model: str | None = None, proposer_why: str = "") -> TuneResult:
     """The whole job; the result is written to the run directory (tune.json) as it goes."""
     t_start = time.perf_counter()
-    run_dir = new_run_dir(script, runs_root)
-    _optuna_log_to(run_dir / "optuna.log")  # our own lines say what happens; its tracebacks go to the log
     fingerprint = options.fingerprint(script.resolve(), args)
     name = options.study or f"{script.stem}-{fingerprint[:8]}"
-    study = open_study(options, name, fingerprint, runs_root)
+    study = open_study(options, name, fingerprint, runs_root)  # a bad storage or study: before any run dir
+    console.print(f"proposer: {proposer}" + (f" ({proposer_why})" if proposer_why else ""))
+    run_dir = new_run_dir(script, runs_root)
+    _optuna_log_to(run_dir / "optuna.log")  # our own lines say what happens; its tracebacks go to the log
     result = TuneResult(script=str(script), args=args, settings=options, study=name,
                         storage=redact(storage_url(options, runs_root)), run_dir=str(run_dir))
     result.trials = earlier_records(study)
@@ -189,11 +190,13 @@ def make_proposer(proposer: str, *, audit_dir: Path, model: str | None, token_bu
 
 
 def tune(script: Path, args: list[str], options: TuneOptions, *, console: Console,
-         proposer: str) -> tuple[TuneResult, dict[str, Path]]:
+         proposer: str, proposer_why: str = "") -> tuple[TuneResult, dict[str, Path]]:
     """run(), then the report: report.md, report.json, patch.diff, plan.json, plots."""
     from tpu_agent.report.markdown import write_all
 
     runs_root = options.runs_root()
-    runs_root.mkdir(parents=True, exist_ok=True)
-    result = run(script, args, options, console=console, proposer=proposer, runs_root=runs_root, model=options.model)
+    runs_root.parent.mkdir(parents=True, exist_ok=True)  # the studies' SQLite file; run dirs come after the checks
+    ignore_tool_dir(runs_root.parent)
+    result = run(script, args, options, console=console, proposer=proposer, runs_root=runs_root, model=options.model,
+                 proposer_why=proposer_why)
     return result, write_all(result, script)

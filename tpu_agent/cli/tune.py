@@ -64,9 +64,10 @@ def tune(
                  token_budget=token_budget)
     opts = resolve(script, flags).options
     chosen, why = choose_proposer(opts.proposer, offline)
+    check_before_the_baseline(Path(script), opts, chosen)
     console = stderr_console() if json_output else stdout_console()
-    console.print(f"proposer: {chosen} ({why})")
-    result, files = pipeline.tune(Path(script), script_args or [], opts, console=console, proposer=chosen)
+    result, files = pipeline.tune(Path(script), script_args or [], opts, console=console, proposer=chosen,
+                                  proposer_why=why)
     if json_output:
         print(json.dumps({"result": json.loads(result.model_dump_json()),
                           "files": {k: str(v) for k, v in files.items()}}, indent=2))
@@ -87,6 +88,31 @@ def tune(
     if opts.apply and result.best is not None and "patch.diff" in files:
         apply_patch(result.best.plan, Path(script), force=opts.force, say=console.print)
     return 130 if result.interrupted else 0
+
+
+def check_before_the_baseline(script: Path, opts, proposer: str) -> None:
+    """What would fail after minutes of measuring fails now, one line each (exit 2)."""
+    import os
+
+    from tpu_agent.errors import InputError
+    from tpu_agent.plan.patch import uncommitted_sources
+    from tpu_agent.propose.playbook import PlaybookError, load_playbooks
+
+    for directory in opts.playbooks:
+        if not Path(directory).is_dir():
+            raise InputError(f"--playbooks {directory}: no such directory")
+    try:
+        load_playbooks(opts.playbooks)
+    except PlaybookError as exc:
+        raise InputError(f"--playbooks: {exc}") from None
+    if opts.apply and not opts.force:
+        dirty = uncommitted_sources(script)
+        if dirty:
+            raise InputError(f"--apply: {', '.join(dirty[:5])} {'has' if len(dirty) == 1 else 'have'} uncommitted "
+                             "changes; commit them or pass --force")
+    if proposer == "claude" and not os.environ.get("ANTHROPIC_API_KEY"):
+        raise InputError("--proposer claude needs ANTHROPIC_API_KEY in the environment "
+                         "(or use --proposer offline)")
 
 
 def register(app: typer.Typer) -> None:

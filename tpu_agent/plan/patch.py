@@ -40,3 +40,18 @@ def _uncommitted(path: Path) -> bool:
     if out.returncode != 0:
         return False  # not a git work tree: nothing to lose track of, a backup is kept
     return bool(out.stdout.strip())
+
+
+def uncommitted_sources(script: Path) -> list[str]:
+    """The Python files under the script's directory with uncommitted changes (what `--apply` may edit)."""
+    script_dir = script.resolve().parent
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--", "*.py"], cwd=script_dir,
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if out.returncode != 0:
+        return []  # not a git work tree
+    top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=script_dir, capture_output=True, text=True,
+                         timeout=30).stdout.strip()
+    return [shown_path(Path(top) / line[3:].strip().strip('"')) for line in out.stdout.splitlines() if line.strip()]
