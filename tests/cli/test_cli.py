@@ -182,6 +182,15 @@ def test_source_that_python_cannot_decode_is_refused_as_python_refuses_it(tmp_pa
         assert ok.returncode == 0 and ok.stdout == "caf\u00e9\n", ok.stderr
 
 
+def test_a_plan_from_a_newer_tpu_agent_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "ok.py").write_text("print('must not run')\n")
+    (tmp_path / "plan.json").write_text('{"schema_version": 99, "actions": []}')
+    proc = run_tool("run", "ok.py", "--plan", "plan.json", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert one_error_line(proc) == ("error: plan plan.json has schema_version 99, newer than this tpu-agent reads "
+                                    "(1); upgrade tpu-agent or make the plan again")
+
+
 def test_script_option_before_separator_gets_a_hint(tmp_path: Path) -> None:
     write(tmp_path / "ok.py", "print('ran')\n")
     proc = run_tool("run", "ok.py", "--steps", "3", cwd=tmp_path)

@@ -25,10 +25,16 @@ def load_plan(path: str):
         text = Path(path).read_text()
     except OSError as exc:
         raise InputError(f"cannot read plan {path}: {exc.strerror or exc}") from None
+    from tpu_agent.plan.actions import SCHEMA_VERSION
+
     try:
-        return Plan.model_validate_json(text)
+        plan = Plan.model_validate_json(text)
     except ValidationError as exc:
         raise InputError(f"invalid plan {path}: {validation_line(exc, where_if_none='plan', more=True)}") from None
+    if plan.schema_version > SCHEMA_VERSION:
+        raise InputError(f"plan {path} has schema_version {plan.schema_version}, newer than this tpu-agent reads "
+                         f"({SCHEMA_VERSION}); upgrade tpu-agent or make the plan again")
+    return plan
 
 
 def run_with_plan(script: str, plan_path: str) -> tuple[str, dict[str, str]]:

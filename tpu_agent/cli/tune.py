@@ -85,8 +85,13 @@ def tune(
         for name in ("report.md", "patch.diff", "plan.json"):
             if name in files:
                 console.print(f"  {name}: {shown_path(files[name])}")
-    if opts.apply and result.best is not None and "patch.diff" in files:
-        apply_patch(result.best.plan, Path(script), force=opts.force, say=console.print)
+    if opts.apply and result.best is not None:
+        if "patch.diff" in files:
+            apply_patch(result.best.plan, Path(script), force=opts.force, say=console.print)
+        else:
+            console.print("--apply: the verified plan has no source edits, nothing was written; "
+                          + "; ".join(a.instruction() or a.describe() for a in result.best.plan.actions)
+                          + "; `tpu-agent run SCRIPT --plan plan.json` applies them all", markup=False)
     return 130 if result.interrupted else 0
 
 

@@ -29,6 +29,11 @@ def apply_patch(plan: Plan, script: Path, *, force: bool, say=print) -> None:
         shutil.copy2(target, backup)
         target.write_bytes(change.after)
         say(f"applied to {shown_path(target)} (backup: {shown_path(backup)})")
+    runtime = [a for a in plan.actions if a.kind != "pad_dim"]
+    if runtime:
+        say(f"not applied (run-time parts of the plan, not source edits): "
+            f"{'; '.join(a.instruction() or a.describe() for a in runtime)}; "
+            "`tpu-agent run SCRIPT --plan plan.json` applies them all")
 
 
 def _uncommitted(path: Path) -> bool:
