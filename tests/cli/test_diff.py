@@ -119,3 +119,11 @@ def test_readme_ci_job_is_valid_yaml_that_gates_on_diff() -> None:
     # The profile flags the job uses exist.
     help_text = run_tool("profile", "--help", cwd=Path.cwd()).stdout
     assert "--output-dir" in help_text and "--steps" in help_text
+
+
+def test_a_directory_without_a_profile_is_named(tmp_path):
+    (tmp_path / "empty").mkdir()
+    proc = run_tool("diff", "empty", "empty", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert one_error_line(proc) == ("error: no profile.json or report.json in empty (pass a run directory or one "
+                                    "of those files)")

@@ -79,6 +79,8 @@ def load_summary(path: Path) -> Summary:
             if (path / candidate).is_file():
                 path = path / candidate
                 break
+        else:
+            raise InputError(f"no profile.json or report.json in {path} (pass a run directory or one of those files)")
     try:
         text = path.read_text()
     except FileNotFoundError:
