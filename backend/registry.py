@@ -60,7 +60,3 @@ def lower(*ops, static_floats: bool = False, random: bool = False, jit: bool = T
         return fn
 
     return decorate
-
-
-def lowered_ops() -> list[str]:
-    return sorted(str(op) for op in LOWERINGS)
