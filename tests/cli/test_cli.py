@@ -311,3 +311,19 @@ def test_doctor_reports_a_broken_jax_instead_of_crashing(tmp_path: Path) -> None
     report = Environment.model_validate_json(proc.stdout)
     assert report.jax_devices == [] and report.jax_default_backend is None
     assert report.problems == ["import jax failed: ImportError: simulated broken jax"]
+
+
+def test_run_with_a_source_plan_makes_one_run_directory_and_names_the_users_script(tmp_path: Path) -> None:
+    write(tmp_path / "train.py", "WIDTH = 30\nprint('width', WIDTH)\n")
+    plan = {"actions": [{"kind": "pad_dim", "file": "train.py", "line": 1, "column": 8, "old": 30, "new": 32}]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    proc = run_tool("run", "train.py", "--plan", "plan.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "width 32\n"
+    runs = [p for p in (tmp_path / ".tpu-agent" / "runs").iterdir() if p.is_dir()]
+    assert len(runs) == 1, runs
+    assert (runs[0] / "workspace").is_dir() and (runs[0] / "run.json").is_file()
+    summary = proc.stderr.strip().splitlines()[-1]
+    assert summary.startswith("tpu-agent: train.py with plan plan.json exit 0"), summary
+    assert "workspace" not in summary.split(";")[0]
+    assert (tmp_path / "train.py").read_text() == "WIDTH = 30\nprint('width', WIDTH)\n"  # the user's file untouched

@@ -37,8 +37,9 @@ def load_plan(path: str):
     return plan
 
 
-def run_with_plan(script: str, plan_path: str) -> tuple[str, dict[str, str]]:
-    """The script to run (a rewritten copy when the plan edits source) and the environment for the child."""
+def run_with_plan(script: str, plan_path: str) -> tuple[str, dict[str, str], Path | None]:
+    """The script to run (a rewritten copy when the plan edits source), the environment for the
+    child, and the run directory that holds the copy (None: no copy)."""
     from tpu_agent.paths import new_run_dir
     from tpu_agent.plan.actions import PadDim
     from tpu_agent.plan.rewrite import apply_pad_dims
@@ -47,10 +48,10 @@ def run_with_plan(script: str, plan_path: str) -> tuple[str, dict[str, str]]:
     env = dict(os.environ)
     env[envvars.PLAN.name] = plan.model_dump_json()
     if not plan.of(PadDim):
-        return script, env
-    workspace = new_run_dir(Path(script), Path.cwd() / RUNS_SUBDIR) / "workspace"
-    rewrite = apply_pad_dims(plan, Path(script), workspace)  # SourceChanged: exit 2, one line
-    return str(rewrite.script), env
+        return script, env, None
+    run_dir = new_run_dir(Path(script), Path.cwd() / RUNS_SUBDIR)
+    rewrite = apply_pad_dims(plan, Path(script), run_dir / "workspace")  # SourceChanged: exit 2, one line
+    return str(rewrite.script), env, run_dir
 
 
 def run(
@@ -67,16 +68,17 @@ def run(
     from tpu_agent.run.launch import run_script  # keeps `--help` and `doctor` lean
 
     check_script(script)
-    env = None
+    env, run_dir, ran = None, None, script
     if plan is not None:
-        script, env = run_with_plan(script, plan)
+        ran, env, run_dir = run_with_plan(script, plan)
     try:
-        result = run_script(script, script_args or [], env=env)  # as typed, like `python SCRIPT`
+        result = run_script(ran, script_args or [], env=env, run_dir=run_dir)  # as typed, like `python SCRIPT`
     except OSError as exc:
         raise TpuAgentError(f"could not start the run: {exc}") from None
     if not quiet:
         status = "[green]exit 0[/green]" if result.ok else f"[red]exit {result.exit_code}[/red]"
-        stderr_console().print(f"[dim]{PROG}:[/dim] {escape(script)} {status} after {result.duration_s:.2f} s; "
+        with_plan = f" with plan {escape(plan)}" if plan is not None else ""
+        stderr_console().print(f"[dim]{PROG}:[/dim] {escape(script)}{with_plan} {status} after {result.duration_s:.2f} s; "
                                f"run recorded in {escape(shown_path(result.run_dir))}")
     return result.exit_code
 

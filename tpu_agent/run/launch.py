@@ -117,6 +117,7 @@ def run_script(
     monitor: Callable[[subprocess.Popen[bytes]], AbstractContextManager[object]] | None = None,
     timeout: float | None = None,
     deadline: Callable[[], float] | None = None,
+    run_dir: Path | None = None,
 ) -> RunResult:
     """Run `script` with `args` as `python script args` would, in the current cwd.
 
@@ -127,8 +128,9 @@ def run_script(
     The result is also written to `run.json` in the new run directory.
     `timeout` (seconds in all) or `deadline()` (a monotonic time, asked as
     the child runs) stops the child when passed (`timed_out` in the result).
+    `run_dir` is a run directory made already (`run --plan` writes its rewritten copy there).
     """
-    run_dir = new_run_dir(Path(script), runs_root)
+    run_dir = run_dir if run_dir is not None else new_run_dir(Path(script), runs_root)
     command = child_command(script, args)  # as given: the child resolves it like python does
     child_env = dict(os.environ if env is None else env)
     child_env[RUN_DIR_ENV] = str(run_dir)
