@@ -39,10 +39,11 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
     t_start = time.perf_counter()
     fingerprint = options.fingerprint(script.resolve(), args)
     name = options.study or f"{script.stem}-{fingerprint[:8]}"
+    held = _hold_optuna_log()  # our own lines say what happens; Optuna's, tracebacks among them, go to its log
     study = open_study(options, name, fingerprint, runs_root)  # a bad storage or study: before any run dir
     console.print(f"proposer: {proposer}" + (f" ({proposer_why})" if proposer_why else ""))
     run_dir = new_run_dir(script, runs_root)
-    _optuna_log_to(run_dir / "optuna.log")  # our own lines say what happens; its tracebacks go to the log
+    _optuna_log_to(run_dir / "optuna.log", held)
     result = TuneResult(script=str(script), args=args, settings=options, study=name,
                         storage=redact(storage_url(options, runs_root)), run_dir=str(run_dir))
     result.trials = earlier_records(study)
@@ -131,15 +132,28 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
     return result.save(t_start)
 
 
-def _optuna_log_to(path: Path) -> None:
-    """Optuna's messages (a failed trial's traceback among them) into the run directory, not on stderr."""
-    import logging
+def _hold_optuna_log():
+    """Optuna's messages off stderr and held in memory until the run directory exists."""
+    from logging.handlers import MemoryHandler
 
     optuna.logging.set_verbosity(optuna.logging.INFO)
     optuna.logging.disable_default_handler()
+    held = MemoryHandler(capacity=10_000, flushLevel=100)  # above CRITICAL: flushed only when told
+    optuna.logging.get_logger("optuna").addHandler(held)
+    return held
+
+
+def _optuna_log_to(path: Path, held) -> None:
+    """Optuna's messages (a failed trial's traceback among them) into the run directory, not on stderr."""
+    import logging
+
     handler = logging.FileHandler(path, delay=True)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    optuna.logging.get_logger("optuna").addHandler(handler)
+    logger = optuna.logging.get_logger("optuna")
+    held.setTarget(handler)
+    held.flush()
+    logger.removeHandler(held)
+    logger.addHandler(handler)
 
 
 class BaselineFailed(TpuAgentError):
