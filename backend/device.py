@@ -34,6 +34,7 @@ FACTORY_OPS = (
     "scalar_tensor",
     "tril_indices",
     "triu_indices",
+    "_efficientzerotensor",  # no tensor argument: it reaches the device only through its key
 )
 
 _library = None

@@ -660,6 +660,8 @@ def copy_into(dst, src):
     """`dst.copy_(src)` where either side is on the device."""
     if isinstance(dst, TpuTensor):
         value = src.jax() if isinstance(src, TpuTensor) else from_cpu(src)
+        if tuple(value.shape) != tuple(dst.shape):  # copy_ broadcasts src to dst, an empty dst included
+            value = _broadcast_cast(value, tuple(dst.shape), dtypes.to_jax_dtype(dst.dtype))
         _write(aten.copy_.default, dst, value)
         return dst
     # CPU destination, tpu source.
