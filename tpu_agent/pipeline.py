@@ -28,7 +28,9 @@ from tpu_agent.propose.playbook import load_playbooks
 from tpu_agent.report.result import TuneResult, summary_of
 from tpu_agent.run.profiled import StepWatch, read_profile, run_profiled
 from tpu_agent.search.measure import Runner
-from tpu_agent.search.study import Space, TrialRecord, build_space, earlier_records, open_study, ranked_plans, redact, search, storage_url
+from tpu_agent.search.progress import TrialProgress
+from tpu_agent.search.study import (Space, TrialRecord, build_space, dashboard_command, earlier_records, note_verdicts,
+                                    open_study, ranked_plans, redact, search, storage_url)
 from tpu_agent.verify.ablation import settle
 from tpu_agent.verify.verdict import verify
 
@@ -40,10 +42,12 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
     fingerprint = options.fingerprint(script.resolve(), args)
     name = options.study or f"{script.stem}-{fingerprint[:8]}"
     held = _hold_optuna_log()  # our own lines say what happens; Optuna's, tracebacks among them, go to its log
-    study = open_study(options, name, fingerprint, runs_root)  # a bad storage or study: before any run dir
+    study = open_study(options, name, fingerprint, runs_root,  # a bad storage or study: before any run dir
+                       about={"script": str(script), "args": args})
     console.print(f"proposer: {proposer}" + (f" ({proposer_why})" if proposer_why else ""))
     run_dir = new_run_dir(script, runs_root)
     _optuna_log_to(run_dir / "optuna.log", held)
+    console.print(f"study {name!r}, live: {dashboard_command(storage_url(options, runs_root))}", markup=False)
     result = TuneResult(script=str(script), args=args, settings=options, study=name,
                         storage=redact(storage_url(options, runs_root)), run_dir=str(run_dir))
     result.trials = earlier_records(study)
@@ -55,7 +59,7 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
     try:
         profile, profile_path = baseline_profile(script, args, run_dir, options)
     except KeyboardInterrupt:
-        result.interrupted = True
+        result.interrupted, result.interrupted_during = True, "baseline"
         console.print("[yellow]interrupted during the baseline: nothing was measured yet[/yellow]")
         return result.save(t_start)
     result.baseline_profile, result.summary = str(profile_path), summary_of(profile, None)
@@ -77,7 +81,9 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
                          if record.reason and record.state != "complete" else ""))
         result.trials.append(record)
         result.save(t_start)
+        bar.advance()
 
+    bar = TrialProgress(console, options.trials, done=len(result.trials))
     try:
         for round_number in range(1, options.rounds + 1):
             round_ = agent.propose(profile, knobs, playbooks, [t.outcome() for t in result.trials if not t.earlier],
@@ -96,11 +102,12 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
                           f"trials up to {budget} of {options.trials} (study {name!r})")
             for c in space.candidates:
                 console.print(f"  {c.rank}. {c.title} [dim]({c.proposer}, {len(space.options[c.id])} options)[/dim]")
-            search(study, space, runner, options.model_copy(update={"trials": budget}), baseline_batch,
-                   baseline_losses, on_trial=on_trial)
+            with bar:
+                search(study, space, runner, options.model_copy(update={"trials": budget}), baseline_batch,
+                       baseline_losses, on_trial=on_trial)
     except KeyboardInterrupt:
-        result.interrupted = True
-        console.print("[yellow]interrupted: finished trials are saved in the study; --resume continues[/yellow]")
+        result.interrupted, result.interrupted_during = True, "search"
+        console.print("[yellow]interrupted during the search: finished trials are saved in the study; --resume continues[/yellow]")
     finally:
         runner.close()
 
@@ -123,12 +130,13 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
                 result.best, result.summary = verdict, summary_of(profile, verdict)
                 break
     except KeyboardInterrupt:
-        result.interrupted = True
+        result.interrupted, result.interrupted_during = True, phase
         kept = f"; the verified plan stands ({result.best.plan.describe()})" if result.best else ""
         console.print(f"[yellow]interrupted during the {phase}: {len(result.verdicts)} finished verification(s) "
                       f"kept{kept}; the study keeps every trial, --resume verifies again[/yellow]")
     finally:
         runner.close()
+        note_verdicts(study, result.verdicts, result.best)
     return result.save(t_start)
 
 

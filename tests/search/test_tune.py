@@ -46,6 +46,8 @@ TINY = textwrap.dedent("""
                 raise RuntimeError("boom in the candidate")
             if os.environ.get("TINY_FAIL") == "hang":
                 time.sleep(3600)
+            if os.environ.get("TINY_FAIL") == "kill":  # as `kill -9` of the trial process would
+                os.kill(os.getpid(), 9)
             if os.environ.get("TINY_FAIL") == "oom":
                 raise MemoryError("RESOURCE_EXHAUSTED: out of memory allocating 1 TiB")
         opt.zero_grad()
@@ -105,11 +107,13 @@ def test_tune_records_trials_writes_a_report_and_resume_repeats_nothing(project:
     assert [n for n, _ in trials_in_db(project, "s1")] == list(range(6))
 
 
-@pytest.mark.parametrize("failure,kind", [("crash", "crashed"), ("oom", "out_of_memory"), ("hang", "timed_out")])
+@pytest.mark.parametrize("failure,kind", [("crash", "crashed"), ("oom", "out_of_memory"), ("hang", "timed_out"),
+                                          ("kill", "crashed: the process was killed by SIGKILL")])
 def test_a_failing_trial_is_recorded_and_the_study_goes_on(project: Path, failure: str, kind: str):
-    (project / "pyproject.toml").write_text("[tool.tpu-agent]\ntrial-timeout = 8.0\n")
+    if failure == "hang":  # long enough for the baseline's start-up on a loaded 2-core machine
+        (project / "pyproject.toml").write_text("[tool.tpu-agent]\ntrial-timeout = 15.0\n")
     env = {"TINY_FAIL": failure, "TINY_COUNTER": str(project / "counter")}
-    result = result_of(tune(project, "--trials", "3", "--study", f"f-{kind}", env=env))
+    result = result_of(tune(project, "--trials", "3", "--study", f"f-{failure}", env=env))
     states = [t["state"] for t in result["trials"]]
     assert len(states) == 3
     failed = [t for t in result["trials"] if t["state"] == "failed"]

@@ -83,7 +83,8 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
     else:
         lines += ["**No change was verified.** The baseline stays as it is."]
     if result.interrupted:
-        lines += ["", "*The search was interrupted; the study keeps every finished trial (`--resume` continues).*"]
+        lines += ["", f"*Interrupted during the {result.interrupted_during or 'search'}; the study keeps every finished "
+                  "trial (`--resume` continues).*"]
 
     lines += ["", "### Verification", "", "| change | result | speed | numerics |", "|---|---|---|---|"]
     for v in result.verdicts:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -29,6 +30,7 @@ class TuneResult(BaseModel):
     verdicts: list[Verdict] = Field(default_factory=list)
     best: Verdict | None = None
     interrupted: bool = False
+    interrupted_during: Literal["baseline", "search", "verification", "ablation"] | None = None
     duration_s: float = 0.0
     summary: Summary | None = Field(None, description="for `tpu-agent diff`: the step time after the verified change")
 

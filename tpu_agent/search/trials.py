@@ -117,7 +117,8 @@ class TrialProcess:
     def _fail_from_exit(self) -> None:
         code = self._finish_process()
         tail = self._tail()
-        raise TrialFailed(_kind("", tail), f"the process exited with {code}\n{tail}")
+        how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with {code}"
+        raise TrialFailed(_kind("", tail), f"the process {how}\n{tail}")
 
     def _finish_process(self) -> int:
         try:
@@ -165,6 +166,13 @@ class TrialProcess:
 
 
 _OOM_MARKERS = ("MemoryError", "RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "OOM")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _kind(error: str, tail: str) -> str:

@@ -1,0 +1,111 @@
+"""Fault injection in-process: Ctrl-C in the search, the verification and the ablation loses nothing finished,
+and `--resume` repeats nothing. (A trial process killed, hanging or crashing: tests/search/test_tune.py, end to
+end; Ctrl-C in the baseline: test_tune_baseline.py.)"""
+
+from __future__ import annotations
+
+import io
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from support.fake_profiles import make_profile
+from support.fake_runner import FakeRunner
+from tpu_agent import pipeline
+from tpu_agent.config import TuneOptions
+from tpu_agent.propose.base import ProposalRound, Proposer
+from tpu_agent.propose.candidates import ActionTemplate, Candidate
+
+TRIALS = 5
+
+
+class TwoGroups(Proposer):
+    """Operand padding and fused execution: a verified plan of two groups, so it is ablated."""
+
+    name = "offline"
+
+    def propose(self, profile, knobs=(), playbooks=None, results=(), round=1):
+        return ProposalRound(proposer="offline", requested="offline", candidates=[
+            Candidate(id="pad", title="operand padding", proposer="offline", rank=1, preserves_numerics=True,
+                      actions=[ActionTemplate(kind="pad_ops", choices={"multiple": [8, 16, 32]})]),
+            Candidate(id="fuse", title="fused execution", proposer="offline", rank=2, preserves_numerics=True,
+                      actions=[ActionTemplate(kind="compile", fixed={"mode": "fused"})]),
+        ])
+
+
+def fake_baseline(script, args, run_dir, options):
+    profile = make_profile(script=str(script), step_s=0.010)
+    path = Path(run_dir) / "baseline-profile.json"
+    path.write_text(profile.model_dump_json())
+    return profile, path
+
+
+def tune(project: Path, monkeypatch, interrupt_at=None, resume=False):
+    runner = FakeRunner(interrupt_at=interrupt_at)
+    monkeypatch.setattr(pipeline, "Runner", lambda *args, **kwargs: runner)
+    monkeypatch.setattr(pipeline, "baseline_profile", fake_baseline)
+    monkeypatch.setattr(pipeline, "make_proposer", lambda *args, **kwargs: TwoGroups())
+    options = TuneOptions(trials=TRIALS, seed=0, study="s", resume=resume, storage=f"sqlite:///{project / 's.db'}",
+                          output_dir=str(project / "runs"))
+    out = io.StringIO()
+    result, files = pipeline.tune(project / "train.py", [], options, console=Console(file=out, width=200),
+                                  proposer="offline")
+    return result, runner, out.getvalue()
+
+
+def db_states(project: Path) -> list[str]:
+    con = sqlite3.connect(project / "s.db")
+    rows = [r[0] for r in con.execute("select state from trials order by number")]
+    con.close()
+    return rows
+
+
+@pytest.fixture()
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "train.py").write_text("import torch\nWIDTH = 63\nx = torch.randn(4, WIDTH)\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("phase,at", [("search", ("trial", 2)), ("verification", ("verify", 1)),
+                                      ("ablation", ("ablate", 2))])
+def test_ctrl_c_in_each_phase_keeps_what_finished_and_resume_repeats_nothing(project, monkeypatch, phase, at):
+    first, runner, said = tune(project, monkeypatch, interrupt_at=at)
+    assert first.interrupted and first.interrupted_during == phase
+    run_dir = Path(first.run_dir)
+    saved = json.loads((run_dir / "tune.json").read_text())
+    assert saved["interrupted_during"] == phase
+    assert f"interrupted during the {phase}" in said.lower()
+    report = (run_dir / "report.md").read_text()
+    assert f"Interrupted during the {phase}" in report
+    assert "RUNNING" not in db_states(project)  # the interrupted trial is closed, not left running
+
+    finished = [t for t in first.trials if t.state in ("complete", "repeated", "failed", "numerics")]
+    assert [t["number"] for t in saved["trials"]] == [t.number for t in first.trials]  # every finished trial on disk
+    if phase == "search":
+        assert len(finished) < TRIALS and not first.verdicts
+    else:
+        assert len(first.trials) == TRIALS
+    if phase == "verification":
+        assert first.verdicts == [] and first.best is None
+    if phase == "ablation":
+        # the verified plan stands, with the part of the ablation that finished
+        assert first.best is not None and first.best.accepted and len(first.best.attribution) == 1
+        assert (run_dir / "plan.json").exists()
+        assert "Interrupted during the ablation" in report and first.best.plan.describe() in report
+
+    second, runner2, said2 = tune(project, monkeypatch, resume=True)
+    assert not second.interrupted
+    trials_run = [m for m in runner2.measured if m[0].startswith("trial")]
+    earlier = [t for t in second.trials if t.earlier]
+    assert [t.number for t in earlier] == [t.number for t in first.trials]
+    assert len(second.trials) == TRIALS  # the interrupted trial did not count against --trials
+    measured_before = {t.plan.key() for t in earlier if t.state == "complete"}
+    assert all(t.plan.key() not in measured_before for t in second.trials if not t.earlier and t.state == "complete")
+    assert len(trials_run) == len([t for t in second.trials if not t.earlier and t.state == "complete"])
+    if phase != "search":
+        assert trials_run == []  # the search had finished: nothing measured again
+    assert second.best is not None and second.best.accepted  # resume verifies (and ablates) again
+    assert "RUNNING" not in db_states(project)
