@@ -55,6 +55,7 @@ def tune(
     from tpu_agent.config import resolve
     from tpu_agent.plan.patch import apply_patch
     from tpu_agent.propose import choose_proposer
+    from tpu_agent.search.study import dashboard_command
 
     check_script(script)
     flags = dict(trials=trials, timeout=timeout, trial_timeout=trial_timeout, steps=steps, warmup=warmup, pairs=pairs,
@@ -85,6 +86,7 @@ def tune(
         for name in ("report.md", "patch.diff", "plan.json"):
             if name in files:
                 console.print(f"  {name}: {shown_path(files[name])}")
+        console.print(f"  study {result.study!r}: {dashboard_command(result.storage)}", markup=False)
     if opts.apply and result.best is not None:
         if "patch.diff" in files:
             apply_patch(result.best.plan, Path(script), force=opts.force, say=console.print)
