@@ -107,6 +107,7 @@ class Session:
         self._counter = None
         self._step_start = 0.0
         self._tracing = False
+        self._step_mark = None  # the open jax.profiler.StepTraceAnnotation of the step under way, when tracing
         self._remove_listener = None
         self._seen_recompiles = 0
         self._seen_registered = 0
@@ -173,6 +174,7 @@ class Session:
     def _on_step(self, source: str) -> None:
         live_bytes = self._sync()  # the backend already flushed pending fused work
         now = time.perf_counter()
+        self._end_step_mark()
         d = self.data
         k = len(d.steps) + 1
         if source not in d.markers:
@@ -199,6 +201,7 @@ class Session:
             d.stopped = True
             self._progress("stopping")
             raise StopProfiling()
+        self._begin_step_mark(k + 1)
         self._step_start = time.perf_counter()
 
     def _stamp_compiles(self, step: int | None) -> None:
@@ -237,12 +240,29 @@ class Session:
             self._tracing = True
         except Exception as exc:  # noqa: BLE001
             self.data.notes.append(f"jax.profiler trace could not start: {exc}")
+            return
+        self._begin_step_mark(len(self.data.steps) + 1)
+
+    def _begin_step_mark(self, step: int) -> None:
+        """Each traced step as XProf's step marker (its overview's step-time graph, the trace viewer's Steps row)."""
+        if not self._tracing or self._step_mark is not None:
+            return
+        import jax
+
+        self._step_mark = jax.profiler.StepTraceAnnotation("train", step_num=step)
+        self._step_mark.__enter__()
+
+    def _end_step_mark(self) -> None:
+        mark, self._step_mark = self._step_mark, None
+        if mark is not None:
+            mark.__exit__(None, None, None)
 
     def _stop_trace(self) -> None:
         if not self._tracing:
             return
         import jax
 
+        self._end_step_mark()
         self._tracing = False
         try:
             jax.profiler.stop_trace()

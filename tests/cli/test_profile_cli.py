@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import pty
@@ -244,8 +245,15 @@ def test_mark_step_eager_devices_trace_and_dumps(tmp_path, cache_dir):
     assert dims[300].padded_to == 512 and dims[100].roles == ["M"]
     assert prof.files.hlo_dir is None and not (run_dir / "hlo").exists()
     assert any((run_dir / "xla_dump").iterdir())
-    assert prof.files.trace_dir == str(trace) and list(trace.rglob("*.xplane.pb"))
-    assert list(trace.rglob("perfetto_trace.json.gz"))
+    # Where XProf (and TensorBoard's profile plugin) look: <logdir>/plugins/profile/<run>/<host>.xplane.pb
+    assert prof.files.trace_dir == str(trace)
+    (run,) = (trace / "plugins" / "profile").iterdir()
+    assert list(run.glob("*.xplane.pb")) and (run / "perfetto_trace.json.gz").exists()
+    # the trace covers the measured steps (after the warm-up step), each one a step marker
+    events = json.loads(gzip.decompress((run / "perfetto_trace.json.gz").read_bytes()))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    assert sorted(int(e["args"]["step_num"]) for e in events if e.get("name") == "train") == [2, 3]
+    assert "open the trace: xprof --logdir trace  (or tensorboard --logdir trace" in proc.stdout  # relative to cwd
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -6,6 +6,7 @@ Estimates (the TPU padding model, the roofline) say "estimate" beside them.
 from __future__ import annotations
 
 import io
+import shlex
 from pathlib import Path
 
 from rich.console import Console
@@ -184,6 +185,9 @@ def render(p: Profile, console: Console) -> None:
              ("XLA dump", p.files.xla_dump_dir), ("trace", p.files.trace_dir)]
     console.print()
     console.print(Text("  ".join(f"{k}: {_relative(v)}" for k, v in files if v), style="dim"))
+    if p.files.trace_dir:  # the measured steps, one step marker each: XProf's overview, trace viewer, op profile
+        shown = shlex.quote(str(_relative(p.files.trace_dir)))
+        console.print(Text(f"open the trace: xprof --logdir {shown}  (or tensorboard --logdir {shown}, Profile tab)"))
 
 
 def render_to_text(p: Profile, width: int = 160) -> str:
