@@ -10,7 +10,6 @@ patch and the plan are written. Only verified changes are reported as gains.
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
@@ -20,13 +19,13 @@ from rich.markup import escape
 
 from tpu_agent.config import TuneOptions
 from tpu_agent.errors import TpuAgentError
-from tpu_agent.paths import ignore_tool_dir, new_run_dir, shown_path
-from tpu_agent.profilers.schema import Profile, Settings
+from tpu_agent.paths import ignore_tool_dir, new_run_dir
+from tpu_agent.profilers.schema import Profile
 from tpu_agent.propose import knobs as knob_finder
 from tpu_agent.propose import make_proposer as _make_proposer
 from tpu_agent.propose.playbook import load_playbooks
 from tpu_agent.report.result import TuneResult, summary_of
-from tpu_agent.run.profiled import StepWatch, read_profile, run_profiled
+from tpu_agent.run.tune_profile import profile_for_tune
 from tpu_agent.search.measure import Runner
 from tpu_agent.search.progress import TrialProgress
 from tpu_agent.search.study import (Space, TrialRecord, build_space, dashboard_command, earlier_records, note_verdicts,
@@ -57,7 +56,7 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
     # run + profile: the unchanged script, its knobs
     console.print(f"[bold]baseline[/bold]: profiling {script.name} ({options.warmup} warm-up + {options.steps} steps)")
     try:
-        profile, profile_path = baseline_profile(script, args, run_dir, options)
+        profile, profile_path = profile_for_tune(script, args, run_dir, options)
     except KeyboardInterrupt:
         result.interrupted, result.interrupted_during = True, "baseline"
         console.print("[yellow]interrupted during the baseline: nothing was measured yet[/yellow]")
@@ -137,7 +136,33 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
     finally:
         runner.close()
         note_verdicts(study, result.verdicts, result.best)
+    if result.best is not None and not result.interrupted:
+        profile_plan(script, args, run_dir, options, result, profile, console)
     return result.save(t_start)
+
+
+def profile_plan(script: Path, args: list[str], run_dir: Path, options: TuneOptions, result: TuneResult,
+                 baseline: Profile, console: Console) -> None:
+    """Profile the verified plan as the baseline was, so that report.json's summary has every figure `diff`
+    compares (FLOPs, MFU, XLA peak memory), measured; a plan that changes the batch is compared per sample,
+    which a per-step summary cannot say, so it keeps the baseline's figures."""
+    best = result.best
+    if best.speed is not None and best.speed.per_sample:
+        return
+    console.print(f"[bold]profile[/bold]: the verified plan ({options.warmup} warm-up + {options.steps} steps), "
+                  "for the report's summary")
+    try:
+        measured, path = profile_for_tune(script, args, run_dir, options, plan=best.plan)
+    except KeyboardInterrupt:
+        result.interrupted, result.interrupted_during = True, "profile"
+        console.print("[yellow]interrupted during the profile of the verified plan: the plan stands; the summary has "
+                      "its verified step time only[/yellow]")
+        return
+    except TpuAgentError as exc:
+        console.print(f"[yellow]the verified plan's profile failed: {escape(str(exc))}; the summary has its "
+                      "verified step time only[/yellow]")
+        return
+    result.plan_profile, result.summary = str(path), summary_of(baseline, best, measured)
 
 
 def _hold_optuna_log():
@@ -162,44 +187,6 @@ def _optuna_log_to(path: Path, held) -> None:
     held.flush()
     logger.removeHandler(held)
     logger.addHandler(handler)
-
-
-class BaselineFailed(TpuAgentError):
-    """The unchanged script did not run (exit 1): there is nothing to tune against."""
-
-
-def baseline_profile(script: Path, args: list[str], run_dir: Path, options: TuneOptions) -> tuple[Profile, Path]:
-    """Profile the unchanged script in a child process (its output goes to a log).
-
-    A step (or the start-up before the first) running past `--trial-timeout` stops it; a run that fails
-    shows the script's own output (its traceback, its usage message) and stops the tune; Ctrl-C while it
-    runs is the tune's KeyboardInterrupt."""
-    settings = Settings(steps=options.steps, warmup=options.warmup, mode="eager", devices=options.devices,
-                        target=None if options.target == "cpu" else options.target)
-    log_path = run_dir / "baseline-profile.log"
-    watch = StepWatch(options.trial_timeout)
-    with open(log_path, "wb") as log:
-        result, path = run_profiled(script, args, settings, runs_root=run_dir, stdout=log.fileno(), stderr=log.fileno(),
-                                    extra_env=watch.env(), pass_fds=(watch.write_fd,), monitor=watch,
-                                    deadline=watch.deadline)
-    shown = shown_path(log_path)
-    if result.interrupted or (result.exit_code == 130 and not result.timed_out):
-        raise KeyboardInterrupt
-    if result.timed_out:
-        raise BaselineFailed(f"the baseline run timed out: no progress to {watch.waiting_for or watch.timed_out_waiting} within "
-                             f"{options.trial_timeout:.0f} s (--trial-timeout); its output is in {shown}")
-    if not result.ok:
-        tail = log_path.read_text(errors="replace").rstrip().splitlines()[-25:]
-        if tail:  # the script's own words (its traceback, its usage message), as python would show them
-            sys.stderr.write("\n".join(tail) + "\n")
-            sys.stderr.flush()
-        why = f"killed by signal {result.signal_number}" if result.signal_number else f"exit {result.exit_code}"
-        raise BaselineFailed(f"the baseline run of {script.name} failed ({why}); its output is in {shown} "
-                             "(pass the script's own arguments after '--')")
-    try:
-        return read_profile(path), path
-    except FileNotFoundError:
-        raise BaselineFailed(f"the baseline run wrote no profile; its output is in {shown}") from None
 
 
 def make_proposer(proposer: str, *, audit_dir: Path, model: str | None, token_budget: int, script: Path):

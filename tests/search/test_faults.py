@@ -36,17 +36,26 @@ class TwoGroups(Proposer):
         ])
 
 
-def fake_baseline(script, args, run_dir, options):
-    profile = make_profile(script=str(script), step_s=0.010)
-    path = Path(run_dir) / "baseline-profile.json"
+def fake_profile(script, args, run_dir, options, plan=None):
+    """The baseline at 10 ms a step; the verified plan at 7.2 ms (0.8 x 0.9) with its own memory figures."""
+    profile = make_profile(script=str(script), step_s=0.010 if plan is None else 0.0072,
+                           xla_peak=(100 if plan is None else 90) << 20)
+    path = Path(run_dir) / ("baseline-profile.json" if plan is None else "plan-profile.json")
     path.write_text(profile.model_dump_json())
     return profile, path
 
 
+def interrupted_profile(script, args, run_dir, options, plan=None):
+    if plan is not None:
+        raise KeyboardInterrupt
+    return fake_profile(script, args, run_dir, options)
+
+
 def tune(project: Path, monkeypatch, interrupt_at=None, resume=False):
-    runner = FakeRunner(interrupt_at=interrupt_at)
+    runner = FakeRunner(interrupt_at=interrupt_at if interrupt_at != ("profile", 1) else None)
     monkeypatch.setattr(pipeline, "Runner", lambda *args, **kwargs: runner)
-    monkeypatch.setattr(pipeline, "baseline_profile", fake_baseline)
+    monkeypatch.setattr(pipeline, "profile_for_tune", interrupted_profile if interrupt_at == ("profile", 1) else
+                        fake_profile)
     monkeypatch.setattr(pipeline, "make_proposer", lambda *args, **kwargs: TwoGroups())
     options = TuneOptions(trials=TRIALS, seed=0, study="s", resume=resume, storage=f"sqlite:///{project / 's.db'}",
                           output_dir=str(project / "runs"))
@@ -70,7 +79,7 @@ def project(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("phase,at", [("search", ("trial", 2)), ("verification", ("verify", 1)),
-                                      ("ablation", ("ablate", 2))])
+                                      ("ablation", ("ablate", 2)), ("profile", ("profile", 1))])
 def test_ctrl_c_in_each_phase_keeps_what_finished_and_resume_repeats_nothing(project, monkeypatch, phase, at):
     first, runner, said = tune(project, monkeypatch, interrupt_at=at)
     assert first.interrupted and first.interrupted_during == phase
@@ -90,11 +99,12 @@ def test_ctrl_c_in_each_phase_keeps_what_finished_and_resume_repeats_nothing(pro
         assert len(first.trials) == TRIALS
     if phase == "verification":
         assert first.verdicts == [] and first.best is None
-    if phase == "ablation":
+    if phase in ("ablation", "profile"):
         # the verified plan stands, with the part of the ablation that finished
-        assert first.best is not None and first.best.accepted and len(first.best.attribution) == 1
-        assert (run_dir / "plan.json").exists()
-        assert "Interrupted during the ablation" in report and first.best.plan.describe() in report
+        assert first.best is not None and first.best.accepted and len(first.best.attribution) == (phase == "ablation"
+                                                                                                 and 1 or 2)
+        assert (run_dir / "plan.json").exists() and first.best.plan.describe() in report
+        assert first.plan_profile is None and first.summary.flops_per_step is None  # its step time only
 
     second, runner2, said2 = tune(project, monkeypatch, resume=True)
     assert not second.interrupted
@@ -108,4 +118,9 @@ def test_ctrl_c_in_each_phase_keeps_what_finished_and_resume_repeats_nothing(pro
     if phase != "search":
         assert trials_run == []  # the search had finished: nothing measured again
     assert second.best is not None and second.best.accepted  # resume verifies (and ablates) again
+    # the verified plan was profiled: report.json's summary has every figure `diff` compares, measured
+    summary = json.loads((Path(second.run_dir) / "report.json").read_text())["summary"]
+    assert summary["step_time_s"] == 0.0072 and summary["peak_memory_bytes"] == 90 << 20
+    assert summary["flops_per_step"] == 2e9 and summary["mfu"] is not None
+    assert second.plan_profile and Path(second.plan_profile).name == "plan-profile.json"
     assert "RUNNING" not in db_states(project)

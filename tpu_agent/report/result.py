@@ -23,6 +23,7 @@ class TuneResult(BaseModel):
     storage: str
     run_dir: str
     baseline_profile: str | None = None
+    plan_profile: str | None = Field(None, description="the verified plan's profile.json (the summary's figures)")
     proposer: str = "offline"
     proposer_notes: list[str] = Field(default_factory=list)
     candidates: list[Candidate] = Field(default_factory=list)
@@ -30,7 +31,7 @@ class TuneResult(BaseModel):
     verdicts: list[Verdict] = Field(default_factory=list)
     best: Verdict | None = None
     interrupted: bool = False
-    interrupted_during: Literal["baseline", "search", "verification", "ablation"] | None = None
+    interrupted_during: Literal["baseline", "search", "verification", "ablation", "profile"] | None = None
     duration_s: float = 0.0
     summary: Summary | None = Field(None, description="for `tpu-agent diff`: the step time after the verified change")
 
@@ -40,8 +41,11 @@ class TuneResult(BaseModel):
         return self
 
 
-def summary_of(profile, verdict: Verdict | None) -> Summary:
-    """The baseline's figures; with a verified change, its measured step time (other figures unknown)."""
+def summary_of(profile, verdict: Verdict | None, plan_profile=None) -> Summary:
+    """The baseline's figures; with a verified change, the profile of the verified plan (every figure measured),
+    or without one, its verified step time (the other figures unknown)."""
+    if verdict is not None and plan_profile is not None:
+        return from_profile(plan_profile).model_copy(update={"source": "report"})
     summary = from_profile(profile).model_copy(update={"source": "report"})
     if verdict is not None and verdict.speed and not verdict.speed.per_sample:
         summary = summary.model_copy(update={

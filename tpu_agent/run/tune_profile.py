@@ -1,0 +1,64 @@
+"""The tuner's profiles: the unchanged script (the baseline), and at the end the verified plan, so that
+`diff` compares the two on every figure (FLOPs, MFU, XLA peak memory), not on step time alone."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from tpu_agent import envvars
+from tpu_agent.config import TuneOptions
+from tpu_agent.errors import TpuAgentError
+from tpu_agent.paths import shown_path
+from tpu_agent.plan.actions import PadDim, Plan
+from tpu_agent.profilers.schema import Profile, Settings
+from tpu_agent.run.profiled import StepWatch, read_profile, run_profiled
+
+
+class BaselineFailed(TpuAgentError):
+    """The unchanged script did not run (exit 1): there is nothing to tune against."""
+
+
+def profile_for_tune(script: Path, args: list[str], run_dir: Path, options: TuneOptions,
+                     plan: Plan | None = None) -> tuple[Profile, Path]:
+    """Profile the script (with `plan` applied: its source edits on a copy) in a child process whose output
+    goes to a log.
+
+    A step (or the start-up before the first) running past `--trial-timeout` stops it; a failed baseline shows
+    the script's own output (its traceback, its usage message) and stops the tune; Ctrl-C while it runs is the
+    tune's KeyboardInterrupt."""
+    what = "baseline" if plan is None else "plan"
+    settings = Settings(steps=options.steps, warmup=options.warmup, mode="eager", devices=options.devices,
+                        target=None if options.target == "cpu" else options.target)
+    ran, env = script, {}
+    if plan is not None:
+        env[envvars.PLAN.name] = plan.model_dump_json()
+        if plan.of(PadDim):
+            from tpu_agent.plan.rewrite import apply_pad_dims
+
+            ran = apply_pad_dims(plan, script, run_dir / "workspaces" / "profile").script
+    log_path = run_dir / f"{what}-profile.log"
+    watch = StepWatch(options.trial_timeout)
+    with open(log_path, "wb") as log:
+        result, path = run_profiled(ran, args, settings, runs_root=run_dir, stdout=log.fileno(), stderr=log.fileno(),
+                                    extra_env={**watch.env(), **env}, pass_fds=(watch.write_fd,), monitor=watch,
+                                    deadline=watch.deadline)
+    shown = shown_path(log_path)
+    if result.interrupted or (result.exit_code == 130 and not result.timed_out):
+        raise KeyboardInterrupt
+    if result.timed_out:
+        raise BaselineFailed(f"the {what} run timed out: no progress to {watch.waiting_for or watch.timed_out_waiting} "
+                             f"within {options.trial_timeout:.0f} s (--trial-timeout); its output is in {shown}")
+    if not result.ok:
+        if plan is None:
+            tail = log_path.read_text(errors="replace").rstrip().splitlines()[-25:]
+            if tail:  # the script's own words (its traceback, its usage message), as python would show them
+                sys.stderr.write("\n".join(tail) + "\n")
+                sys.stderr.flush()
+        why = f"killed by signal {result.signal_number}" if result.signal_number else f"exit {result.exit_code}"
+        raise BaselineFailed(f"the {what} run of {script.name} failed ({why}); its output is in {shown}"
+                             + (" (pass the script's own arguments after '--')" if plan is None else ""))
+    try:
+        return read_profile(path), path
+    except FileNotFoundError:
+        raise BaselineFailed(f"the {what} run wrote no profile; its output is in {shown}") from None
