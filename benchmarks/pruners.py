@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/pruners.py                              # odd_shapes, 10 trials
     .venv/bin/python benchmarks/pruners.py --examples odd_shapes cnn --trials 12
+    .venv/bin/python benchmarks/pruners.py --examples mlp --save rec/   # then --load rec/: replays, no measuring
 
 Each example is searched once with pruning off, through the real Runner (warm baseline, A B A B pairs), and
 every pair's arrival time is recorded. The real `search` then replays those measurements under each pruner,
@@ -20,6 +21,7 @@ ratio and tests it against the best trial's pairs, matched by pair index.
 from __future__ import annotations
 
 import argparse
+import pickle
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -51,7 +53,7 @@ class Recorded:
     notes: list[str] = field(default_factory=list)
     stamps: list[float] = field(default_factory=list)
     total_s: float = 0.0
-    failed: TrialFailed | None = None
+    failed: tuple[str, str] | None = None  # (kind, message): a TrialFailed, kept in a form that pickles
 
     @property
     def speedup(self) -> float | None:
@@ -79,7 +81,7 @@ class RecordingRunner(Runner):
         try:
             a, b, cand = super().measure(plan, name, pairs, stamped, fresh_baseline)
         except TrialFailed as exc:
-            rec.failed, rec.total_s = exc, time.perf_counter() - t0
+            rec.failed, rec.total_s = (exc.kind, exc.message), time.perf_counter() - t0
             raise
         rec.a, rec.b, rec.steps, rec.notes = a, b, list(cand.steps), list(cand.notes)
         rec.total_s = time.perf_counter() - t0
@@ -96,7 +98,7 @@ class ReplayRunner:
         rec = self.recorded[plan.key()]
         if rec.failed is not None:
             self.spent_s += rec.total_s
-            raise rec.failed
+            raise TrialFailed(*rec.failed)
         for i in range(len(rec.a)):
             try:
                 report(i, rec.a[:i + 1], rec.b[:i + 1])
@@ -110,57 +112,78 @@ class ReplayRunner:
         pass
 
 
-def compare(example: str, trials: int, seed: int) -> list[str]:
-    script = ROOT / "examples" / f"{example}.py"
-    with tempfile.TemporaryDirectory(prefix=f"pruners-{example}-") as tmp:
-        work = Path(tmp)
-        options = TuneOptions(trials=trials, seed=seed, storage=f"sqlite:///{work / 'studies.db'}")
-        run_dir = work / "run"
-        run_dir.mkdir()
-        t0 = time.perf_counter()
-        profile, path = profile_for_tune(script, [], run_dir, options)
-        knobs = knob_finder.discover(script, profile=profile, script_args=[], profile_path=str(path)).knobs
-        batch_knob = next((k for k in knobs if k.batch and not k.overridden), None)
-        batch = batch_knob.value if batch_knob else None
-        agent = pipeline.make_proposer("offline", audit_dir=run_dir / "agent", model=None,
-                                       token_budget=options.token_budget, script=script)
-        space = build_space(agent.propose(profile, knobs, load_playbooks([]), [], 1), options.candidates)
-        runner = RecordingRunner(script, [], options, run_dir)
-        fp = options.fingerprint(script, [])
-        recording = open_study(options, "recorded", fp, work, pruner="none")
-        try:
-            search(recording, space, runner, options, batch, {})
-        finally:
-            runner.close()
-        searched_s = time.perf_counter() - t0
-        order = [t.params for t in recording.trials]
-        full = sum(r.total_s for r in runner.recorded.values())
+@dataclass
+class Recording:
+    """One example's unpruned search, replayable: the trials' order, each plan's measurement, the verdicts."""
 
-        verified: dict[str, str] = {}
-        lines = [f"{example}: {len(order)} trials, {len(space.candidates)} candidates; unpruned search "
-                 f"{full:.1f} s of measuring ({searched_s:.0f} s with the baseline profile)"]
-        for name in COMPARED:
-            study = open_study(options, f"replay-{name}", fp, work, pruner=name)
-            for params in order:
-                study.enqueue_trial(params)
-            replay = ReplayRunner(runner.recorded)
-            records = search(study, space, replay, options, batch, {})
-            pruned = [r for r in records if r.state == "pruned"]
-            wrong = [r for r in pruned if (runner.recorded[r.plan.key()].speedup or 0) > 1.0]
-            best = ranked_plans(study)[:1]
-            if best and best[0].key() not in verified:
-                verdict = verify(best[0], runner, options, batch, profile)
-                verified[best[0].key()] = (("accepted " if verdict.accepted else "rejected ")
-                                           + (verdict.speed.text() if verdict.speed else verdict.reason))
-            shown = f"{best[0].describe()}: {verified[best[0].key()]}" if best else "no plan faster than the baseline"
-            lines.append(f"  {name:13s} pruned {len(pruned):2d}/{len(records)} (of them faster than the baseline "
-                         f"in full: {len(wrong)}), measuring {replay.spent_s:6.1f} s ({replay.spent_s / full:.0%}); "
-                         f"kept {shown}")
-            if pruned:
-                lines.append("                pruned: " + ", ".join(
-                    f"#{r.number} {r.reason.split('median ')[-1]} (in full {runner.recorded[r.plan.key()].speedup:.3f}x)"
-                    for r in pruned))
-        return lines
+    example: str
+    options: TuneOptions
+    space: object
+    batch: int | None
+    order: list[dict]
+    recorded: dict[str, Recorded]
+    searched_s: float
+    verified: dict[str, str] = field(default_factory=dict)  # plan key -> the verification's result
+
+
+def record(example: str, trials: int, seed: int, work: Path):
+    """The example's baseline, proposals and search with pruning off; (the recording, a verify(plan) function)."""
+    script = ROOT / "examples" / f"{example}.py"
+    options = TuneOptions(trials=trials, seed=seed, storage=f"sqlite:///{work / 'studies.db'}")
+    run_dir = work / "run"
+    run_dir.mkdir()
+    t0 = time.perf_counter()
+    profile, path = profile_for_tune(script, [], run_dir, options)
+    knobs = knob_finder.discover(script, profile=profile, script_args=[], profile_path=str(path)).knobs
+    batch_knob = next((k for k in knobs if k.batch and not k.overridden), None)
+    batch = batch_knob.value if batch_knob else None
+    agent = pipeline.make_proposer("offline", audit_dir=run_dir / "agent", model=None,
+                                   token_budget=options.token_budget, script=script)
+    space = build_space(agent.propose(profile, knobs, load_playbooks([]), [], 1), options.candidates)
+    runner = RecordingRunner(script, [], options, run_dir)
+    study = open_study(options, "recorded", options.fingerprint(script, []), work, pruner="none")
+    try:
+        search(study, space, runner, options, batch, {})
+    finally:
+        runner.close()
+    rec = Recording(example, options, space, batch, [t.params for t in study.trials], runner.recorded,
+                    time.perf_counter() - t0)
+
+    def check(plan) -> str:
+        verdict = verify(plan, runner, options, batch, profile)
+        return ("accepted " if verdict.accepted else "rejected ") + (verdict.speed.text() if verdict.speed
+                                                                    else verdict.reason)
+    return rec, check
+
+
+def replay(rec: Recording, work: Path, check=None) -> list[str]:
+    """The recorded search under each pruner; the plan each keeps verified with `check` (None: as saved)."""
+    full = sum(r.total_s for r in rec.recorded.values())
+    lines = [f"{rec.example}: {len(rec.order)} trials, {len(rec.space.candidates)} candidates; unpruned search "
+             f"{full:.1f} s of measuring ({rec.searched_s:.0f} s with the baseline profile)"]
+    options = rec.options.model_copy(update={"storage": f"sqlite:///{work / 'replays.db'}"})
+    for name in COMPARED:
+        study = open_study(options, f"replay-{name}-{time.monotonic_ns()}", "fp", work, pruner=name)
+        for params in rec.order:
+            study.enqueue_trial(params)
+        runner = ReplayRunner(rec.recorded)
+        records = search(study, rec.space, runner, options, rec.batch, {})
+        pruned = [r for r in records if r.state == "pruned"]
+        wrong = [r for r in pruned if (rec.recorded[r.plan.key()].speedup or 0) > 1.0]
+        best = ranked_plans(study)[:1]
+        if best and best[0].key() not in rec.verified and check is not None:
+            rec.verified[best[0].key()] = check(best[0])
+        shown = (f"{best[0].describe()}: {rec.verified.get(best[0].key(), 'not verified (a saved recording)')}"
+                 if best else "no plan faster than the baseline")
+        lines.append(f"  {name:13s} pruned {len(pruned):2d}/{len(records)} (of them faster than the baseline "
+                     f"in full: {len(wrong)}), measuring {runner.spent_s:6.1f} s ({runner.spent_s / full:.0%}); "
+                     f"kept {shown}")
+        if pruned:
+            lines.append("                pruned: " + ", ".join(
+                f"#{r.number} " + (r.reason.split("median ")[-1] if "not run again" not in r.reason else
+                                   f"(repeat of #{r.reason.split('trial ')[1].split(',')[0]}, not run)")
+                + f" (in full {rec.recorded[r.plan.key()].speedup:.3f}x)" for r in pruned))
+    return lines
 
 
 def main() -> None:
@@ -168,11 +191,22 @@ def main() -> None:
     parser.add_argument("--examples", nargs="+", default=["odd_shapes"])
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--save", type=Path, metavar="DIR", help="keep each recording (<example>.pkl) for --load")
+    parser.add_argument("--load", type=Path, metavar="DIR", help="replay saved recordings: no measuring")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t0 = time.perf_counter()
     for example in args.examples:
-        for line in compare(example, args.trials, args.seed):
+        with tempfile.TemporaryDirectory(prefix=f"pruners-{example}-") as tmp:
+            if args.load:
+                rec, check = pickle.loads((args.load / f"{example}.pkl").read_bytes()), None
+            else:
+                rec, check = record(example, args.trials, args.seed, Path(tmp))
+            lines = replay(rec, Path(tmp), check)
+            if args.save:
+                args.save.mkdir(parents=True, exist_ok=True)
+                (args.save / f"{example}.pkl").write_bytes(pickle.dumps(rec))
+        for line in lines:
             print(line, flush=True)
     print(f"({time.perf_counter() - t0:.0f} s in all)")
 

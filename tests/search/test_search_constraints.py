@@ -37,12 +37,14 @@ def test_failed_numerics_and_out_of_memory_are_infeasible_trials_with_their_attr
     assert study.best_trial.number == 0
 
 
-def test_the_median_pruner_stops_a_slow_trial_once_four_trials_finished(tmp_path):
-    study, records, _ = run(tmp_path, space(FAST, SOMEWHAT, SLOW), [FAST, SOMEWHAT, FAST, SOMEWHAT, SLOW])
-    assert [r.state for r in records][-1] == "pruned"
-    slow = study.trials[-1]
+def test_the_median_pruner_stops_a_slow_trial_once_four_trials_finished_and_its_repeat_is_not_run(tmp_path):
+    study, records, runner = run(tmp_path, space(FAST, SOMEWHAT, SLOW), [FAST, SOMEWHAT, FAST, SOMEWHAT, SLOW, SLOW])
+    assert [r.state for r in records][-2:] == ["pruned", "pruned"]
+    slow, again = study.trials[-2:]
     assert slow.state == optuna.trial.TrialState.PRUNED and max(slow.intermediate_values) == 3  # after 4 pairs
     assert all(v < 1.0 for v in slow.intermediate_values.values())  # running medians of 1.3x slower pairs
+    assert again.state == optuna.trial.TrialState.PRUNED and again.intermediate_values == slow.intermediate_values
+    assert records[-1].reason == "same plan as trial 4, pruned: not run again" and runner.measured.count(SLOW) == 1
 
 
 @pytest.mark.parametrize("pruner,somewhat", [("wilcoxon", "complete"), ("wilcoxon-best", "pruned")])

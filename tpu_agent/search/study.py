@@ -26,6 +26,7 @@ from tpu_agent.verify.stats import check_numerics, median_ci
 
 STUDY_DB = "studies.db"
 _COMPLETE = optuna.trial.TrialState.COMPLETE
+_PRUNED = optuna.trial.TrialState.PRUNED
 OFF = "off"
 
 # complete: measured; numerics: measured, losses off; repeated: a plan measured before, not run again
@@ -273,9 +274,10 @@ class _Measured:
     """A plan measured before (this run or an earlier one): what a repeat of it records without running."""
 
     number: int
-    value: float | None  # None: it failed
+    value: float | None  # None: it failed or was pruned
     constraints: dict[str, float] = field(default_factory=dict)
     reported: dict[int, float] = field(default_factory=dict)  # its intermediate values, step -> value
+    pruned: bool = False
 
 
 def search(study: optuna.Study, space: Space, runner: Runner, options: TuneOptions, baseline_batch: int | None,
@@ -284,9 +286,19 @@ def search(study: optuna.Study, space: Space, runner: Runner, options: TuneOptio
     records: list[TrialRecord] = []
     per_pair = getattr(study.pruner, "per_pair", False)
     measured = {t.user_attrs["plan_key"]: _Measured(t.number, t.value if t.state == _COMPLETE else None,
-                                                     dict(t.constraints), dict(t.intermediate_values))
-                for t in counted(study) if t.state in (_COMPLETE, optuna.trial.TrialState.FAIL)
+                                                     dict(t.constraints), dict(t.intermediate_values),
+                                                     pruned=t.state == _PRUNED)
+                for t in counted(study) if t.state in (_COMPLETE, _PRUNED, optuna.trial.TrialState.FAIL)
                 and t.user_attrs.get("plan_key")}
+
+    def _pruned(trial, record: TrialRecord, reported: dict[int, float]):
+        trial.set_user_attr("state", record.state)
+        trial.set_user_attr("reason", record.reason)
+        records.append(record)
+        if on_trial:
+            on_trial(record)
+        measured.setdefault(record.plan.key(), _Measured(trial.number, None, {}, dict(reported), pruned=True))
+        raise optuna.TrialPruned(record.reason)
 
     def objective(trial: optuna.Trial) -> float:
         picks = {c.id: trial.suggest_categorical(c.id, [OFF] + [str(i) for i in range(len(space.options[c.id]))])
@@ -310,6 +322,10 @@ def search(study: optuna.Study, space: Space, runner: Runner, options: TuneOptio
                 trial.report(value, step)
             for name, value in earlier.constraints.items():
                 trial.set_constraint(name, value)
+            if earlier.pruned:  # TPE proposed it again: it stays pruned rather than costing a trial's time again
+                _pruned(trial, TrialRecord(number=trial.number, plan=plan, state="pruned",
+                                           reason=f"same plan as trial {earlier.number}, pruned: not run again"),
+                        earlier.reported)
             record = TrialRecord(number=trial.number, plan=plan, state="repeated",
                                  value=earlier.value, reason=f"same plan as trial {earlier.number}: not run again")
             return _finish(trial, record, fail=earlier.value is None)
@@ -335,14 +351,8 @@ def search(study: optuna.Study, space: Space, runner: Runner, options: TuneOptio
         try:
             a, b, cand = runner.measure(plan, f"trial-{trial.number}", options.steps, report=report)
         except optuna.TrialPruned as exc:
-            record = TrialRecord(number=trial.number, plan=plan, state="pruned", reason=str(exc),
-                                 duration_s=time.perf_counter() - t0)
-            trial.set_user_attr("state", record.state)
-            trial.set_user_attr("reason", record.reason)
-            records.append(record)
-            if on_trial:
-                on_trial(record)
-            raise
+            _pruned(trial, TrialRecord(number=trial.number, plan=plan, state="pruned", reason=str(exc),
+                                       duration_s=time.perf_counter() - t0), reported)
         except TrialFailed as exc:
             failed = TrialRecord(number=trial.number, plan=plan, state="failed",
                                  reason=f"{exc.kind}: {exc.message.splitlines()[0][:300]}",
