@@ -12,10 +12,11 @@ baseline (mistakes), the seconds of the recorded measuring it would have spent (
 pairs up to the prune; the unpruned search's total for comparison), and the plan it would keep, verified in
 fresh processes as `tune` verifies (one verification per distinct plan, shared between pruners).
 
-What the pruners read (tpu_agent/search/study.py, `Pruner`): both are asked only about a trial whose running
-median of pair ratios is under 1.0 (slower than the baseline so far), except `wilcoxon-best`. The median pruner
-reads that running median at pair i against earlier trials' at pair i; WilcoxonPruner reads each pair's own
-ratio and tests it against the best trial's pairs, matched by pair index.
+What the pruners read (tpu_agent/search/study.py, `Pruner`): the pairs in which neither process compiled, and
+both are asked only about a trial whose running median of those pair ratios is under 1.0 (slower than the
+baseline so far), except `wilcoxon-best`. The median pruner reads that running median at pair i against earlier
+trials' at pair i; WilcoxonPruner reads each pair's own ratio and tests it against the best trial's pairs, matched
+by pair index.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from tpu_agent.propose import knobs as knob_finder
 from tpu_agent.propose.playbook import load_playbooks
 from tpu_agent.run.tune_profile import profile_for_tune
 from tpu_agent.search.measure import Runner, median
-from tpu_agent.search.study import build_space, open_study, ranked_plans, search
+from tpu_agent.search.study import MIN_STEADY, build_space, open_study, ranked_plans, search, steady_ratios
 from tpu_agent.search.trials import StepRecord, TrialFailed
 from tpu_agent.verify.verdict import verify
 
@@ -57,7 +58,10 @@ class Recorded:
 
     @property
     def speedup(self) -> float | None:
-        return median([x.wall_s / y.wall_s for x, y in zip(self.a, self.b)]) if self.a else None
+        """As the unpruned search measured it: pairs without compilation (all, when fewer than 3 are)."""
+        steady = steady_ratios(self.a, self.b, 1.0)
+        ratios = steady if len(steady) >= MIN_STEADY else [x.wall_s / y.wall_s for x, y in zip(self.a, self.b)]
+        return median(ratios) if ratios else None
 
 
 class RecordingRunner(Runner):

@@ -14,8 +14,9 @@ from tpu_agent.search.study import Space, open_study, search
 from tpu_agent.search.trials import StepRecord, TrialFailed
 
 # Step time of a plan (baseline 10 ms) by its one action; a loss factor (1.0: the baseline's losses).
-FAST, SLOW, ROUNDS, OOM, SOMEWHAT = "fused", "eager", "default", "pad8", "pad16"
-TIME = {FAST: 0.008, SLOW: 0.013, ROUNDS: 0.007, SOMEWHAT: 0.0092}
+FAST, SLOW, ROUNDS, OOM, SOMEWHAT, COMPILES = "fused", "eager", "default", "pad8", "pad16", "pad32"
+TIME = {FAST: 0.008, SLOW: 0.013, ROUNDS: 0.007, SOMEWHAT: 0.0092, COMPILES: 0.008}
+COMPILING = {COMPILES: 5}  # its first 5 timed steps compile, at 5x the steady time
 LOSS = {ROUNDS: 1.10}  # one bf16 pass: 10 % worse losses, beyond --loss-tol 2 %
 
 
@@ -30,8 +31,9 @@ class Proc:
 
     def step(self) -> StepRecord:
         t = (TIME[self.name] if self.name else 0.010) * self.rng.uniform(0.97, 1.03)
-        record = StepRecord(step=len(self.steps) + 1, wall_s=t, loss=2.0 / len(self.steps + [0]) * LOSS.get(self.name, 1.0),
-                            device_bytes=1000)
+        compiled = len(self.steps) < COMPILING.get(self.name, 0)
+        record = StepRecord(step=len(self.steps) + 1, wall_s=t * (5 if compiled else 1), compiled=compiled,
+                            loss=2.0 / len(self.steps + [0]) * LOSS.get(self.name, 1.0), device_bytes=1000)
         self.steps.append(record)
         return record
 
@@ -58,7 +60,8 @@ def space(*names: str) -> Space:
                  SLOW: ActionTemplate(kind="compile", fixed={"mode": "eager"}),
                  ROUNDS: ActionTemplate(kind="matmul_precision", fixed={"precision": "default"}),
                  OOM: ActionTemplate(kind="pad_ops", fixed={"multiple": 8}),
-                 SOMEWHAT: ActionTemplate(kind="pad_ops", fixed={"multiple": 16})}
+                 SOMEWHAT: ActionTemplate(kind="pad_ops", fixed={"multiple": 16}),
+                 COMPILES: ActionTemplate(kind="pad_ops", fixed={"multiple": 32})}
     cands = [Candidate(id=n, title=n, proposer="offline", rank=i + 1, preserves_numerics=True, actions=[templates[n]])
              for i, n in enumerate(names)]
     return Space(candidates=cands, options={c.id: c.options() for c in cands})

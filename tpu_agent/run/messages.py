@@ -36,6 +36,7 @@ class StepRecord(BaseModel):
     wall_s: float
     loss: float | None = None
     device_bytes: int = 0
+    compiled: bool = Field(False, description="XLA compiled during the step: its time is not the steady state's")
 
 
 class Ended(BaseModel):

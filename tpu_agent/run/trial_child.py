@@ -33,13 +33,17 @@ class TrialSession:
         self.step = 0
         self.last = None
         self.loss = None
+        self.compiled = False  # an XLA compile since the last step boundary
 
     def start(self) -> None:
         from tpu_agent.backend.steps import add_step_listener
         from tpu_agent.plan.runtime import apply_runtime
 
+        import jax
+
         applied = apply_runtime(self.plan)
         self._patch_backward()
+        jax.monitoring.register_event_duration_secs_listener(self._on_jax_event)
         add_step_listener(self._on_step)
         self._send(Ready(notes=applied.notes))
         self._wait_for_go()
@@ -61,9 +65,15 @@ class TrialSession:
         now = time.perf_counter()
         self.step += 1
         loss = float(self.loss.item()) if self.loss is not None else None
-        self._send(StepRecord(step=self.step, wall_s=now - self.last, loss=loss, device_bytes=_device_bytes()))
+        self._send(StepRecord(step=self.step, wall_s=now - self.last, loss=loss, device_bytes=_device_bytes(),
+                              compiled=self.compiled))
         self._wait_for_go()
+        self.compiled = False
         self.last = time.perf_counter()
+
+    def _on_jax_event(self, event: str, duration: float, **_kw) -> None:
+        if event.startswith("/jax/core/compile/"):
+            self.compiled = True
 
     def _send(self, message: BaseModel) -> None:
         self.report.write(message.model_dump_json() + "\n")
