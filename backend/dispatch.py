@@ -237,7 +237,7 @@ def execute(func, lowering: Lowering, args, kwargs):
         if RECORDER.capture is not None:
             RECORDER.capture.note_rng(base, counter)
     key.append(modes.current_precision())
-    key.append(padding.multiple())
+    key.append(padding.key())
     jit = lowering.jit and not (lowering.eager_if is not None and lowering.eager_if(*args, **kwargs))
     key.append(jit)
     key = tuple(key)

@@ -6,6 +6,11 @@ same way. Zeros added along a contracted dim contribute nothing to the sums
 and padded rows, columns and channels are cut away, so results match the
 unpadded op up to summation order (gradients too: they flow back through the
 same pad and slice). Whether it pays is for measurement to decide.
+
+Padding can be targeted: with `sizes`, only dims of those sizes are padded
+(a GPT-2 LM head's vocabulary of 50257, say), the rest run as they are, so
+the copies padding costs are paid only where the tiles are badly filled.
+`TPU_AGENT_PAD_OPS=MULTIPLE` or `MULTIPLE:SIZE,SIZE` sets it for a process.
 """
 
 from __future__ import annotations
@@ -14,23 +19,49 @@ import os
 
 import jax.numpy as jnp
 
-_multiple = int(os.environ.get("TPU_AGENT_PAD_OPS", "0") or 0)
+
+def parse(text: str) -> tuple[int, frozenset[int]]:
+    """`"256"` or `"256:50257,1000"` -> (256, {50257, 1000}); `""` -> off."""
+    text = (text or "").strip()
+    if not text:
+        return 0, frozenset()
+    multiple, _, sizes = text.partition(":")
+    try:
+        return int(multiple), frozenset(int(s) for s in sizes.split(",") if s.strip())
+    except ValueError:
+        raise ValueError(f"TPU_AGENT_PAD_OPS={text!r}: expected MULTIPLE or MULTIPLE:SIZE,SIZE (integers)") from None
+
+
+_multiple, _sizes = parse(os.environ.get("TPU_AGENT_PAD_OPS", ""))
 
 
 def multiple() -> int:
-    """The current multiple (0: off); part of every op's compile-cache key."""
+    """The current multiple (0: off)."""
     return _multiple
 
 
-def set_multiple(value: int) -> None:
-    global _multiple
-    if value < 0:
-        raise ValueError("the padding multiple must be >= 0")
-    _multiple = int(value)
+def key() -> tuple[int, frozenset[int]]:
+    """What the padding does (multiple and target sizes): part of every op's compile-cache key."""
+    return _multiple, _sizes
+
+
+def set_multiple(value: int, sizes=()) -> None:
+    """Pad to multiples of `value` (0: off); only dims of `sizes` when given."""
+    global _multiple, _sizes
+    if value < 0 or any(s < 1 for s in sizes):
+        raise ValueError("the padding multiple must be >= 0 and the target sizes >= 1")
+    _multiple, _sizes = int(value), frozenset(int(s) for s in sizes)
 
 
 def _up(n: int, m: int) -> int:
     return -(-n // m) * m
+
+
+def _target(n: int) -> int:
+    """The size dim `n` is padded to (itself when padding is off or `n` is not targeted)."""
+    if not _multiple or (_sizes and n not in _sizes):
+        return n
+    return _up(n, _multiple)
 
 
 def _pad_axis(x, axis: int, size: int):
@@ -43,24 +74,23 @@ def _pad_axis(x, axis: int, size: int):
 
 def matmul(a, b):
     """`a @ b` for a (..., M, K) and b (..., K, N), computed on padded shapes when enabled."""
-    m = _multiple
-    if not m or a.ndim < 2 or b.ndim < 2:
+    if not _multiple or a.ndim < 2 or b.ndim < 2:
         return jnp.matmul(a, b)
     rows, inner, cols = a.shape[-2], a.shape[-1], b.shape[-1]
-    pr, pk, pc = _up(rows, m), _up(inner, m), _up(cols, m)
+    pr, pk, pc = _target(rows), _target(inner), _target(cols)
     if (pr, pk, pc) == (rows, inner, cols):
         return jnp.matmul(a, b)
     a = _pad_axis(_pad_axis(a, a.ndim - 2, pr), a.ndim - 1, pk)
     b = _pad_axis(_pad_axis(b, b.ndim - 2, pk), b.ndim - 1, pc)
-    return jnp.matmul(a, b)[..., :rows, :cols]
+    out = jnp.matmul(a, b)
+    return out if (pr, pc) == (rows, cols) else out[..., :rows, :cols]
 
 
 def conv(input, weight, run):
     """`run(input, weight)` (an ungrouped NC... x OI... convolution) on channel counts padded to the multiple."""
-    m = _multiple
     c_out, c_in = weight.shape[0], weight.shape[1]
-    po, pi = (_up(c_out, m), _up(c_in, m)) if m else (c_out, c_in)
+    po, pi = _target(c_out), _target(c_in)
     if (po, pi) == (c_out, c_in):
         return run(input, weight)
     out = run(_pad_axis(input, 1, pi), _pad_axis(_pad_axis(weight, 0, po), 1, pi))
-    return out[:, :c_out]
+    return out if po == c_out else out[:, :c_out]

@@ -81,25 +81,40 @@ class PadDim(_Action):
 
 
 class PadOps(_Action):
-    """The backend zero-pads matmul/convolution operand dims to a multiple and slices results."""
+    """The backend zero-pads matmul/convolution operand dims to a multiple and slices results: every dim, or only
+    dims of the target `sizes` (the vocabulary dim of an LM head, say)."""
 
     group: ClassVar[Group] = "padding"
-    hint: ClassVar[str] = "{multiple}"
+    hint: ClassVar[str] = "{multiple, sizes (optional: only dims of these sizes are padded)}"
     kind: Literal["pad_ops"] = "pad_ops"
     multiple: int = Field(128, ge=2, le=1024)
+    sizes: tuple[int, ...] = Field((), description="only dims of these sizes (empty: every dim)")
+
+    @field_validator("sizes")
+    @classmethod
+    def _sorted(cls, sizes):
+        if any(s < 2 for s in sizes):
+            raise ValueError("pad_ops sizes must be >= 2")
+        return tuple(sorted(set(sizes)))
 
     @property
     def preserves_numerics(self) -> bool:
         return True
 
+    def describe(self) -> str:
+        sizes = f',"sizes":{json.dumps(list(self.sizes), separators=(",", ":"))}' if self.sizes else ""
+        return f'pad_ops {{"multiple":{self.multiple}{sizes}}}'
+
     def instruction(self) -> str:
-        return f"operand padding: `TPU_AGENT_PAD_OPS={self.multiple}`"
+        target = f":{','.join(map(str, self.sizes))}" if self.sizes else ""
+        return f"operand padding: `TPU_AGENT_PAD_OPS={self.multiple}{target}`"
 
     def apply(self, applied: "Applied") -> None:
         from tpu_agent.backend import padding
 
-        padding.set_multiple(self.multiple)
-        applied.notes.append(f"matmul operands padded to multiples of {self.multiple}")
+        padding.set_multiple(self.multiple, self.sizes)
+        only = f" (dims of size {', '.join(map(str, self.sizes))} only)" if self.sizes else ""
+        applied.notes.append(f"matmul operands padded to multiples of {self.multiple}{only}")
 
 
 class Mesh(_Action):
