@@ -84,7 +84,11 @@ def result_of(proc) -> dict:
 
 
 def test_tune_records_trials_writes_a_report_and_resume_repeats_nothing(project: Path):
-    first = result_of(tune(project, "--trials", "3", "--study", "s1"))
+    proc = tune(project, "--trials", "3", "--study", "s1")
+    first = result_of(proc)
+    # the one command that opens the study (tests/search/test_dashboard.py opens it), on stderr with --json
+    assert f"live: optuna-dashboard sqlite:///{project / 'studies.db'}" in proc.stderr
+    assert "\x1b[" not in proc.stderr and "ETA" not in proc.stderr  # piped: plain lines, no progress bar
     assert len(first["trials"]) == 3
     assert all(t["state"] in {"complete", "numerics", "pruned", "repeated", "invalid", "failed"} for t in first["trials"])
     run_dir = Path(first["run_dir"])
