@@ -1,6 +1,6 @@
 """Which pruner the search keeps: Optuna's median pruner or its WilcoxonPruner, on the bundled examples.
 
-    .venv/bin/python benchmarks/pruners.py                              # odd_shapes, 10 trials
+    .venv/bin/python benchmarks/pruners.py                              # mlp, 10 trials (2.6 min here)
     .venv/bin/python benchmarks/pruners.py --examples odd_shapes cnn --trials 12
     .venv/bin/python benchmarks/pruners.py --examples mlp --save rec/   # then --load rec/: replays, no measuring
 
@@ -192,7 +192,7 @@ def replay(rec: Recording, work: Path, check=None) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", nargs="+", default=["odd_shapes"])
+    parser.add_argument("--examples", nargs="+", default=["mlp"])
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--save", type=Path, metavar="DIR", help="keep each recording (<example>.pkl) for --load")
