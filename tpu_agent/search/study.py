@@ -267,6 +267,12 @@ def _invalid_for_devices(plan: Plan, options: TuneOptions) -> str | None:
     return f"invalid combination: mesh {dict(mesh.axes)} needs {mesh.devices} devices, {options.devices} available"
 
 
+def _classes(plan: Plan) -> list[str] | None:
+    """What the plan's actions change (exact, numerics, model, training), where plans carry it."""
+    effects = getattr(plan, "effects", None)
+    return effects() if callable(effects) else None
+
+
 MIN_STEADY = 3  # pairs without compilation the speedup needs; with fewer, every pair counts
 
 
@@ -322,6 +328,8 @@ def search(study: optuna.Study, space: Space, runner: Runner, options: TuneOptio
                                               reason=f"invalid combination: {exc}"), fail=True)
         trial.set_user_attr("plan", plan.model_dump(mode="json"))
         trial.set_user_attr("description", plan.describe())
+        if _classes(plan) is not None:
+            trial.set_user_attr("class", _classes(plan))
         if not plan.actions:  # every candidate off: the baseline itself, by definition 1.0
             return _finish(trial, TrialRecord(number=trial.number, plan=plan, state="repeated", value=1.0,
                                               speedup=1.0, reason="no change: the baseline itself, not run"))
@@ -482,6 +490,8 @@ def note_verdicts(study: optuna.Study, verdicts: list, best) -> None:
 
     def brief(verdict) -> dict:
         out = {"plan": verdict.plan.describe(), "accepted": verdict.accepted, "reason": verdict.reason}
+        if _classes(verdict.plan) is not None:
+            out["class"] = _classes(verdict.plan)
         if verdict.speed is not None:
             out.update(speedup=verdict.speed.speedup, ci95=[verdict.speed.ci_low, verdict.speed.ci_high],
                        pairs=verdict.speed.pairs, per_sample=verdict.speed.per_sample)
