@@ -31,7 +31,14 @@ def mark_step() -> None:
     step_boundary("mark_step")
 
 
+# id(optimizer) -> elements of the parameters it updates, counted at its first step: what a change to the model's
+# widths or vocabulary adds, measured (the profile's `parameters`).
+trained: dict[int, int] = {}
+
+
 def _optimizer_step_hook(optimizer, args, kwargs) -> None:
+    if id(optimizer) not in trained:
+        trained[id(optimizer)] = sum({id(p): p.numel() for g in optimizer.param_groups for p in g["params"]}.values())
     step_boundary("optimizer")
 
 

@@ -41,6 +41,7 @@ def build_profile(d: "Collected", run: "RunInfo", exit_code: int, error: str | N
     from tpu_agent.backend import executables
     from tpu_agent.backend.lazy import RECORDER
     from tpu_agent.backend.state import STATS
+    from tpu_agent.backend.steps import trained
 
     s = run.settings
     notes = list(d.notes)
@@ -181,6 +182,7 @@ def build_profile(d: "Collected", run: "RunInfo", exit_code: int, error: str | N
         script=os.path.abspath(run.script), args=list(run.args), cwd=os.getcwd(),
         run_dir=str(run.run_dir), settings=s, mode_used=mode_used,
         environment=environment, device=device, steps=steps_section, flops=flops, memory=memory,
+        parameters=sum(trained.values()) if trained else None,
         executables=sorted(exe_rows, key=lambda r: -(r.flops * r.calls_per_step)),
         hot_ops=hot, padding=pad, recompilations=recompiles, graph_breaks=breaks, transfers=transfers,
         fallbacks=dict(STATS.fallbacks), target=target,

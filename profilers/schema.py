@@ -315,6 +315,8 @@ class Profile(BaseModel):
     steps: Steps
     flops: Flops | None = None
     memory: Memory = Field(default_factory=Memory)
+    parameters: int | None = Field(None, description="measured: elements of the parameters the optimizers update "
+                                   "(each counted at its first step); None: no optimizer step")
     executables: list[Executable] = Field(default_factory=list)
     hot_ops: list[HotOp] = Field(default_factory=list)
     padding: Padding | None = None

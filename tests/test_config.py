@@ -63,7 +63,7 @@ def test_nearest_pyproject_with_the_table_is_used(tmp_path: Path) -> None:
     "table,message",
     [
         ("trails = 3", "unknown key 'trails' in [tool.tpu-agent]; did you mean 'trials'?"),
-        ("frobnicate = 1", "unknown key 'frobnicate' in [tool.tpu-agent] (known keys: apply, "),
+        ("frobnicate = 1", "unknown key 'frobnicate' in [tool.tpu-agent] (known keys: allow, apply, "),
         ("trials = '20'", "[tool.tpu-agent] trials: Input should be a valid integer (got '20')"),
         ("objective = 'speed'", "[tool.tpu-agent] objective: Input should be 'time', 'memory' or 'both'"),
         ("min-gain = -0.1", "[tool.tpu-agent] min-gain: Input should be greater than or equal to 0"),

@@ -67,6 +67,17 @@ class TuneOptions(BaseModel):
     rounds: int = Field(1, ge=1, description="propose-search rounds (the claude proposer sees earlier results)")
     token_budget: int = Field(200_000, ge=1000, description="Claude tokens for the whole tune")
     candidates: int = Field(6, ge=1, description="how many top candidates span the search space")
+    allow: list[Literal["model", "training"]] = Field(default_factory=list, description=(
+        "classes of change searched beyond exact and numerics: model (architecture: widths, vocabulary rows), "
+        "training (batch size, sequence length); the data is never changed"))
+
+    @field_validator("allow", mode="before")
+    @classmethod
+    def _comma_separated(cls, value):
+        items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+        if isinstance(items, list) and "data" in items:
+            raise ValueError("data is never changed by the tuner (allow takes model, training)")
+        return sorted(set(items)) if isinstance(items, list) else items
 
     @field_validator("playbooks", mode="before")
     @classmethod
@@ -85,6 +96,8 @@ class TuneOptions(BaseModel):
         """What makes two runs the same study: the script, its args and the measuring settings."""
         keep = self.model_dump(include={"steps", "warmup", "target", "objective", "min_gain", "loss_tol"})
         keep["devices"] = self.devices if self.devices > 1 else None  # as studies made before recorded it
+        if self.allow:  # another search space; absent when empty, as studies made before recorded it
+            keep["allow"] = self.allow
         text = json.dumps({"script": str(script), "args": args, **keep}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 

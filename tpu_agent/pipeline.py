@@ -24,6 +24,7 @@ from tpu_agent.profilers.schema import Profile
 from tpu_agent.propose import knobs as knob_finder
 from tpu_agent.propose import make_proposer as _make_proposer
 from tpu_agent.propose.playbook import load_playbooks
+from tpu_agent.propose.scope import candidates_in_scope, knobs_in_scope
 from tpu_agent.report.result import TuneResult, summary_of
 from tpu_agent.run.tune_profile import profile_for_tune
 from tpu_agent.search.measure import Runner
@@ -62,9 +63,14 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
         console.print("[yellow]interrupted during the baseline: nothing was measured yet[/yellow]")
         return result.save(t_start)
     result.baseline_profile, result.summary = str(profile_path), summary_of(profile, None)
-    knobs = knob_finder.discover(script, profile=profile, script_args=args, profile_path=str(profile_path)).knobs
-    batch_knob = next((k for k in knobs if k.batch and not k.overridden), None)
+    result.parameters = [profile.parameters, None]
+    every_knob = knob_finder.discover(script, profile=profile, script_args=args, profile_path=str(profile_path)).knobs
+    batch_knob = next((k for k in every_knob if k.batch and not k.overridden), None)
     baseline_batch = batch_knob.value if batch_knob else None
+    knobs, left = knobs_in_scope(every_knob, options.allow)
+    result.left_out = [line for _, line in left]
+    for _, line in [x for x in left if x[0].matched_ops][:5]:  # those of the hot ops; every one is in the report
+        console.print(f"[dim]{escape(line)}[/dim]")
 
     # propose + search, round after round
     playbooks = load_playbooks(options.playbooks)
@@ -87,10 +93,12 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
         for round_number in range(1, options.rounds + 1):
             round_ = agent.propose(profile, knobs, playbooks, [t.outcome() for t in result.trials if not t.earlier],
                                    round_number)  # this run's trials: a resumed study keeps its search space
+            round_, out_of_scope = candidates_in_scope(round_, options.allow)
             result.proposer = round_.proposer
             result.proposer_notes += list(round_.notes)
-            for note in round_.notes:
-                console.print(f"[yellow]{note}[/yellow]")
+            result.left_out += out_of_scope
+            for note in [*round_.notes, *out_of_scope]:
+                console.print(f"[yellow]{escape(note)}[/yellow]")
             space = build_space(round_, options.candidates, space)
             result.candidates = list(space.candidates)
             if not space.candidates:
@@ -114,7 +122,8 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
     phase = "verification"
     try:
         for plan in ([] if result.interrupted else ranked_plans(study)[:3]):
-            console.print(f"[bold]verify[/bold]: {plan.describe()} (fresh processes, interleaved pairs)")
+            console.print(f"[bold]verify[/bold]: {plan.describe()} [{' + '.join(plan.effects())}] "
+                          "(fresh processes, interleaved pairs)")
             verdict = verify(plan, runner, options, baseline_batch, profile)
             result.verdicts.append(verdict)
             result.save(t_start)
@@ -126,8 +135,11 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
                 if options.objective != "memory" and not verdict.estimate_note:
                     phase = "ablation"
                     verdict = settle(verdict, runner, options, baseline_batch, profile, console, result.verdicts)
-                result.best, result.summary = verdict, summary_of(profile, verdict)
-                break
+                    phase = "verification"
+                if verdict.accepted:
+                    result.best, result.summary = verdict, summary_of(profile, verdict)
+                    break
+                result.best, result.summary = None, summary_of(profile, None)  # its gain needed what was left out
     except KeyboardInterrupt:
         result.interrupted, result.interrupted_during = True, phase
         kept = f"; the verified plan stands ({result.best.plan.describe()})" if result.best else ""
@@ -163,6 +175,7 @@ def profile_plan(script: Path, args: list[str], run_dir: Path, options: TuneOpti
                       "verified step time only[/yellow]")
         return
     result.plan_profile, result.summary = str(path), summary_of(baseline, best, measured)
+    result.parameters = [baseline.parameters, measured.parameters]
 
 
 def _hold_optuna_log():

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from support.paths import REPO
 from support.processes import one_error_line, run_tool
 from support.fake_profiles import make_profile
 from tpu_agent.cli.diff import compare
@@ -100,25 +99,6 @@ def test_diff_command_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
     assert one_error_line(proc).startswith("error: bad.json: not JSON")
     neg = run_tool("diff", str(good), str(good), "--fail-above", "-1", cwd=tmp_path)
     assert neg.returncode == 2 and "--fail-above" in one_error_line(neg)
-
-
-
-def test_readme_ci_job_is_valid_yaml_that_gates_on_diff() -> None:
-    import re
-
-    import yaml
-
-    readme = (REPO / "README.md").read_text()
-    block = next(b for b in re.findall(r"```yaml\n(.*?)```", readme, re.S) if "tpu-agent diff" in b)
-    job = yaml.safe_load(block)
-    steps = job["jobs"]["perf"]["steps"]
-    compare = next(s for s in steps if s.get("id") == "diff")
-    assert "--fail-above" in compare["run"] and "$GITHUB_OUTPUT" in compare["run"]
-    assert any("gh pr comment" in s.get("run", "") for s in steps)
-    assert steps[-1]["if"] == "steps.diff.outputs.code != '0'"
-    # The profile flags the job uses exist.
-    help_text = run_tool("profile", "--help", cwd=Path.cwd()).stdout
-    assert "--output-dir" in help_text and "--steps" in help_text
 
 
 def test_a_directory_without_a_profile_is_named(tmp_path):

@@ -190,6 +190,10 @@ def test_the_knob_finders_knobs_give_the_same_ranking(name):
     found = discover(RECORDED / f"{name}.py", profile=prof).knobs
     ours = [c.model_dump() for c in propose_offline(prof, example_knobs(name)).candidates]
     theirs = [c.model_dump() for c in propose_offline(prof, found).candidates]
+    for c in [*ours, *theirs]:  # the finder also says what each literal changes, which the plain knobs do not
+        for t in c["actions"]:
+            for spot in [t["fixed"], *t["tied"]]:
+                spot.pop("effect", None), spot.pop("batch", None)
     assert theirs == ours
 
 

@@ -4,22 +4,20 @@ end; Ctrl-C in the baseline: test_tune_baseline.py.)"""
 
 from __future__ import annotations
 
-import io
 import json
 import sqlite3
 from pathlib import Path
 
 import pytest
-from rich.console import Console
-
-from support.fake_profiles import make_profile
-from support.fake_runner import FakeRunner
-from tpu_agent import pipeline
-from tpu_agent.config import TuneOptions
+from support.fake_tune import tune as fake_tune
 from tpu_agent.propose.base import ProposalRound, Proposer
 from tpu_agent.propose.candidates import ActionTemplate, Candidate
 
 TRIALS = 5
+
+
+def tune(project, monkeypatch, interrupt_at=None, resume=False):
+    return fake_tune(project, monkeypatch, TwoGroups(), trials=TRIALS, interrupt_at=interrupt_at, resume=resume)
 
 
 class TwoGroups(Proposer):
@@ -34,35 +32,6 @@ class TwoGroups(Proposer):
             Candidate(id="fuse", title="fused execution", proposer="offline", rank=2, preserves_numerics=True,
                       actions=[ActionTemplate(kind="compile", fixed={"mode": "fused"})]),
         ])
-
-
-def fake_profile(script, args, run_dir, options, plan=None):
-    """The baseline at 10 ms a step; the verified plan at 7.2 ms (0.8 x 0.9) with its own memory figures."""
-    profile = make_profile(script=str(script), step_s=0.010 if plan is None else 0.0072,
-                           xla_peak=(100 if plan is None else 90) << 20)
-    path = Path(run_dir) / ("baseline-profile.json" if plan is None else "plan-profile.json")
-    path.write_text(profile.model_dump_json())
-    return profile, path
-
-
-def interrupted_profile(script, args, run_dir, options, plan=None):
-    if plan is not None:
-        raise KeyboardInterrupt
-    return fake_profile(script, args, run_dir, options)
-
-
-def tune(project: Path, monkeypatch, interrupt_at=None, resume=False):
-    runner = FakeRunner(interrupt_at=interrupt_at if interrupt_at != ("profile", 1) else None)
-    monkeypatch.setattr(pipeline, "Runner", lambda *args, **kwargs: runner)
-    monkeypatch.setattr(pipeline, "profile_for_tune", interrupted_profile if interrupt_at == ("profile", 1) else
-                        fake_profile)
-    monkeypatch.setattr(pipeline, "make_proposer", lambda *args, **kwargs: TwoGroups())
-    options = TuneOptions(trials=TRIALS, seed=0, study="s", resume=resume, storage=f"sqlite:///{project / 's.db'}",
-                          output_dir=str(project / "runs"))
-    out = io.StringIO()
-    result, files = pipeline.tune(project / "train.py", [], options, console=Console(file=out, width=200),
-                                  proposer="offline")
-    return result, runner, out.getvalue()
 
 
 def db_states(project: Path) -> list[str]:

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import random
 
-from tpu_agent.plan.actions import GROUPS, Plan
+from tpu_agent.plan.actions import Plan, unit_of
 from tpu_agent.search.measure import interleave
 from tpu_agent.search.trials import StepRecord
 
-# Step time factor of each group of actions on a 10 ms baseline step.
-FACTORS = {"padding": 0.8, "execution": 0.9, "precision": 1.2, "sharding": 1.0}
+# Step time factor of each unit of actions (plan.actions.unit_of) on a 10 ms baseline step; others: 1.
+FACTORS = {"padding": 0.8, "execution": 0.9, "precision (numerics)": 1.2}
 
 
 def step_time(plan: Plan, rng: random.Random, factors: dict[str, float] = FACTORS) -> float:
     t = 0.010
-    for group in {GROUPS[a.kind] for a in plan.actions}:
-        t *= factors[group]
+    for unit in {unit_of(a) for a in plan.actions}:
+        t *= factors.get(unit, 1.0)
     return t * rng.uniform(0.98, 1.02)
 
 
@@ -43,7 +43,7 @@ class FakeRunner:
         self.measured: list[tuple[str, ...]] = []
 
     def _pairs(self, name, base, cand, pairs, report=None):
-        self.measured.append((name, *sorted(GROUPS[x.kind] for x in cand.plan.actions)))
+        self.measured.append((name, *sorted({unit_of(x) for x in cand.plan.actions})))
         if self.interrupt_at and name.startswith(self.interrupt_at[0]) and \
                 sum(m[0].startswith(self.interrupt_at[0]) for m in self.measured) == self.interrupt_at[1]:
             base.step(), cand.step()

@@ -4,38 +4,83 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from support.fake_runner import FakeRunner
+from support.fake_runner import FACTORS, FakeRunner
 from tpu_agent.config import TuneOptions as TuneSettings
 from tpu_agent.plan.actions import Compile, MatmulPrecision, PadDim, PadOps, Plan
 from tpu_agent.report import markdown as report
+from tpu_agent.verify import ablation
 from tpu_agent.verify.ablation import settle
-from tpu_agent.verify.verdict import verify
+from tpu_agent.verify.stats import speedup
+from tpu_agent.verify.verdict import Attribution, Verdict, verify
 
 PAD = PadDim(file="t.py", line=3, column=8, old=63, new=64, name="WIDTH")
 
 
-def test_a_slowing_group_is_left_out_and_the_smaller_plan_verified():
-    settings = TuneSettings(seed=0)
-    plan = Plan(actions=[PAD, PadOps(multiple=8), Compile(mode="fused"), MatmulPrecision(precision="default")])
-    runner, verdicts = FakeRunner(), []
+def settled(plan: Plan, factors: dict[str, float] = FACTORS):
+    settings, runner, verdicts = TuneSettings(seed=0), FakeRunner(factors=factors), []
     first = verify(plan, runner, settings, None)
-    assert first.accepted  # 0.8 * 0.9 * 1.2 = 0.864 of the baseline's time
-    best = settle(first, runner, settings, None, None, Console(quiet=True), verdicts)
+    assert first.accepted
+    return first, settle(first, runner, settings, None, None, Console(quiet=True), verdicts), runner, verdicts
+
+
+def test_a_slowing_group_is_left_out_and_the_smaller_plan_verified():
+    factors = {**FACTORS, "padding (model)": 0.85}
+    plan = Plan(actions=[PAD, PadOps(multiple=8), Compile(mode="fused"), MatmulPrecision(precision="default")])
+    first, best, runner, verdicts = settled(plan, factors)  # 0.85 * 0.8 * 0.9 * 1.2 of the baseline's time
 
     assert best is not first and best.accepted
     assert best.plan == Plan(actions=[PAD, PadOps(multiple=8), Compile(mode="fused")])
     assert best.speed.speedup > first.speed.speedup
-    assert len(best.left_out) == 1 and best.left_out[0].startswith("precision (matmul_precision")
-    # The first plan's ablation measured three groups; the smaller plan's, two, none of them slowing.
+    assert len(best.left_out) == 1 and best.left_out[0].startswith("precision (numerics) (matmul_precision")
+    assert "it slowed the verified plan" in best.left_out[0]
+    # The first plan's ablation measured four units; the smaller plan's, three, each earning its place.
     added = {a.group: a.speed.speedup for a in best.attribution}
-    assert set(added) == {"padding", "execution"}
+    assert set(added) == {"padding (model)", "padding", "execution"}
     assert abs(added["padding"] - 1 / 0.8) < 0.05 and abs(added["execution"] - 1 / 0.9) < 0.05
-    assert [m[0] for m in runner.measured] == ["verify-1", "ablate-padding", "ablate-execution", "ablate-precision",
-                                               "verify-2", "ablate-padding", "ablate-execution"]
+    assert [a.effect for a in best.attribution] == ["model", "exact", "exact"]
+    assert [m[0] for m in runner.measured] == [
+        "verify-1", "ablate-padding-model", "ablate-padding", "ablate-execution", "ablate-precision-numerics",
+        "verify-2", "ablate-padding-model", "ablate-padding", "ablate-execution"]
     assert verdicts == [best]
 
     text = report.markdown(_result(best, verdicts), {})
     assert "Left out of the search's best plan:* precision" in text and "Where the gain comes from" in text
+
+
+def test_the_ablation_drops_a_neutral_bf16_group():
+    """bf16 matmuls that neither help nor hurt: other rounding for nothing, so they go."""
+    factors = {**FACTORS, "precision (numerics)": 1.0}
+    first, best, _, _ = settled(Plan(actions=[Compile(mode="fused"), MatmulPrecision(precision="default")]), factors)
+    assert best.accepted and best.plan == Plan(actions=[Compile(mode="fused")])
+    (line,) = best.left_out
+    assert line.startswith("precision (numerics)") and "stays only for a gain of its own that clears --min-gain" in line
+
+
+def test_a_neutral_exact_group_is_dropped_and_a_model_change_must_clear_min_gain():
+    factors = {"execution": 0.8, "padding": 1.0, "padding (model)": 0.99}  # pad_ops neutral; PadDim 1.01x
+    first, best, _, _ = settled(Plan(actions=[PAD, PadOps(multiple=8), Compile(mode="fused")]), factors)
+    assert best.accepted and best.plan == Plan(actions=[Compile(mode="fused")])
+    reasons = dict(line.split(": ", 1) for line in best.left_out)
+    assert set(reasons) == {"padding (model) (WIDTH 63->64 (t.py:3))", 'padding (pad_ops {"multiple":8})'}
+    assert "a model change stays only for a gain of its own" in reasons["padding (model) (WIDTH 63->64 (t.py:3))"]
+    assert reasons['padding (pad_ops {"multiple":8})'].startswith("no gain of its own (neutral")
+
+
+def test_exact_units_that_carry_a_gain_only_together_stay(monkeypatch):
+    plan = Plan(actions=[PadOps(multiple=8), Compile(mode="fused")])
+    # each unit alone: about 1.005x with an interval spanning 1 (neutral)
+    neutral = speedup([0.0100] * 20, [0.0099, 0.0101, 0.0098, 0.0100] * 5, min_gain=0.03, seed=0)
+    assert neutral.ci_low <= 1.0 <= neutral.ci_high
+
+    def measured(plan, runner, options, baseline_batch, out):
+        out += [Attribution(group=unit, actions=Plan(actions=xs).describe(), without="-", speed=neutral, reason="")
+                for unit, xs in plan.units().items()]
+        return out
+
+    monkeypatch.setattr(ablation, "attribute", measured)
+    first = Verdict(plan=plan, accepted=True, reason="verified together")
+    best = ablation.settle(first, FakeRunner(), TuneSettings(seed=0), None, None, Console(quiet=True), [])
+    assert best is first and best.accepted and best.left_out == []  # together they carried the gain: both stay
 
 
 def test_a_single_group_plan_is_not_ablated():

@@ -7,10 +7,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from tpu_agent.cli.inputs import check_script
 from tpu_agent.cli.options import ScriptArg, ScriptArgs, stderr_console, stdout_console
 from tpu_agent.paths import shown_path
+from tpu_agent.report.effects import effect_lines
 
 
 def tune(
@@ -32,6 +34,7 @@ def tune(
     min_gain: Annotated[float | None, typer.Option(help="Keep a speedup only if its CI's lower end exceeds 1 + this. [default: 0.03]")] = None,
     loss_tol: Annotated[float | None, typer.Option(help="A shape-changing plan may end with a loss this much worse. [default: 0.02]")] = None,
     candidates: Annotated[int | None, typer.Option(help="Top candidates that span the search space. [default: 6]")] = None,
+    allow: Annotated[str | None, typer.Option("--allow", metavar="CLASSES", help="Also search these classes of change (comma-separated): model (architecture: widths, vocabulary rows), training (batch size, sequence length). The data is never changed. [default: exact and numerics only]")] = None,
     proposer: Annotated[str | None, typer.Option(help="auto | offline | claude (auto: claude when ANTHROPIC_API_KEY is set).")] = None,
     offline: Annotated[bool, typer.Option("--offline", help="Use the offline proposer even with an API key.")] = False,
     model: Annotated[str | None, typer.Option(help="Claude model for --proposer claude.")] = None,
@@ -62,7 +65,7 @@ def tune(
                  target=target, objective=objective, devices=devices, seed=seed, study=study, storage=storage,
                  resume=resume, min_gain=min_gain, loss_tol=loss_tol, candidates=candidates, apply=apply, force=force,
                  playbooks=playbooks or None, output_dir=output_dir, proposer=proposer, model=model, rounds=rounds,
-                 token_budget=token_budget)
+                 token_budget=token_budget, allow=allow)
     opts = resolve(script, flags).options
     chosen, why = choose_proposer(opts.proposer, offline)
     check_before_the_baseline(Path(script), opts, chosen)
@@ -76,7 +79,10 @@ def tune(
         console.print()
         best = result.best
         if best is not None:
-            console.print(f"[green bold]verified[/green bold]: {best.plan.describe()}")
+            console.print(f"[green bold]verified[/green bold] ({' + '.join(best.plan.effects())}): "
+                          f"{escape(best.plan.describe())}")
+            for line in effect_lines(best.plan, result.parameters):
+                console.print(f"  {line}", markup=False)
             console.print(f"  {best.reason}")
         elif result.interrupted:
             console.print("[yellow bold]interrupted[/yellow bold]: no change verified; what finished is in the "

@@ -27,12 +27,19 @@ if TYPE_CHECKING:
 SCHEMA_VERSION = 1
 MeshAxes = dict[str, int]
 Group = Literal["padding", "execution", "precision", "sharding"]
+# What an action does to the model, for the user: the same math (exact), the same model with other rounding
+# (numerics), another architecture (model), another batch or sequence length (training), or other data (data:
+# the tuner never proposes it). The search covers exact and numerics unless `--allow` opens more.
+Effect = Literal["exact", "numerics", "model", "training", "data"]
+EFFECTS: tuple[str, ...] = ("exact", "numerics", "model", "training", "data")
+EFFECT_TEXT = {"exact": "same math", "numerics": "same model, other rounding", "model": "a different architecture",
+               "training": "different training (batch or sequence length)", "data": "a change to the data"}
 
 
 class _Action(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    group: ClassVar[Group]
+    group: ClassVar[Group]  # and `effect` (see Effect), a field so that plan.json and report.json carry it
     single: ClassVar[bool] = True  # at most one per plan
     hint: ClassVar[str]  # its fields, as the Claude proposer's submit tool describes them
 
@@ -41,7 +48,7 @@ class _Action(BaseModel):
         raise NotImplementedError
 
     def describe(self) -> str:
-        fields = {k: v for k, v in self.model_dump().items() if k != "kind"}
+        fields = {k: v for k, v in self.model_dump().items() if k not in ("kind", "effect")}
         return f"{self.kind} {json.dumps(fields, separators=(',', ':'))}"
 
     def instruction(self) -> str | None:
@@ -65,6 +72,8 @@ class PadDim(_Action):
     old: int
     new: int
     name: str | None = None  # the variable it is assigned to, for reports
+    effect: Literal["model", "training", "data"] = "model"  # the knob finder's reading of the literal
+    batch: bool = False  # it sets the batch size: time is compared per sample
 
     @property
     def preserves_numerics(self) -> bool:
@@ -85,6 +94,7 @@ class PadOps(_Action):
     dims of the target `sizes` (the vocabulary dim of an LM head, say)."""
 
     group: ClassVar[Group] = "padding"
+    effect: Literal["exact"] = "exact"
     hint: ClassVar[str] = "{multiple, sizes (optional: only dims of these sizes are padded)}"
     kind: Literal["pad_ops"] = "pad_ops"
     multiple: int = Field(128, ge=2, le=1024)
@@ -121,6 +131,7 @@ class Mesh(_Action):
     """A device mesh over the available devices, e.g. {"data": 4} or {"data": 2, "model": 2}."""
 
     group: ClassVar[Group] = "sharding"
+    effect: Literal["exact"] = "exact"
     hint: ClassVar[str] = "{axes: {name: size}}"
     kind: Literal["mesh"] = "mesh"
     axes: MeshAxes
@@ -154,6 +165,7 @@ class ShardRule(_Action):
     """Parameters whose name matches the glob `pattern` are split with this PartitionSpec."""
 
     group: ClassVar[Group] = "sharding"
+    effect: Literal["exact"] = "exact"
     single: ClassVar[bool] = False
     hint: ClassVar[str] = "{pattern (glob over parameter names), spec (list of mesh axis names or null per dim)}"
     kind: Literal["shard_rule"] = "shard_rule"
@@ -175,6 +187,7 @@ class BatchSharding(_Action):
     """The model's tensor inputs are split along dim 0 over mesh axis `axis` (data parallel)."""
 
     group: ClassVar[Group] = "sharding"
+    effect: Literal["exact"] = "exact"
     hint: ClassVar[str] = "{axis}"
     kind: Literal["batch_sharding"] = "batch_sharding"
     axis: str = "data"
@@ -194,6 +207,7 @@ class Compile(_Action):
     """How the step executes: op by op, fused at sync points, or compiled as one program."""
 
     group: ClassVar[Group] = "execution"
+    effect: Literal["exact"] = "exact"
     hint: ClassVar[str] = "{mode: eager|fused|compiled}"
     kind: Literal["compile"] = "compile"
     mode: Literal["eager", "fused", "compiled"]
@@ -228,10 +242,18 @@ class MatmulPrecision(_Action):
     hint: ClassVar[str] = "{precision: default|high|highest}"
     kind: Literal["matmul_precision"] = "matmul_precision"
     precision: Literal["default", "high", "highest"]
+    effect: Literal["exact", "numerics"] = "numerics"
 
     @property
     def preserves_numerics(self) -> bool:
         return self.precision == "highest"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _effect_of_precision(cls, data):
+        if isinstance(data, dict) and "precision" in data:  # decided by the precision, never given
+            data = {**data, "effect": "exact" if data["precision"] == "highest" else "numerics"}
+        return data
 
     def instruction(self) -> str:
         return f"matmul precision: `with torch.tpu.precision(torch.tpu.Precision.{self.precision.upper()}):`"
@@ -249,6 +271,11 @@ ACTION_MODELS: dict[str, type[_Action]] = {cls.model_fields["kind"].default: cls
 ACTION_KINDS: tuple[str, ...] = tuple(ACTION_MODELS)
 ActionKind = Literal[ACTION_KINDS]  # type: ignore[valid-type]
 GROUPS: dict[str, Group] = {kind: cls.group for kind, cls in ACTION_MODELS.items()}
+
+
+def unit_of(action) -> str:
+    """`padding`, or `padding (model)` for an action that is not exact: the ablation's unit."""
+    return action.group if action.effect == "exact" else f"{action.group} ({action.effect})"
 
 
 class Plan(BaseModel):
@@ -290,14 +317,20 @@ class Plan(BaseModel):
     def preserves_numerics(self) -> bool:
         return all(a.preserves_numerics for a in self.actions)
 
+    def effects(self) -> list[str]:
+        """The classes of its actions, in EFFECTS order."""
+        present = {a.effect for a in self.actions}
+        return [e for e in EFFECTS if e in present]
+
     def of(self, cls):
         return [a for a in self.actions if isinstance(a, cls)]
 
-    def groups(self) -> dict[str, list]:
-        """Its actions by group, in the order the groups first appear."""
+    def units(self) -> dict[str, list]:
+        """Its actions by what an ablation weighs on its own: the group, split by effect (padding that changes
+        the model apart from padding that does not), in the order they first appear."""
         out: dict[str, list] = {}
         for action in self.actions:
-            out.setdefault(action.group, []).append(action)
+            out.setdefault(unit_of(action), []).append(action)
         return out
 
     def describe(self) -> str:
@@ -305,7 +338,8 @@ class Plan(BaseModel):
 
     def key(self) -> str:
         """A canonical text: two plans with the same actions have the same key."""
-        items = sorted(json.dumps(a.model_dump(), sort_keys=True) for a in self.actions)
+        # without the classes: the same change has the same key in studies recorded before they existed
+        items = sorted(json.dumps(a.model_dump(exclude={"effect", "batch"}), sort_keys=True) for a in self.actions)
         return json.dumps(items)
 
     def save(self, path: Path) -> None:

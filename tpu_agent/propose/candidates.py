@@ -22,7 +22,8 @@ _ACTION = TypeAdapter(Action)
 
 
 def action_key(action) -> str:
-    return json.dumps(action.model_dump(mode="json"), sort_keys=True)
+    """What the action changes, canonical: its class fields (effect, batch) are the tool's reading, not the change."""
+    return json.dumps(action.model_dump(mode="json", exclude={"effect", "batch"}), sort_keys=True)
 
 
 class Evidence(BaseModel):
@@ -89,6 +90,8 @@ class ActionTemplate(BaseModel):
             return "pad_dim@" + ",".join(spots)
         if self.kind == "shard_rule":
             return f"shard_rule@{self.fixed.get('pattern', '*')}"
+        if self.kind == "pad_ops" and self.fixed.get("sizes"):  # targeted padding is another change than padding all
+            return f"pad_ops@{','.join(map(str, sorted(self.fixed['sizes'])))}"
         return self.kind
 
 

@@ -65,12 +65,14 @@ METRICS: dict[str, tuple[str, Callable[[Profile], Any]]] = {
 _MXU = {"v6e": 256, "v7x": 256, "v7": 256}
 
 # $name -> (what it means, its value for a profile, a sample used to check templates at load)
-VARIABLES: dict[str, tuple[str, Callable[[Profile], int], int]] = {
+VARIABLES: dict[str, tuple[str, Callable[[Profile], Any], Any]] = {
     "$mxu": ("MXU edge of the generation the padding report models (128; 256 on v6e/v7x)",
              lambda p: p.padding.mxu if p.padding else _MXU.get((p.device.generation or "") if p.device else "", 128), 128),
     "$devices": ("devices available", _devices, 2),
     "$sublanes": ("rows of a 32-bit TPU tile", lambda p: 8, 8),
     "$batch_multiple": ("8 rows per tile times the data-parallel degree", lambda p: 8 * max(1, _devices(p)), 16),
+    # filled in per playbook from its own targets.dims (offline.py); a list of sizes
+    "$dims": ("the sizes of the unaligned dims the playbook's targets.dims selects", lambda p: [], [1000]),
 }
 
 

@@ -28,7 +28,8 @@ from pydantic import BaseModel, Field
 
 from tpu_agent.plan.actions import PadDim
 from tpu_agent.profilers.padding import round_up
-from tpu_agent.propose.size_args import BATCH_NAME, DIM_KEYWORDS, FACTORIES, MODULE_DIMS, SIZE_METHODS
+from tpu_agent.propose.size_args import (BATCH_NAME, DIM_KEYWORDS, FACTORIES, KEYWORD_ROLES, MODULE_DIMS, SIZE_METHODS,
+                                         Effect, effect_of)
 
 MULTIPLES = (8, 128, 256)  # sublane rows, lanes / v4-v5 MXU edge, v6e-v7 MXU edge
 MAX_FILES = 50
@@ -51,6 +52,9 @@ class Knob(BaseModel):
     aligned_to: int = Field(description="the largest of 8/128/256 that divides the value (1: none)")
     derived: list[int] = Field(default_factory=list, description="other dims computed from it, e.g. 3 * D_MODEL")
     batch: bool = Field(False, description="it sets the batch size: compare speed per sample")
+    effect: Effect = Field("model", description="what padding it changes: the architecture (model), the batch or "
+                           "sequence length (training), or the shape of the user's data (data: never proposed)")
+    effect_why: str = Field("", description="the use that decided its effect")
     overridden: str | None = Field(None, description="why its value is not the one used, e.g. set on the command line")
     group: str | None = Field(None, description="bare literals of one value in one function or class body: "
                               "usually one dim written twice (Conv2d(3, 16) then BatchNorm2d(16)), so padded together")
@@ -60,7 +64,7 @@ class Knob(BaseModel):
     padding_waste: float | None = Field(None, description="estimate: its share of the profile's padded dot/conv work")
 
     def pad_dim(self, new: int) -> PadDim:
-        return PadDim(file=self.file, line=self.line, column=self.column, old=self.value, new=new, name=self.name)
+        return PadDim(new=new, **self.position())
 
     @property
     def id(self) -> str:
@@ -72,7 +76,8 @@ class Knob(BaseModel):
 
     def position(self) -> dict:
         """The PadDim fields that say which literal to rewrite."""
-        return {"file": self.file, "line": self.line, "column": self.column, "old": self.value, "name": self.name}
+        return {"file": self.file, "line": self.line, "column": self.column, "old": self.value, "name": self.name,
+                "effect": self.effect, "batch": self.batch}
 
     def group_members(self, knobs: Sequence["Knob"]) -> list["Knob"]:
         """The other literals of its group (one dim written in several places)."""
@@ -132,7 +137,8 @@ class _Call:
 @dataclass
 class _Scan:
     defs: list[_Def] = field(default_factory=list)
-    sites: list[tuple[object, str, str, bool]] = field(default_factory=list)  # (expression, use, "file:line", literal ok)
+    # (expression, use, "file:line", literal ok, role: what the use sizes, see Role)
+    sites: list[tuple[object, str, str, bool, str]] = field(default_factory=list)
     calls: list[_Call] = field(default_factory=list)
     params: dict[str, list[str]] = field(default_factory=dict)  # local callable -> its parameters (no self)
     files: list[str] = field(default_factory=list)
@@ -238,8 +244,11 @@ class _Collector:
                 keywords = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
                 where = self.at(node)
 
-                def site(expr, use, literal_ok=True):
-                    collector.scan.sites.append((expr, use, where, literal_ok))
+                in_class = any(kind == "class" for kind, _ in self.scopes)
+
+                def site(expr, use, literal_ok=True, role=None):
+                    # a tensor made outside any class is data (inputs, labels); inside one, part of the model
+                    collector.scan.sites.append((expr, use, where, literal_ok, role or ("model" if in_class else "data")))
 
                 if last == "add_argument":
                     self.argparse(node, positional, keywords)
@@ -247,10 +256,13 @@ class _Collector:
                     for index, kw in MODULE_DIMS[last]:
                         expr = keywords.get(kw) if index is None or index >= len(positional) else positional[index]
                         if expr is not None:
-                            site(expr, f"nn.{last}({kw})")
+                            site(expr, f"nn.{last}({kw})", role="model")
                 elif full.startswith("torch.") and last in FACTORIES and full.count(".") == 1:
                     if last in ("randint",):
                         chosen = [e for e in positional if isinstance(e, (cst.Tuple, cst.List))]
+                        bounds = [e for e in positional if not isinstance(e, (cst.Tuple, cst.List))]
+                        if bounds:  # the values drawn (token ids, class labels): what the data holds
+                            site(bounds[-1], "torch.randint(high)")
                     elif last == "full":
                         chosen = positional[:1]
                     elif last == "linspace":
@@ -264,19 +276,20 @@ class _Collector:
                     if "size" in keywords:
                         site(keywords["size"], f"torch.{last} size")
                 elif full == "torch.reshape" and len(positional) > 1:
-                    site(positional[1], "torch.reshape", literal_ok=False)
+                    site(positional[1], "torch.reshape", literal_ok=False, role="follows")
                 elif isinstance(node.func, cst.Attribute) and last in SIZE_METHODS and not full.startswith("torch."):
                     chosen = positional[1:] if last == "unflatten" else positional[:1] if last == "new_full" else positional
                     for expr in chosen:
                         # A bare literal here must agree with the tensor's size: padding it alone breaks the view.
-                        site(expr, f".{last}()", literal_ok=not last.startswith(("view", "reshape", "expand", "repeat", "tile", "unflatten")))
+                        site(expr, f".{last}()", literal_ok=not last.startswith(("view", "reshape", "expand", "repeat", "tile", "unflatten")),
+                             role="follows")
                 elif last == "one_hot" and len(positional) > 1:
                     site(positional[1], "F.one_hot(num_classes)")
                 for kw, expr in keywords.items():
                     if kw in DIM_KEYWORDS and not (last in MODULE_DIMS and any(kw == k for _, k in MODULE_DIMS[last])):
                         if kw == "size" and not full.startswith("torch."):
                             continue
-                        site(expr, f"{last}({kw}=)")
+                        site(expr, f"{last}({kw}=)", role=KEYWORD_ROLES.get(kw, "model"))
                 if last and last not in MODULE_DIMS:
                     args = [(None, e) for e in positional] + list(keywords.items())
                     collector.scan.calls.append(_Call(last, isinstance(node.func, cst.Attribute), args, where))
@@ -427,6 +440,8 @@ class _Uses:
     derived: dict[str, set[int]] = field(default_factory=dict)
     batch: set[str] = field(default_factory=set)
     literals: dict[int, str] = field(default_factory=dict)  # id(Integer) -> its use
+    roles: dict[str, dict[str, str]] = field(default_factory=dict)  # identifier -> role -> the first such use
+    literal_roles: dict[int, dict[str, str]] = field(default_factory=dict)
 
 
 def _analyse(scan: _Scan) -> _Uses:
@@ -439,7 +454,7 @@ def _analyse(scan: _Scan) -> _Uses:
     constants = {k: next(iter(v)) for k, v in values.items() if len(v) == 1}
     literal_ids = result.literals
 
-    def record(expr, use: str, where: str, literal_ok: bool = True) -> bool:
+    def record(expr, use: str, where: str, literal_ok: bool = True, roles: dict[str, str] | None = None) -> bool:
         grew = False
         batch_use = "batch_size" in use
         for element in _elements(expr):
@@ -447,6 +462,9 @@ def _analyse(scan: _Scan) -> _Uses:
                 if literal_ok and id(element) not in literal_ids:
                     literal_ids[id(element)] = f"{use} at {where}"
                     grew = True
+                if literal_ok:
+                    for role, text in roles.items():
+                        result.literal_roles.setdefault(id(element), {}).setdefault(role, text)
                 continue
             idents = _identifiers(element)
             value = None if isinstance(element, (cst.Name, cst.Attribute)) else _evaluate(element, constants)
@@ -460,10 +478,13 @@ def _analyse(scan: _Scan) -> _Uses:
                     result.derived.setdefault(ident, set()).add(value)
                 if batch_use:
                     result.batch.add(ident)
+                for role, text in roles.items():
+                    grew |= role not in result.roles.setdefault(ident, {})
+                    result.roles[ident].setdefault(role, text)
         return grew
 
-    for expr, use, where, literal_ok in scan.sites:
-        record(expr, use, where, literal_ok)
+    for expr, use, where, literal_ok, role in scan.sites:
+        record(expr, use, where, literal_ok, {role: f"{use} at {where}"})
 
     # Calls to the script's own functions and classes: an argument is a dim when its parameter is one.
     for _ in range(6):
@@ -477,7 +498,8 @@ def _analyse(scan: _Scan) -> _Uses:
                 if param is None or param not in params or param not in result.uses:
                     continue
                 first = result.uses[param][0].split(" at ")[0]
-                grew |= record(expr, f"{call.callee}({param}) -> {first}", call.where)
+                grew |= record(expr, f"{call.callee}({param}) -> {first}", call.where,
+                               roles=dict(result.roles.get(param, {})))
         if not grew:
             break
     return result
@@ -542,16 +564,19 @@ def discover(script: Path | str, *, profile=None, script_args: Sequence[str] = (
             batch=bool(BATCH_NAME.search(d.ident)) or d.ident in uses.batch,
             overridden=_overridden(d.options, script_args) if d.options else None,
         )
+        knob.effect, knob.effect_why = effect_of(d.ident, knob.batch, uses.roles.get(d.ident, {}))
         knobs.setdefault((d.file, d.line, d.column), knob)
     for node_id, use in uses.literals.items():
         if node_id not in scan.positions:
             continue  # a literal below 2 (a 1 in view(-1, 1)): nothing to pad
         file, line, column, value, scope = scan.positions[node_id]
-        knobs.setdefault((file, line, column), Knob(
-            file=file, line=line, column=column, value=value, name=None, where="literal", uses=[use],
-            group=f"{file}:{scope}:{value}",
-            candidates=candidates_for(value), aligned_to=aligned_to(value), batch="batch_size" in use,
-        ))
+        keyword = re.match(r"[\w.]+\((\w+)=\) at ", use)  # GPT2Config(vocab_size=50257): named by its keyword
+        knob = Knob(file=file, line=line, column=column, value=value, name=keyword.group(1) if keyword else None,
+                    where="literal", uses=[use],
+                    group=f"{file}:{scope}:{value}", candidates=candidates_for(value), aligned_to=aligned_to(value),
+                    batch="batch_size" in use)
+        knob.effect, knob.effect_why = effect_of(None, knob.batch, uses.literal_roles.get(node_id, {}))
+        knobs.setdefault((file, line, column), knob)
     found = list(knobs.values())
     if profile is not None:
         _match_profile(found, profile)

@@ -161,6 +161,7 @@ def _match(pb: Playbook, profile: Profile, knobs: list[Knob], dot_share: float,
     dims = _select_dims(pb, profile) if pb.targets and pb.targets.dims else None
     if dims is not None and not dims:
         return [], "applies, but no unaligned dim of the padding report matches its targets"
+    env["$dims"] = sorted(d.size for d in dims or [])
     common = dict(proposer=NAME, playbook=pb.id, tier=pb.rank.tier)
 
     if pb.targets and pb.targets.knobs:

@@ -45,7 +45,7 @@ from tpu_agent.propose.conditions import (  # noqa: F401 - re-exported: what pla
 )
 
 BUILTIN_PACKAGE = "tpu_agent.playbooks"
-PAD_DIM_BOUND = ("file", "line", "column", "old", "name")  # filled from the knob, never written in a playbook
+PAD_DIM_BOUND = ("file", "line", "column", "old", "name", "effect", "batch")  # from the knob, never in a playbook
 
 
 class PlaybookError(InputError):
@@ -223,7 +223,7 @@ def check_playbook(pb: Playbook) -> list[tuple[str, str]]:
         where = f"actions[{i}]"
         before = len(problems)
         model = ACTION_MODELS[spec.kind]
-        allowed = set(model.model_fields) - {"kind"}
+        allowed = set(model.model_fields) - {"kind", "effect"}  # an action's class is the tool's to say
         for part in ("fixed", "choices"):
             for name in getattr(spec, part):
                 if name not in allowed:

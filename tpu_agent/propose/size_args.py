@@ -1,8 +1,12 @@
-"""Where a size goes in PyTorch code: the nn modules, factories, tensor methods and keywords whose arguments are dims."""
+"""Where a size goes in PyTorch code (the nn modules, factories, tensor methods and keywords whose arguments are dims),
+and what padding it changes: the model, the training (batch, sequence) or the data."""
 
 from __future__ import annotations
 
 import re
+from typing import Literal
+
+Effect = Literal["model", "training", "data"]  # what padding a literal changes (plan.actions.Effect's non-exact)
 
 # nn modules: which positional args / keywords are tensor dims.
 MODULE_DIMS: dict[str, tuple[tuple[int | None, str], ...]] = {
@@ -42,3 +46,20 @@ DIM_KEYWORDS = {
     "max_position_embeddings", "num_heads", "n_head", "nhead", "size",
 }
 BATCH_NAME = re.compile(r"(^|_)(batch|batch_?size|bs)$", re.I)
+
+# What a keyword's value sizes when it is not a model dim: the batch, or the sequence (both training choices).
+KEYWORD_ROLES = {"batch_size": "batch", "seq_len": "sequence", "max_seq_len": "sequence", "block_size": "sequence"}
+SEQUENCE_NAME = re.compile(r"(^|_)(seq|seq_?len|sequence_?length|block_?size|context_?len(gth)?|n_ctx|ctx)$", re.I)
+
+
+def effect_of(ident: str | None, batch: bool, roles: dict[str, str]) -> tuple[Effect, str]:
+    """What padding this literal changes, and the use that says so. The batch and the sequence length are
+    training choices even where they shape the (synthetic) data; any other dim of a tensor made outside the
+    model's classes is the data's own (its features, its token ids), which the tuner never changes."""
+    if batch:
+        return "training", "it sets the batch size (time is compared per sample)"
+    if "sequence" in roles or (ident and SEQUENCE_NAME.search(ident)):
+        return "training", f"it sets the sequence length ({roles.get('sequence') or ident}; time is compared per step)"
+    if "data" in roles:
+        return "data", f"it shapes the data: {roles['data']}"
+    return "model", f"it sizes the model: {roles.get('model') or roles.get('follows') or 'a tensor dim'}"

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tpu_agent.plan.actions import PadDim, Plan
+from tpu_agent.plan.actions import PadDim
+from tpu_agent.report.effects import effect_lines
 from tpu_agent.report.result import TuneResult
 from tpu_agent.verify.verdict import Verdict
 
@@ -43,7 +44,11 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
         s = best.speed
         base_s, cand_s = (s.baseline_median_s, s.candidate_median_s) if s else (0.0, 0.0)
         lines += [
-            f"**Verified change:** {best.plan.describe()}",
+            f"**Verified change** ({' + '.join(best.plan.effects())}): {best.plan.describe()}",
+            "",
+            "What it does to the model:",
+            "",
+            *[f"- {line}" for line in effect_lines(best.plan, result.parameters)],
             "",
             "| | baseline | with the change |",
             "|---|---|---|",
@@ -62,8 +67,9 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
         for note in best.left_out:
             lines += ["", f"*Left out of the search's best plan:* {note}."]
         if best.attribution:
-            lines += ["", "**Where the gain comes from** (each group of changes against the verified plan without "
-                      "it, fresh processes, interleaved pairs):", "",
+            lines += ["", "**Where the gain comes from** (each unit of changes against the verified plan without "
+                      "it, fresh processes, interleaved pairs; a unit that is not exact stays only for a gain of its "
+                      "own that clears the minimum gain):", "",
                       "| changes | compared with | speedup they add |", "|---|---|---|"]
             for a in best.attribution:
                 lines.append(f"| {a.group}: {a.actions} | {a.without or '(no change)'} | "
@@ -101,6 +107,10 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
                      f"{', playbook ' + c.playbook if c.playbook else ''}): {why}")
     for note in result.proposer_notes:
         lines.append(f"- note: {note}")
+    if result.left_out:
+        allow = ", ".join(result.settings.allow) or "none"
+        lines += ["", f"### Not searched (classes searched: exact, numerics; --allow: {allow})", ""]
+        lines += [f"- {line}" for line in result.left_out]
 
     lines += ["", f"### Trials (study `{result.study}`)", "",
               "| # | state | speedup in search | memory | plan | note |", "|---|---|---|---|---|---|"]

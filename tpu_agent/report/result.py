@@ -24,9 +24,12 @@ class TuneResult(BaseModel):
     run_dir: str
     baseline_profile: str | None = None
     plan_profile: str | None = Field(None, description="the verified plan's profile.json (the summary's figures)")
+    parameters: list[int | None] = Field(default_factory=lambda: [None, None], description=(
+        "measured: parameter elements the optimizers update, baseline and verified plan (None: not measured)"))
     proposer: str = "offline"
     proposer_notes: list[str] = Field(default_factory=list)
     candidates: list[Candidate] = Field(default_factory=list)
+    left_out: list[str] = Field(default_factory=list, description="knobs and candidates out of the search's classes, why")
     trials: list[TrialRecord] = Field(default_factory=list)
     verdicts: list[Verdict] = Field(default_factory=list)
     best: Verdict | None = None

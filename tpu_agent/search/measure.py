@@ -15,7 +15,7 @@ def batch_size(plan: Plan, baseline_batch: int | None) -> int | None:
     if baseline_batch is None:
         return None
     for action in plan.of(PadDim):
-        if action.name and "batch" in action.name.lower():
+        if action.batch or (action.name and "batch" in action.name.lower()):  # the name: plans before `batch`
             return action.new
     return baseline_batch
 

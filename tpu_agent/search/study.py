@@ -267,10 +267,9 @@ def _invalid_for_devices(plan: Plan, options: TuneOptions) -> str | None:
     return f"invalid combination: mesh {dict(mesh.axes)} needs {mesh.devices} devices, {options.devices} available"
 
 
-def _classes(plan: Plan) -> list[str] | None:
-    """What the plan's actions change (exact, numerics, model, training), where plans carry it."""
-    effects = getattr(plan, "effects", None)
-    return effects() if callable(effects) else None
+def _classes(plan: Plan) -> list[str]:
+    """What the plan's actions change (exact, numerics, model, training)."""
+    return plan.effects()
 
 
 MIN_STEADY = 3  # pairs without compilation the speedup needs; with fewer, every pair counts

@@ -1,41 +1,66 @@
-"""The ablation of a verified plan: what each group of its actions adds, and a group that slows it left out."""
+"""The ablation of a verified plan: what each unit of its actions adds, and the units that do not earn their place
+left out.
+
+A unit is a group of actions (padding, execution, precision, sharding) split by what it does to the model
+(plan.actions.unit_of). A unit that is not `exact` (other rounding, another architecture, other training) stays
+only when its own interval clears `--min-gain`: a user accepts such a change for a gain, never for noise. An
+`exact` unit stays when its interval lies above 1; a neutral one goes too (fewer moving parts). What is left out
+is said, with its figures, and the smaller plan is verified again.
+"""
 
 from __future__ import annotations
 
 from tpu_agent.config import TuneOptions
-from tpu_agent.plan.actions import GROUPS, Plan
+from tpu_agent.plan.actions import Plan
 from tpu_agent.search.measure import Runner, batch_size
 from tpu_agent.search.trials import TrialFailed
 from tpu_agent.verify.stats import speedup
 from tpu_agent.verify.verdict import Attribution, Verdict, verify
 
-__all__ = ["GROUPS", "attribute", "settle"]
+__all__ = ["attribute", "settle"]
 
 
 def attribute(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: int | None,
               out: list[Attribution] | None = None) -> list[Attribution]:
-    """Ablate a verified plan: each group of its actions against the plan without it, so a gain is not
-    credited to padding when fused execution carried it (or the reverse). Only for plans of two groups or more.
-    Each measured group is appended to `out` as it finishes (an interrupted ablation keeps those)."""
+    """Ablate a verified plan: each unit of its actions against the plan without it, so a gain is not credited
+    to padding when fused execution carried it (or the reverse). Only for plans of two units or more. Each
+    measured unit is appended to `out` as it finishes (an interrupted ablation keeps those)."""
     out = [] if out is None else out
-    groups = plan.groups()
-    if len(groups) < 2:
+    units = plan.units()
+    if len(units) < 2:
         return out
-    for group, actions in groups.items():
+    for unit, actions in units.items():
         without = Plan(actions=[a for a in plan.actions if a not in actions])
         text = Plan(actions=actions).describe()
+        effect = actions[0].effect
         try:
-            a, b = runner.measure_plans(without, plan, f"ablate-{group}", options.verify_pairs)
+            name = "ablate-" + unit.replace(" (", "-").rstrip(")")  # ablate-padding-model
+            a, b = runner.measure_plans(without, plan, name, options.verify_pairs)
         except TrialFailed as exc:
-            out.append(Attribution(group=group, actions=text, without=without.describe(),
+            out.append(Attribution(group=unit, effect=effect, actions=text, without=without.describe(),
                                    reason=f"not measured: {exc.kind}: {exc.message[:160]}"))
             continue
         before, after = batch_size(without, baseline_batch), batch_size(plan, baseline_batch)
         per_sample = baseline_batch is not None and before != after
         speed = speedup([s.wall_s for s in a], [s.wall_s for s in b], min_gain=options.min_gain, seed=options.seed,
                         baseline_batch=before if per_sample else None, candidate_batch=after if per_sample else None)
-        out.append(Attribution(group=group, actions=text, without=without.describe(), speed=speed, reason=speed.reason))
+        out.append(Attribution(group=unit, effect=effect, actions=text, without=without.describe(), speed=speed,
+                               reason=speed.reason))
     return out
+
+
+def why_dropped(a: Attribution, min_gain: float) -> str | None:
+    """Why a measured unit does not earn its place in the plan (None: it does)."""
+    if a.speed is None:
+        return None
+    if a.speed.ci_high < 1.0:
+        return f"it slowed the verified plan, {a.speed.text()}"
+    if a.effect != "exact" and not a.speed.accepted:
+        return (f"a {a.effect} change stays only for a gain of its own that clears --min-gain "
+                f"({1 + min_gain:.2f}x); it adds {a.speed.text()}")
+    if a.effect == "exact" and a.speed.ci_low <= 1.0:
+        return f"no gain of its own (neutral, fewer moving parts without it): it adds {a.speed.text()}"
+    return None
 
 
 def _verdict_line(console, verdict: Verdict) -> None:
@@ -44,25 +69,37 @@ def _verdict_line(console, verdict: Verdict) -> None:
 
 def settle(verdict: Verdict, runner: Runner, options: TuneOptions, baseline_batch: int | None, profile,
            console, verdicts: list[Verdict]) -> Verdict:
-    """Ablate a verified plan; when a group of its actions verifiably slows it (the interval of what it adds
-    lies below 1), verify the plan without that group and keep it if it passes (then ablate that one)."""
+    """Ablate a verified plan and leave out the units that do not earn their place; the smaller plan is verified
+    (then ablated) in turn. Returns the plan to keep: a rejected verdict when what is left is not verified and a
+    change to the model's numerics, architecture or training was what carried the gain."""
     verdict.attribution = []
     attribute(verdict.plan, runner, options, baseline_batch, out=verdict.attribution)
     for a in verdict.attribution:
         console.print(f"  {a.group} ({a.actions}) adds {a.speed.text() if a.speed else a.reason} over the rest of the plan")
-    slow = [a for a in verdict.attribution if a.speed and a.speed.ci_high < 1.0]
-    if not slow:
+    drop = {a.group: why for a in verdict.attribution if (why := why_dropped(a, options.min_gain))}
+    if drop and set(drop) == set(verdict.plan.units()):
+        # together the exact units carried a gain none shows alone: they stay, the others go
+        drop = {unit: why for unit, why in drop.items() if not unit_is_exact(verdict, unit)}
+    if not drop:
         return verdict
-    groups = {a.group for a in slow}
-    smaller = Plan(actions=[x for x in verdict.plan.actions if x.group not in groups])
+    smaller = Plan(actions=[x for unit, xs in verdict.plan.units().items() if unit not in drop for x in xs])
+    left_out = [f"{unit} ({Plan(actions=verdict.plan.units()[unit]).describe()}): {why}" for unit, why in drop.items()]
+    for line in left_out:
+        console.print(f"  left out: {line}")
     if not smaller.actions:
-        return verdict
-    left_out = [f"{a.group} ({a.actions}): it slowed the verified plan, {a.speed.text()}" for a in slow]
-    console.print(f"[bold]verify[/bold]: {smaller.describe()} (without {', '.join(sorted(groups))}, which slowed it)")
+        return verdict.model_copy(update={"accepted": False, "left_out": verdict.left_out + left_out, "reason": (
+            "no unit of the plan verified a gain of its own: " + "; ".join(left_out))})
+    console.print(f"[bold]verify[/bold]: {smaller.describe()} (without {', '.join(drop)})")
     trimmed = verify(smaller, runner, options, baseline_batch, profile)
     verdicts.append(trimmed)
     _verdict_line(console, trimmed)
-    if not trimmed.accepted:
-        return verdict
     trimmed.left_out = verdict.left_out + left_out
+    if not trimmed.accepted:
+        if all(unit_is_exact(verdict, unit) for unit in drop):
+            return verdict  # only exact units were in question: the verified plan stands as it is
+        return trimmed  # the gain needed a change that did not earn its place: nothing is kept
     return settle(trimmed, runner, options, baseline_batch, profile, console, verdicts)
+
+
+def unit_is_exact(verdict: Verdict, unit: str) -> bool:
+    return all(a.effect == "exact" for a in verdict.plan.units()[unit])

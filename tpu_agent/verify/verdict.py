@@ -14,7 +14,9 @@ from tpu_agent.verify.stats import MemoryEstimate, NumericsCheck, SpeedupEstimat
 class Attribution(BaseModel):
     """The gain one group of a verified plan's actions adds on top of the rest of the plan, measured."""
 
-    group: str = Field(description="padding, execution, precision or sharding")
+    group: str = Field(description="padding, execution, precision or sharding; with the effect when not exact, "
+                       "e.g. 'padding (model)'")
+    effect: str = Field("exact", description="what the unit does to the model: exact, numerics, model, training")
     actions: str = Field(description="the group's actions, as the report writes them")
     without: str = Field(description="the plan it was compared against: the verified plan minus the group")
     speed: SpeedupEstimate | None = Field(None, description="the full plan over the plan without the group")
@@ -32,7 +34,7 @@ class Verdict(BaseModel):
     numerics: NumericsCheck | None = None
     estimate_note: str | None = Field(None, description="a time gain that can only be estimated here (sharding on a CPU host)")
     attribution: list[Attribution] = Field(default_factory=list, description="what each group of actions adds")
-    left_out: list[str] = Field(default_factory=list, description="groups an ablation showed slowing the plan, by how much")
+    left_out: list[str] = Field(default_factory=list, description="units the ablation left out of the plan, and why")
 
 
 def simulated_devices_only(plan: Plan) -> bool:

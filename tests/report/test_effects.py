@@ -1,0 +1,28 @@
+"""Every change in a verified plan says what it does to the model, with measured figures where it adds parameters."""
+
+from __future__ import annotations
+
+from tpu_agent.plan.actions import Compile, MatmulPrecision, PadDim, PadOps, Plan
+from tpu_agent.report.effects import effect_lines
+
+VOCAB = PadDim(file="train.py", line=12, column=32, old=50257, new=50432, name="vocab_size", effect="model")
+BATCH = PadDim(file="train.py", line=5, column=8, old=100, new=128, name="BATCH_SIZE", effect="training", batch=True)
+
+
+def test_each_class_says_what_it_does():
+    plan = Plan(actions=[Compile(mode="fused"), PadOps(multiple=256, sizes=(50257,)), VOCAB, BATCH,
+                         MatmulPrecision(precision="default")])
+    assert plan.effects() == ["exact", "numerics", "model", "training"]
+    fused, pad, vocab, batch, bf16 = effect_lines(plan, [3_383_552, 3_394_752])
+    assert fused.startswith("exact (same math): compile")
+    assert pad == 'exact (same math): pad_ops {"multiple":256,"sizes":[50257]}'
+    assert vocab.startswith("model (a different architecture): vocab_size 50257->50432 (train.py:12); "
+                            "parameters 3,383,552 -> 3,394,752 (+11,200, measured)")
+    assert "the 175 added vocabulary rows never appear in the data, so they are never labels" in vocab
+    assert batch.startswith("training (different training (batch or sequence length))") and "per sample" in batch
+    assert bf16.startswith("numerics (same model, other rounding)") and "--loss-tol" in bf16
+
+
+def test_unmeasured_parameters_are_said_to_be_unmeasured():
+    (line,) = effect_lines(Plan(actions=[VOCAB]), [3_383_552, None])
+    assert "parameters before and after not measured" in line
