@@ -27,12 +27,12 @@ VARIANTS = {  # name -> (vocab_size, backend padding (multiple, sizes) or None)
 }
 
 
-def make_step(vocab: int):
+def make_step(vocab: int, embd: int, batch: int):
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=vocab, n_positions=64, n_embd=64, n_layer=2, n_head=4)
+    config = GPT2Config(vocab_size=vocab, n_positions=64, n_embd=embd, n_layer=2, n_head=4)
     model = GPT2LMHeadModel(config).to("tpu")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    ids = torch.randint(0, 50257, (8, 64), generator=torch.Generator().manual_seed(1)).to("tpu")
+    ids = torch.randint(0, 50257, (batch, 64), generator=torch.Generator().manual_seed(1)).to("tpu")
 
     def step() -> float:
         loss = model(input_ids=ids, labels=ids).loss
@@ -48,10 +48,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mode", choices=["eager", "fused"], default="fused")
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--embd", type=int, default=64, help="n_embd (the example's: 64)")
+    parser.add_argument("--batch", type=int, default=8, help="sequences of 64 tokens (the example's: 8)")
     args = parser.parse_args()
     if args.mode == "fused":
         torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE)
-    steps = {name: make_step(vocab) for name, (vocab, _) in VARIANTS.items()}
+    steps = {name: make_step(vocab, args.embd, args.batch) for name, (vocab, _) in VARIANTS.items()}
 
     def run(name):
         pad = VARIANTS[name][1]
@@ -69,7 +71,8 @@ def main() -> None:
         for name in steps:
             times[name].append(run(name))
     base = statistics.median(times["vocab 50257"])
-    print(f"mode {args.mode}, {args.rounds} interleaved rounds; ratio = unpadded median / variant median")
+    print(f"mode {args.mode}, n_embd {args.embd}, batch {args.batch} x 64, {args.rounds} interleaved rounds; "
+          "ratio = unpadded median / variant median")
     for name, ts in times.items():
         m = statistics.median(ts)
         print(f"  {name:45s} {m * 1e3:8.1f} ms  {base / m:.3f}x")

@@ -56,8 +56,11 @@ def test_odd_shapes_padding_candidates_rank_first():
     by_knob = {c.actions[0].fixed.get("name"): c for c in ranked if kinds(c) == {"pad_dim"}}
     assert {k: c.actions[0].choices["new"] for k, c in by_knob.items()} == {
         "BATCH": [128], "IN_FEATURES": [1024], "BOTTLENECK": [1024], "HIDDEN": [2048]}
-    assert [c.id for c in ranked[1:5]] == ["pad-batch@odd_shapes.py:15:8", "pad-matmul-dims@odd_shapes.py:16:14",
-                                            "pad-matmul-dims@odd_shapes.py:18:13", "pad-matmul-dims@odd_shapes.py:17:9"]
+    assert [c.id for c in ranked[1:6]] == ["pad-batch@odd_shapes.py:15:8", "pad-ops-dims",
+                                            "pad-matmul-dims@odd_shapes.py:16:14", "pad-matmul-dims@odd_shapes.py:18:13",
+                                            "pad-matmul-dims@odd_shapes.py:17:9"]
+    # the backend padding of the large dims just past a multiple only (exact): 1023 and 2047, not 10 or 127
+    assert ranked[2].actions[0].fixed == {"sizes": [1023, 2047]} and ranked[2].preserves_numerics
     assert by_knob["BATCH"].evidence[0].size == 127 and by_knob["BATCH"].evidence[0].waste > 0
     # Knobs that set the same size share its waste.
     assert by_knob["IN_FEATURES"].score == by_knob["BOTTLENECK"].score < by_knob["BATCH"].score
@@ -91,8 +94,10 @@ def test_transformer_padding_candidates_rank_first():
     assert vocab.actions[0].fixed["name"] == "VOCAB" and vocab.actions[0].choices == {"new": [50304]}
     # The sequence length is not padded: it changes what is trained.
     assert not any(c.actions[0].fixed.get("name") == "SEQ_LEN" for c in ranked)
-    later = {c.playbook for c in ranked[3:]}
-    assert "compiled-step" in later and not any(kinds(c) & PADDING_KINDS for c in ranked[3:])
+    # the LM head's vocabulary dim padded in the backend only (exact: the model unchanged)
+    assert ranked[3].id == "pad-ops-dims" and ranked[3].actions[0].fixed == {"sizes": [50257]}
+    later = {c.playbook for c in ranked[4:]}
+    assert "compiled-step" in later and not any(kinds(c) & PADDING_KINDS for c in ranked[4:])
 
 
 def test_same_input_same_output_whatever_the_order():

@@ -93,13 +93,16 @@ def render(report, console: Console) -> None:
     if profiled:
         table.add_column("FLOP share", justify="right")
         table.add_column("padding waste (estimate)", justify="right")
+    table.add_column("class")
     table.add_column("used as")
     table.add_column("notes")
     for k in report.knobs:
         notes = []
         if k.batch:
             notes.append("batch size: compared per sample")
-        if k.group is not None:
+        elif k.effect == "data":
+            notes.append("shapes the data: never proposed")
+        if k.group is not None and k.group_members(report.knobs):
             notes.append("pad with its group")
         if k.overridden:
             notes.append(k.overridden)
@@ -110,8 +113,8 @@ def render(report, console: Console) -> None:
         row = [f"{k.file}:{k.line}", k.name or "(literal)", str(k.value), try_]
         if profiled:
             row += [_percent(k.flop_share) if k.matched_ops else "-", _percent(k.padding_waste)]
-        row += [uses, "; ".join(notes)]
-        style = "dim" if (not k.candidates or k.overridden) else None
+        row += [k.effect, uses, "; ".join(notes)]
+        style = "dim" if (not k.candidates or k.overridden or k.effect == "data") else None
         table.add_row(*(escape(c) for c in row), style=style)
     console.print(table)
 

@@ -41,6 +41,7 @@ def _select_dims(pb: Playbook, profile: Profile) -> list[PaddingDim]:
         return []
     return [d for d in profile.padding.dims
             if d.size >= sel.min_size and d.share_of_padded_work >= sel.min_share
+            and (sel.max_growth is None or d.padded_to <= d.size * (1 + sel.max_growth))
             and (sel.roles_any is None or set(sel.roles_any) & set(d.roles))]
 
 

@@ -67,6 +67,8 @@ class DimSelect(BaseModel):
     roles_any: list[Role] | None = Field(None, description="keep dims with at least one of these roles")
     min_share: float = Field(0.0, ge=0, le=1, description="estimate: least share of the padded dot/conv work")
     min_size: int = Field(1, ge=1)
+    max_growth: float | None = Field(None, gt=0, description="keep dims that padding grows by at most this fraction "
+                                     "(a vocabulary of 50257 padded to 50304: 0.1 %)")
 
 
 class KnobSelect(BaseModel):
