@@ -61,3 +61,24 @@ def test_interrupted_and_stale_trials_do_not_count_and_earlier_ones_are_listed(t
     assert [t.number for t in counted(again)] == [0]  # only the finished trial counts against --trials
     (record,) = earlier_records(again)
     assert record.number == 0 and record.state == "complete" and record.earlier
+
+
+def test_two_candidates_of_one_single_kind_become_one_choice():
+    """Padding every dim and padding only the vocabulary are alternatives (a plan holds one pad_ops): one choice
+    with both sets of options, never two choices TPE could combine into an invalid plan."""
+    from tpu_agent.propose.base import ProposalRound
+    from tpu_agent.propose.candidates import ActionTemplate, Candidate
+    from tpu_agent.search.study import build_space
+
+    def cand(id_, template):
+        return Candidate(id=id_, title=id_, proposer="offline", preserves_numerics=True, actions=[template])
+
+    round_ = ProposalRound(proposer="offline", requested="offline", candidates=[
+        cand("pad-ops", ActionTemplate(kind="pad_ops", choices={"multiple": [8, 128]})),
+        cand("fused", ActionTemplate(kind="compile", fixed={"mode": "fused"})),
+        cand("pad-ops-dims", ActionTemplate(kind="pad_ops", fixed={"sizes": [50257]}, choices={"multiple": [256]})),
+    ])
+    space = build_space(round_, 6)
+    assert [c.id for c in space.candidates] == ["pad-ops", "fused"]
+    assert [o[0].describe() for o in space.options["pad-ops"]] == [
+        'pad_ops {"multiple":8}', 'pad_ops {"multiple":128}', 'pad_ops {"multiple":256,"sizes":[50257]}']

@@ -20,11 +20,14 @@ def step_time(plan: Plan, rng: random.Random, factors: dict[str, float] = FACTOR
 
 
 class _Proc:
-    def __init__(self, plan, rng, factors):
+    def __init__(self, plan, rng, factors, compiling=0):
         self.plan, self.rng, self.factors, self.steps, self.notes = plan, rng, factors, [], []
+        self.compiling = compiling  # its first steps compile, at 5x the time
 
     def step(self):
-        record = StepRecord(step=len(self.steps) + 1, wall_s=step_time(self.plan, self.rng, self.factors), loss=2.0)
+        late = len(self.steps) < self.compiling
+        wall = step_time(self.plan, self.rng, self.factors) * (5 if late else 1)
+        record = StepRecord(step=len(self.steps) + 1, wall_s=wall, loss=2.0, compiled=late)
         self.steps.append(record)
         return record
 
@@ -34,9 +37,9 @@ class FakeRunner:
     n-th measurement whose name starts with prefix ('trial', 'verify', 'ablate')."""
 
     def __init__(self, *args, interrupt_at: tuple[str, int] | None = None, factors: dict[str, float] = FACTORS,
-                 **kwargs):
+                 compiling: int = 0, **kwargs):
         self.rng = random.Random(0)
-        self.interrupt_at, self.factors = interrupt_at, factors
+        self.interrupt_at, self.factors, self.compiling = interrupt_at, factors, compiling
         self.verifications = 0
         self.baseline = None
         self.last_baseline_steps: list[StepRecord] = []
@@ -51,7 +54,7 @@ class FakeRunner:
         return interleave(base.step, cand.step, pairs, report)
 
     def measure(self, plan, name, pairs, report=None, fresh_baseline=False):
-        base, cand = _Proc(Plan(), self.rng, self.factors), _Proc(plan, self.rng, self.factors)
+        base, cand = _Proc(Plan(), self.rng, self.factors), _Proc(plan, self.rng, self.factors, self.compiling)
         a, b = self._pairs(name, base, cand, pairs, report)
         self.last_baseline_steps = base.steps
         return a, b, cand

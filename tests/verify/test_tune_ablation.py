@@ -95,3 +95,10 @@ def _result(best, verdicts):
 
     return TuneResult(script="t.py", args=[], settings=TuneSettings(), study="s", storage="sqlite://", run_dir=".",
                       best=best, verdicts=[best, *verdicts])
+
+
+def test_verification_leaves_out_pairs_in_which_the_candidate_compiled():
+    """A candidate still compiling in its first 4 timed steps (5x slower) is judged on its steady pairs."""
+    verdict = verify(Plan(actions=[Compile(mode="fused")]), FakeRunner(compiling=4), TuneSettings(seed=0), None)
+    assert verdict.accepted and abs(verdict.speed.speedup - 1 / 0.9) < 0.03
+    assert verdict.speed.pairs == 16  # 20 pairs, 4 compiling

@@ -20,6 +20,18 @@ def batch_size(plan: Plan, baseline_batch: int | None) -> int | None:
     return baseline_batch
 
 
+MIN_STEADY = 3  # pairs without compilation a speedup needs; with fewer, every pair counts
+
+
+def steady(a: list[StepRecord], b: list[StepRecord]) -> tuple[list[StepRecord], list[StepRecord]]:
+    """The pairs in which neither process compiled (warm-up can end before XLA's last compile), or all of them
+    when fewer than MIN_STEADY are left."""
+    kept = [(x, y) for x, y in zip(a, b) if not (x.compiled or y.compiled)]
+    if len(kept) < MIN_STEADY:
+        return a, b
+    return [x for x, _ in kept], [y for _, y in kept]
+
+
 def interleave(step_a, step_b, pairs: int, report=None) -> tuple[list[StepRecord], list[StepRecord]]:
     """A B A B ... for `pairs` pairs; when the script's own step count ends a side, the pairs so far (>= 5)."""
     a: list[StepRecord] = []

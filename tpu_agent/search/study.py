@@ -20,7 +20,7 @@ from tpu_agent.config import TuneOptions
 from tpu_agent.errors import InputError
 from tpu_agent.plan.actions import Plan
 from tpu_agent.propose.base import Candidate, ProposalRound, TrialOutcome
-from tpu_agent.search.measure import Runner, batch_size, losses_of, median
+from tpu_agent.search.measure import MIN_STEADY, Runner, batch_size, losses_of, median
 from tpu_agent.search.trials import TrialFailed
 from tpu_agent.verify.stats import check_numerics, median_ci
 
@@ -81,6 +81,14 @@ def build_space(round_: ProposalRound, limit: int, previous: Space | None = None
         except ValueError:
             continue
         if not opts:
+            continue
+        # A plan holds at most one action of a single kind (one pad_ops, one compile): a candidate that would
+        # add a second one is another option of the same choice, not a choice TPE could combine into invalid plans.
+        singles = {a.kind for opt in opts for a in opt if type(a).single}
+        twin = next((c for c in chosen if singles & {a.kind for opt in options[c.id] for a in opt if type(a).single}),
+                    None)
+        if twin is not None:
+            options[twin.id] = options[twin.id] + [o for o in opts if o not in options[twin.id]]
             continue
         chosen.append(cand)
         options[cand.id] = opts
@@ -270,9 +278,6 @@ def _invalid_for_devices(plan: Plan, options: TuneOptions) -> str | None:
 def _classes(plan: Plan) -> list[str]:
     """What the plan's actions change (exact, numerics, model, training)."""
     return plan.effects()
-
-
-MIN_STEADY = 3  # pairs without compilation the speedup needs; with fewer, every pair counts
 
 
 def steady_ratios(a, b, scale: float) -> list[float]:

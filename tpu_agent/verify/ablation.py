@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from tpu_agent.config import TuneOptions
 from tpu_agent.plan.actions import Plan
-from tpu_agent.search.measure import Runner, batch_size
+from tpu_agent.search.measure import Runner, batch_size, steady
 from tpu_agent.search.trials import TrialFailed
 from tpu_agent.verify.stats import speedup
 from tpu_agent.verify.verdict import Attribution, Verdict, verify
@@ -42,7 +42,9 @@ def attribute(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: 
             continue
         before, after = batch_size(without, baseline_batch), batch_size(plan, baseline_batch)
         per_sample = baseline_batch is not None and before != after
-        speed = speedup([s.wall_s for s in a], [s.wall_s for s in b], min_gain=options.min_gain, seed=options.seed,
+        steady_a, steady_b = steady(a, b)  # pairs in which a process compiled say nothing of the steady state
+        speed = speedup([s.wall_s for s in steady_a], [s.wall_s for s in steady_b], min_gain=options.min_gain,
+                        seed=options.seed,
                         baseline_batch=before if per_sample else None, candidate_batch=after if per_sample else None)
         out.append(Attribution(group=unit, effect=effect, actions=text, without=without.describe(), speed=speed,
                                reason=speed.reason))

@@ -6,7 +6,7 @@ from pydantic import BaseModel, Field
 
 from tpu_agent.config import TuneOptions
 from tpu_agent.plan.actions import Plan
-from tpu_agent.search.measure import Runner, batch_size
+from tpu_agent.search.measure import Runner, batch_size, steady
 from tpu_agent.search.trials import TrialFailed
 from tpu_agent.verify.stats import MemoryEstimate, NumericsCheck, SpeedupEstimate, check_numerics, memory_saving, speedup
 
@@ -88,7 +88,9 @@ def verify(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: int
     ) if aligned else None
     cand_batch = batch_size(plan, baseline_batch)
     per_sample = baseline_batch is not None and cand_batch != baseline_batch
-    speed = speedup([s.wall_s for s in a], [s.wall_s for s in b], min_gain=options.min_gain, seed=options.seed,
+    steady_a, steady_b = steady(a, b)  # pairs in which a process compiled say nothing of the steady state
+    speed = speedup([s.wall_s for s in steady_a], [s.wall_s for s in steady_b], min_gain=options.min_gain,
+                    seed=options.seed,
                     baseline_batch=baseline_batch if per_sample else None,
                     candidate_batch=cand_batch if per_sample else None)
     memory = memory_saving([s.device_bytes for s in a], [s.device_bytes for s in b], min_gain=options.min_gain,
