@@ -122,8 +122,8 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
     phase = "verification"
     try:
         for plan in ([] if result.interrupted else ranked_plans(study)[:3]):
-            console.print(f"[bold]verify[/bold]: {plan.describe()} [{' + '.join(plan.effects())}] "
-                          "(fresh processes, interleaved pairs)")
+            console.print(f"[bold]verify[/bold]: {escape(plan.describe())} ({' + '.join(plan.effects())}; "
+                          "fresh processes, interleaved pairs)")
             verdict = verify(plan, runner, options, baseline_batch, profile)
             result.verdicts.append(verdict)
             result.save(t_start)

@@ -61,6 +61,7 @@ class Runner:
         self.baseline_count = 0
         self.verifications = 0
         self.last_baseline_steps: list[StepRecord] = []
+        self._names: dict[str, int] = {}
 
     def _baseline(self) -> TrialProcess:
         if self.baseline is None or self.baseline.proc is None or self.baseline.proc.poll() is not None:
@@ -75,7 +76,14 @@ class Runner:
         return TrialProcess(script, self.args, plan, cwd=Path.cwd(), log_dir=self.run_dir / "logs",
                             step_timeout=self.options.trial_timeout, env=self.env, name=name)
 
+    def _unique(self, name: str) -> str:
+        """`name`, or `name-2`, `name-3`...: the smaller plan's ablation measures the same units again, and each
+        process keeps its own log and workspace."""
+        self._names[name] = self._names.get(name, 0) + 1
+        return name if self._names[name] == 1 else f"{name}-{self._names[name]}"
+
     def candidate(self, plan: Plan, name: str) -> TrialProcess:
+        name = self._unique(name)
         script = self.script
         if plan.of(PadDim):
             from tpu_agent.plan.rewrite import apply_pad_dims
