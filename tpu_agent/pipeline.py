@@ -64,6 +64,7 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
         return result.save(t_start)
     result.baseline_profile, result.summary = str(profile_path), summary_of(profile, None)
     result.parameters = [profile.parameters, None]
+    result.baseline_mode = profile.mode_used
     every_knob = knob_finder.discover(script, profile=profile, script_args=args, profile_path=str(profile_path)).knobs
     batch_knob = next((k for k in every_knob if k.batch and not k.overridden), None)
     baseline_batch = batch_knob.value if batch_knob else None

@@ -73,6 +73,7 @@ def test_ctrl_c_in_each_phase_keeps_what_finished_and_resume_repeats_nothing(pro
         assert first.best is not None and first.best.accepted and len(first.best.attribution) == (phase == "ablation"
                                                                                                  and 1 or 2)
         assert (run_dir / "plan.json").exists() and first.best.plan.describe() in report
+        assert "*Baseline:* the script as written, which ran in fused execution" in report
         assert first.plan_profile is None and first.summary.flops_per_step is None  # its step time only
 
     second, runner2, said2 = tune(project, monkeypatch, resume=True)

@@ -76,6 +76,10 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
                              f"{a.speed.text() if a.speed else a.reason} |")
         if best.numerics:
             lines += ["", f"**Numerics:** {best.numerics.reason}"]
+        if result.baseline_mode and result.baseline_mode != "compiled":
+            lines += ["", f"*Baseline:* the script as written, which ran in {result.baseline_mode} execution. That is "
+                      "not the fastest execution that needs no change to the model: fused and compiled execution "
+                      "are exact changes, searched and credited like the others (see where the gain comes from)."]
         lines += ["", f"Measured on {result.settings.target if result.settings.target != 'cpu' else 'this host'}: "
                       f"baseline and candidate ran in fresh processes, steps interleaved (A B A B ...) after "
                       f"{result.settings.warmup} warm-up steps each, device synchronized around every step; "

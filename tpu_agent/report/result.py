@@ -23,6 +23,7 @@ class TuneResult(BaseModel):
     storage: str
     run_dir: str
     baseline_profile: str | None = None
+    baseline_mode: str | None = Field(None, description="how the unchanged script executed: eager, fused, compiled")
     plan_profile: str | None = Field(None, description="the verified plan's profile.json (the summary's figures)")
     parameters: list[int | None] = Field(default_factory=lambda: [None, None], description=(
         "measured: parameter elements the optimizers update, baseline and verified plan (None: not measured)"))
