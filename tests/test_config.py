@@ -108,3 +108,11 @@ def test_playbooks_as_one_folder_resolve_against_the_pyproject_not_the_cwd(tmp_p
 def test_steps_below_five_are_refused_not_clamped(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"^--steps: Input should be greater than or equal to 5"):
         resolve(project(tmp_path / "repo", None), {"steps": 3})
+
+
+def test_allow_opens_model_and_training_never_the_data(tmp_path: Path) -> None:
+    script = project(tmp_path / "repo", '[tool.tpu-agent]\nallow = "training, model"\n')
+    assert resolve(script).options.allow == ["model", "training"]
+    with pytest.raises(InputError) as info:
+        resolve(script, {"allow": "model,data"})
+    assert str(info.value) == "--allow: data is never changed by the tuner (allow takes model, training) (got 'model,data')"

@@ -196,7 +196,8 @@ def resolve(script: Path | str, flags: dict[str, Any] | None = None) -> Resolved
         field = str(first["loc"][0]) if first["loc"] else ""
         origin = (f"--{field.replace('_', '-')}" if field in given
                   else f"{path}: [tool.{TABLE}] {field.replace('_', '-')}" if path is not None else field)
-        raise InputError(f"{origin}: {first['msg']} (got {first.get('input')!r})") from None
+        message = first["msg"].removeprefix("Value error, ")
+        raise InputError(f"{origin}: {message} (got {first.get('input')!r})") from None
     sources = {name: "flag" if name in given else "pyproject" if name in file_values else "default"
                for name in TuneOptions.model_fields}
     return ResolvedOptions(options=options, sources=sources, pyproject=str(path) if path is not None else None)
