@@ -25,6 +25,7 @@ import sys
 import tempfile
 import threading
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -145,20 +146,10 @@ def check_op(opinfo, max_samples: int = MAX_SAMPLES, seconds: int = 20) -> OpRes
     result = OpResult(_name(opinfo))
     if torch.float32 not in opinfo.supported_dtypes("cpu"):
         return result
-    old = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(seconds)
-    try:
-        samples = list(opinfo.sample_inputs("cpu", torch.float32, requires_grad=False))[:max_samples]
-        for sample in samples:
+    with _time_limit(result, seconds):
+        for sample in list(opinfo.sample_inputs("cpu", torch.float32, requires_grad=False))[:max_samples]:
             result.samples += 1
-            args = (sample.input,) + tuple(sample.args)
-            # The sample's own post-processing of results that are not unique (eigenvectors up to
-            # sign: their abs), which PyTorch's test_compare_cpu and gradient tests apply too.
-            post = sample.output_process_fn_grad
-            # Copies first: a CPU run may update its arguments (in-place ops, running stats).
-            targs, tkwargs, _ = _moved(args, _device_kwarg(sample.kwargs), _to_tpu)
-            targs = _host_args(opinfo, args, targs)
-            cargs, ckwargs, _ = _moved(args, sample.kwargs, _cpu_copy)
+            args, post, (targs, tkwargs, _), (cargs, ckwargs, _) = _prepared(opinfo, sample)
             try:
                 torch.manual_seed(0)
                 expected = post(opinfo.op(*args, **sample.kwargs))
@@ -178,6 +169,18 @@ def check_op(opinfo, max_samples: int = MAX_SAMPLES, seconds: int = 20) -> OpRes
                 raise
             except Exception as exc:  # noqa: BLE001 - recorded, reported
                 _record(result, exc)
+    return result
+
+
+@contextmanager
+def _time_limit(result: OpResult, seconds: int):
+    """One alarm for an op's samples: a timeout, or a failure while sampling, ends the op with its error."""
+    global _fired
+    _fired = False
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(seconds)
+    try:
+        yield
     except _Timeout:
         result.error = result.error or f"timeout after {seconds}s"
     except Exception as exc:  # noqa: BLE001
@@ -185,7 +188,17 @@ def check_op(opinfo, max_samples: int = MAX_SAMPLES, seconds: int = 20) -> OpRes
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
-    return result
+
+
+def _prepared(opinfo, sample):
+    """The sample's arguments, its post-processing of results that are not unique (eigenvectors up to sign:
+    their abs, as PyTorch's test_compare_cpu and gradient tests apply), and the arguments moved to tpu and
+    copied on the CPU, each with its (tensor, copy) pairs that require grad. Copies first: a CPU run may update
+    its arguments (in-place ops, batch norm's running stats)."""
+    args = (sample.input,) + tuple(sample.args)
+    targs, tkwargs, pairs = _moved(args, _device_kwarg(sample.kwargs), _to_tpu)
+    return (args, sample.output_process_fn_grad, (_host_args(opinfo, args, targs), tkwargs, pairs),
+            _moved(args, sample.kwargs, _cpu_copy))
 
 
 def _cpu_copy(x):
@@ -265,22 +278,10 @@ def check_op_grad(opinfo, max_samples: int = MAX_SAMPLES, seconds: int = 20) -> 
     result = OpResult(_name(opinfo))
     if not opinfo.supports_autograd or torch.float32 not in opinfo.supported_dtypes("cpu"):
         return result
-    global _fired
-    _fired = False
-    old = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(seconds)
-    try:
-        samples = list(opinfo.sample_inputs("cpu", torch.float32, requires_grad=True))[:max_samples]
-        for sample in samples:
+    with _time_limit(result, seconds):
+        for sample in list(opinfo.sample_inputs("cpu", torch.float32, requires_grad=True))[:max_samples]:
             result.samples += 1
-            args = (sample.input,) + tuple(sample.args)
-            # The sample's own post-processing of results that are not unique (eigenvectors up to
-            # sign: their abs), which PyTorch's test_compare_cpu and gradient tests apply too.
-            post = sample.output_process_fn_grad
-            # Copies first: a CPU run may update its arguments (batch norm's running stats).
-            targs, tkwargs, pairs = _moved(args, _device_kwarg(sample.kwargs), _to_tpu)
-            targs = _host_args(opinfo, args, targs)
-            cargs, ckwargs, cpairs = _moved(args, sample.kwargs, _cpu_copy)
+            args, post, (targs, tkwargs, pairs), (cargs, ckwargs, cpairs) = _prepared(opinfo, sample)
             try:
                 torch.manual_seed(0)
                 expected = _grads(_loss(post(opinfo.op(*args, **sample.kwargs))), [c for c, _ in pairs])
@@ -308,13 +309,6 @@ def check_op_grad(opinfo, max_samples: int = MAX_SAMPLES, seconds: int = 20) -> 
                 if _fired:  # the timeout, come back through autograd's C++ as another error
                     raise _Timeout() from exc
                 _record(result, exc)
-    except _Timeout:
-        result.error = result.error or f"timeout after {seconds}s"
-    except Exception as exc:  # noqa: BLE001
-        result.error = result.error or f"{type(exc).__name__} while sampling: {str(exc)[:120]}"
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
     return result
 
 
