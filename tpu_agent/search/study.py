@@ -275,11 +275,6 @@ def _invalid_for_devices(plan: Plan, options: TuneOptions) -> str | None:
     return f"invalid combination: mesh {dict(mesh.axes)} needs {mesh.devices} devices, {options.devices} available"
 
 
-def _classes(plan: Plan) -> list[str]:
-    """What the plan's actions change (exact, numerics, model, training)."""
-    return plan.effects()
-
-
 def steady_ratios(a, b, scale: float) -> list[float]:
     """Baseline / candidate time of each pair in which neither process compiled (warm-up can end before XLA's
     last compile: examples/mlp.py compiled in each of its first 8 steps, at 4x the steady step time)."""
@@ -332,8 +327,7 @@ def search(study: optuna.Study, space: Space, runner: Runner, options: TuneOptio
                                               reason=f"invalid combination: {exc}"), fail=True)
         trial.set_user_attr("plan", plan.model_dump(mode="json"))
         trial.set_user_attr("description", plan.describe())
-        if _classes(plan) is not None:
-            trial.set_user_attr("class", _classes(plan))
+        trial.set_user_attr("class", plan.effects())
         if not plan.actions:  # every candidate off: the baseline itself, by definition 1.0
             return _finish(trial, TrialRecord(number=trial.number, plan=plan, state="repeated", value=1.0,
                                               speedup=1.0, reason="no change: the baseline itself, not run"))
@@ -494,8 +488,7 @@ def note_verdicts(study: optuna.Study, verdicts: list, best) -> None:
 
     def brief(verdict) -> dict:
         out = {"plan": verdict.plan.describe(), "accepted": verdict.accepted, "reason": verdict.reason}
-        if _classes(verdict.plan) is not None:
-            out["class"] = _classes(verdict.plan)
+        out["class"] = verdict.plan.effects()
         if verdict.speed is not None:
             out.update(speedup=verdict.speed.speedup, ci95=[verdict.speed.ci_low, verdict.speed.ci_high],
                        pairs=verdict.speed.pairs, per_sample=verdict.speed.per_sample)
