@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from tpu_agent.backend.generations import GENERATIONS
 
 from . import hlo, padding
-from .schema import Estimate, HotOp, PaddedOp, Padding, PaddingDim, Step, StepStats, Target
+from .schema import Estimate, HostDevice, HotOp, PaddedOp, Padding, PaddingDim, Step, StepStats, Target
 
 
 @dataclass
@@ -218,4 +218,54 @@ def roofline(infos: list[ExeInfo], generation: str, step_flops: float) -> Target
         bound="compute" if compute >= memory else "memory",
         mfu=Estimate(value=mfu, unit="fraction", basis="step FLOPs / (estimated step time x peak); "
                      "no launch, host or communication overhead modelled"),
+    )
+
+
+# ----------------------------------------------------------------------------- host vs device
+
+HOST_BOUND = 0.5  # host share above which a step is host-bound
+COMPUTE_BOUND = 0.5  # device FLOP utilization at or above which the device side is compute-bound
+
+
+def host_device(steps: list[Step], flops_per_step: float, peak_flops_per_s: float | None,
+                roofline: Target | None) -> HostDevice | None:
+    """Host overhead vs device time over the steps whose launches were all waited for and that compiled nothing.
+
+    Steps of the FlopCounterMode region carry no device_s, so they never count here.
+    """
+    used = [s for s in steps if s.device_s is not None and not s.warmup and not s.compiled and s.wall_s > 0]
+    if not used:
+        return None
+    n = len(used)
+    wall = sum(s.wall_s for s in used) / n
+    device = min(sum(s.device_s for s in used) / n, wall)  # the launches run inside the step
+    host = wall - device
+    host_share = host / wall
+    util = flops_per_step / (peak_flops_per_s * device) if peak_flops_per_s and device > 0 else None
+    estimate = False
+    if host_share > HOST_BOUND:
+        bound, basis = "host", (f"{host_share:.0%} of the step is host time (measured): the device waits for "
+                                "Python, dispatch and tracing")
+    elif util is not None and util >= COMPUTE_BOUND:
+        bound, basis = "compute", (f"the device time is mostly arithmetic: XLA's FLOPs at the measured peak take "
+                                   f"{util:.0%} of it")
+    elif roofline is not None and roofline.bound == "memory":
+        bound, estimate = "memory", True
+        basis = (f"on the device the FLOPs take {util:.0%} of its time at the measured peak; the roofline of TPU "
+                 f"{roofline.generation} puts the step on the memory side (estimate: bytes "
+                 f"{roofline.memory_s.value * 1e3:.3g} ms vs FLOPs {roofline.compute_s.value * 1e3:.3g} ms)"
+                 if util is not None else
+                 f"the roofline of TPU {roofline.generation} puts the step on the memory side (estimate)")
+    else:
+        bound = "device"
+        basis = ("device time dominates; " + (f"its FLOPs take {util:.0%} of it at the measured peak, " if util is not None
+                                              else "") + "not classified further")
+    launches = sum(s.launches or 0 for s in used) / n
+    return HostDevice(
+        steps=[s.index for s in used], wall_s=wall, device_s=device, host_s=host, host_share=host_share,
+        device_share=device / wall, launches_per_step=launches, bound=bound, bound_estimate=estimate,
+        bound_basis=basis, device_flop_utilization=util,
+        method=("measured on steps whose every executable launch was waited for (host and device do not overlap "
+                "there): device = the launches' time, host = wall - device; a launch's time includes JAX's "
+                "dispatch of the call, so device time is slightly high and host share a lower bound"),
     )

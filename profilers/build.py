@@ -106,14 +106,14 @@ def build_profile(d: "Collected", run: "RunInfo", exit_code: int, error: str | N
 
     # ---- steps
     stats = analysis.step_stats(steps)
-    if s.steps is not None and not d.stopped and not d.whole_run and exit_code == 0 and measured:
+    if s.steps is not None and len(steps) < s.warmup + s.steps and not d.whole_run and exit_code == 0 and measured:
         notes.append(f"the script ended after {len(steps)} step(s), before the {s.warmup} warm-up + {s.steps} "
                      "measured steps asked for")
     if d.whole_run:
         notes.insert(0, "no step markers: the whole run is one region (no optimizer step, no torch.tpu.mark_step())")
     if d.whole_run and stats is not None:
         stats.basis = "the whole run as one region (start-up, compilation and FlopCounterMode included)"
-    elif any(st.instrumented and not st.warmup for st in steps) and stats is not None:
+    elif any(st.instrumented and st.device_s is None and not st.warmup for st in steps) and stats is not None:
         left_out = "FlopCounterMode" not in stats.basis
         notes.append("step 1 ran under FlopCounterMode for the FLOP cross-check: "
                      + ("it is left out of the statistics" if left_out else "its time is in the statistics (no other step)"))
@@ -145,6 +145,17 @@ def build_profile(d: "Collected", run: "RunInfo", exit_code: int, error: str | N
         mfu=achieved / peak.flops_per_s if achieved is not None and peak else None, check=check,
     )
 
+    # ---- host overhead vs device time
+    pad_gen = s.padding_generation or s.target or (device.generation if device else None) or DEFAULT_GENERATION
+    target = None
+    if s.target:
+        target = _guarded(notes, "the roofline estimate", lambda: analysis.roofline(infos, s.target, flops_per_step))
+    roof = target or _guarded(notes, "the roofline for the host/device split",
+                              lambda: analysis.roofline(infos, pad_gen, flops_per_step), None)
+    host_device = _guarded(notes, "the host/device split", lambda: analysis.host_device(
+        steps, flops_per_step, peak.flops_per_s if peak else None, roof), None)
+    notes += _host_device_notes(steps, s, host_device, d.whole_run)
+
     # ---- the rest
     growth = _live_growth(steps)
     if growth:
@@ -152,11 +163,7 @@ def build_profile(d: "Collected", run: "RunInfo", exit_code: int, error: str | N
     memory = Memory(xla_peak_bytes=xla_peak[0], xla_peak_executable=xla_peak[1], live_peak_bytes=d.live_peak,
                     live_end_bytes=d.live_end, device_stats=d.device_stats)
     hot = _guarded(notes, "the hot ops", lambda: analysis.hot_ops(infos, flops_per_step, HOT_OPS), [])
-    pad_gen = s.padding_generation or s.target or (device.generation if device else None) or DEFAULT_GENERATION
     pad = _guarded(notes, "the padding report", lambda: analysis.padding_report(infos, pad_gen), None)
-    target = None
-    if s.target:
-        target = _guarded(notes, "the roofline estimate", lambda: analysis.roofline(infos, s.target, flops_per_step))
     recompiles = _guarded(notes, "the recompilations", lambda: _recompilations(RECORDER, d, s.warmup, ran), [])
     breaks = _guarded(notes, "the graph breaks",
                       lambda: _graph_breaks(RECORDER, d, start, end, window_steps), GraphBreaks())
@@ -181,7 +188,8 @@ def build_profile(d: "Collected", run: "RunInfo", exit_code: int, error: str | N
         status=status, exit_code=exit_code, error=error, created_at=datetime.now(timezone.utc),
         script=os.path.abspath(run.script), args=list(run.args), cwd=os.getcwd(),
         run_dir=str(run.run_dir), settings=s, mode_used=mode_used,
-        environment=environment, device=device, steps=steps_section, flops=flops, memory=memory,
+        environment=environment, device=device, steps=steps_section, flops=flops, host_device=host_device,
+        memory=memory,
         parameters=sum(trained.values()) if trained else None,
         executables=sorted(exe_rows, key=lambda r: -(r.flops * r.calls_per_step)),
         hot_ops=hot, padding=pad, recompilations=recompiles, graph_breaks=breaks, transfers=transfers,
@@ -191,6 +199,23 @@ def build_profile(d: "Collected", run: "RunInfo", exit_code: int, error: str | N
                     trace_dir=d.trace_dir),
         notes=notes,
     )
+
+
+def _host_device_notes(steps, s, split, whole_run: bool) -> list[str]:
+    """Which steps the host/device split used, and why there is none when there is none."""
+    timed = [st.index for st in steps if st.instrumented and st.device_s is not None]
+    out = []
+    if timed:
+        where = (f"they ran after the {s.steps} measured step(s)" if s.steps is not None else
+                 "without --steps the end is not known, so they are the first after warm-up")
+        out.append(f"{_ranges(timed)} waited for every executable launch, to split host and device time, and are "
+                   f"left out of the statistics; {where}")
+    if split is None and not whole_run and any(not st.warmup for st in steps):
+        if any(st.device_s is not None for st in steps):
+            out.append("host/device split not measured: every step with timed launches compiled something")
+        elif s.host_device_steps > 0 or s.time_executables:
+            out.append("host/device split not measured: the script ended before the steps that time launches")
+    return out
 
 
 def _live_growth(steps) -> str | None:

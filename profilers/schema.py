@@ -75,6 +75,12 @@ class Settings(BaseModel):
     xla_dump: bool = False
     trace_dir: str | None = None
     time_executables: bool = False
+    host_device_steps: int = Field(2, ge=0, description="extra steps run after the measured ones with every "
+                                   "executable launch waited for, to split host and device time (0: none)")
+
+    def timed_steps(self) -> int:
+        """Steps run for the host/device split (none with time_executables: every step is timed already)."""
+        return 0 if self.time_executables else self.host_device_steps
 
 
 class Device(BaseModel):
@@ -97,9 +103,13 @@ class Step(BaseModel):
     wall_s: float = Field(description="measured, device synchronized at both ends")
     compile_s: float = Field(0.0, description="measured time spent tracing, lowering and compiling inside this step")
     warmup: bool = False
-    instrumented: bool = Field(False, description="FlopCounterMode ran in this step: its time is not representative")
+    instrumented: bool = Field(False, description="FlopCounterMode ran in this step, or the profiler waited for "
+                               "every launch in it (device_s): its time is not representative")
     compiled: bool = Field(False, description="something was compiled in this step")
     live_bytes: int | None = Field(None, description="device buffers alive at the step's end")
+    device_s: float | None = Field(None, description="measured: time in executable launches, each waited for until "
+                                   "it finished; None: launches were not waited for in this step")
+    launches: int | None = Field(None, description="executable launches in this step (with device_s)")
 
 
 class StepStats(BaseModel):
@@ -153,6 +163,31 @@ class Flops(BaseModel):
     peak: Peak | None = None
     mfu: float | None = Field(None, description="achieved / peak.flops_per_s")
     check: FlopCheck | None = None
+
+
+class HostDevice(BaseModel):
+    """Where a step's time goes, after XProf's overview: host (Python, dispatch, tracing, recording ops) or device.
+
+    Measured on steps whose every executable launch was waited for, so host and
+    device do not overlap there: device = the launches' time, host = wall - device.
+    """
+
+    steps: list[int] = Field(description="the steps measured (compile-free, every launch waited for)")
+    wall_s: float = Field(description="measured: mean wall time of those steps")
+    device_s: float = Field(description="measured: mean time per step in executable launches, each waited for")
+    host_s: float = Field(description="measured: wall_s - device_s (Python, dispatch, tracing, recording ops, transfers)")
+    host_share: float = Field(description="host_s / wall_s")
+    device_share: float = Field(description="device_s / wall_s")
+    launches_per_step: float = Field(description="measured: executable launches per step")
+    bound: Literal["host", "compute", "memory", "device"] = Field(
+        description="host: host_share > 0.5 (measured); else the device side: compute when XLA's FLOPs take at least "
+        "half the device time at the measured peak, else memory by the roofline estimate of the target TPU, else "
+        "device (not classified further)")
+    bound_estimate: bool = Field(False, description="True: `bound` comes from the roofline model, not a measurement")
+    bound_basis: str = Field(description="why `bound` is what it is, in one line")
+    device_flop_utilization: float | None = Field(
+        None, description="FLOPs per step (XLA cost analysis) / (peak FLOP/s x device_s): the device's busy-time MFU")
+    method: str = Field(description="how it was measured, in one line")
 
 
 class Memory(BaseModel):
@@ -314,6 +349,7 @@ class Profile(BaseModel):
     device: Device | None = None
     steps: Steps
     flops: Flops | None = None
+    host_device: HostDevice | None = Field(None, description="host overhead vs device time of a steady step (measured)")
     memory: Memory = Field(default_factory=Memory)
     parameters: int | None = Field(None, description="measured: elements of the parameters the optimizers update "
                                    "(each counted at its first step); None: no optimizer step")

@@ -1,5 +1,14 @@
 """The profiler inside the run's child process: hooks in, steps timed, stop at --steps.
 
+Host/device split (`host_device` in the profile): after the last measured
+step (or, without --steps, right after the warm-up, since the end is not
+known) the profiler runs `host_device_steps` more steps with
+`modes.time_executables` on, flipped at the step boundary, so every launch
+waits for its executable: the launches' time is device time and the rest of
+the wall time is host time, with no overlap to hide either. Those steps are
+`instrumented` and left out of the statistics; with --steps they come on top
+of the measured steps, so the user still gets N measured steps.
+
 Everything on the step path is kept cheap (a device sync, a clock read, a few
 counters); the expensive analysis waits for `finish`, after the script, and
 gets only what was collected (`build_profile(data, run, ...)`). The child
@@ -84,6 +93,14 @@ def _stats_tuple():
     return (STATS.h2d_count, STATS.h2d_bytes, STATS.d2h_count, STATS.d2h_bytes)
 
 
+def _launch_totals() -> tuple[float, int]:
+    """Seconds and count of executable launches so far (every executable, whole run)."""
+    from tpu_agent.backend import executables
+
+    registry = executables.all()
+    return sum(e.time_s for e in registry), sum(e.calls for e in registry)
+
+
 def _snapshot() -> Window:
     from tpu_agent.backend import executables
 
@@ -111,6 +128,9 @@ class Session:
         self._remove_listener = None
         self._seen_recompiles = 0
         self._seen_registered = 0
+        self._launches_at_start: tuple[float, int] | None = None  # launch totals when a timed step began
+        self._timed_step = False  # the step under way waits for every launch (host/device split)
+        self._time_executables_was: bool | None = None  # modes.time_executables before the profiler flipped it
 
     # ------------------------------------------------------------------ set-up
 
@@ -134,6 +154,7 @@ class Session:
         except Exception as exc:  # noqa: BLE001 - the cross-check is optional; the profile is not
             self._counter = None
             self.data.notes.append(f"FlopCounterMode could not start: {exc}")
+        self._time_launches(self._is_timed(1))
         self._progress("running")
         self._step_start = time.perf_counter()
 
@@ -179,10 +200,14 @@ class Session:
         k = len(d.steps) + 1
         if source not in d.markers:
             d.markers.append(source)
+        device_s = launches = None
+        if self._launches_at_start is not None:
+            total_s, calls = _launch_totals()
+            device_s, launches = total_s - self._launches_at_start[0], calls - self._launches_at_start[1]
         d.steps.append(Step.model_construct(  # no validation on the step path: the values are ours
             index=k, wall_s=now - self._step_start, compile_s=self._compile_acc,
-            warmup=k <= self.settings.warmup, instrumented=self._counter is not None,
-            compiled=self._compiled_in_step, live_bytes=live_bytes,
+            warmup=k <= self.settings.warmup, instrumented=self._counter is not None or self._timed_step,
+            compiled=self._compiled_in_step, live_bytes=live_bytes, device_s=device_s, launches=launches,
         ))
         self.data.compile_s += self._compile_acc
         self._compile_acc = 0.0
@@ -196,13 +221,37 @@ class Session:
             d.window_start = d.window_end
             self._start_trace()
         self._progress("step", step=k, wall_s=d.steps[-1].wall_s, compile_s=d.steps[-1].compile_s)
-        if self.settings.steps is not None and k >= self.settings.warmup + self.settings.steps:
-            self._stop_trace()
-            d.stopped = True
-            self._progress("stopping")
-            raise StopProfiling()
+        s = self.settings
+        if s.steps is not None and k >= s.warmup + s.steps:
+            self._stop_trace()  # the trace covers the measured steps only
+            if k >= s.warmup + s.steps + self.settings.timed_steps():
+                self._time_launches(False)
+                d.stopped = True
+                self._progress("stopping")
+                raise StopProfiling()
+        self._time_launches(self._is_timed(k + 1))
         self._begin_step_mark(k + 1)
         self._step_start = time.perf_counter()
+
+    # ------------------------------------------------------------------ host/device split
+
+    def _is_timed(self, step: int) -> bool:
+        """Whether step `step` waits for every launch: after the measured steps with --steps, else after warm-up."""
+        s, n = self.settings, self.settings.timed_steps()
+        first = s.warmup + s.steps if s.steps is not None else max(s.warmup, 1)  # step 1 runs under FlopCounterMode
+        return first < step <= first + n
+
+    def _time_launches(self, on: bool) -> None:
+        """At a step boundary: wait for every launch in the next step (or stop), and count launches from here."""
+        from tpu_agent.backend import modes
+
+        if self._time_executables_was is None:
+            self._time_executables_was = modes.time_executables
+        self._timed_step = on
+        modes.time_executables = on or self._time_executables_was
+        # FlopCounterMode's step is not timed: its dispatch is the counter's, not the script's.
+        timed = modes.time_executables and self._counter is None
+        self._launches_at_start = _launch_totals() if timed else None
 
     def _stamp_compiles(self, step: int | None) -> None:
         from tpu_agent.backend import executables
@@ -309,6 +358,10 @@ class Session:
         if self._remove_listener is not None:
             self._remove_listener()
             self._remove_listener = None
+        if self._time_executables_was is not None:
+            from tpu_agent.backend import modes
+
+            modes.time_executables = self._time_executables_was
         d = self.data
         if not d.steps:
             # No step marker: the whole run is one region, timed from the script's start.
