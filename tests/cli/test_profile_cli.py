@@ -78,15 +78,18 @@ def test_odd_shapes_json_profile(tmp_path, cache_dir):
     assert proc.returncode == 0, proc.stderr[-3000:]
     # --json: stdout is the profile alone; the script's own output went to stderr.
     prof = Profile.model_validate_json(proc.stdout)
-    # Step 5 is stopped at its boundary, inside optimizer.step(): before the script prints it.
-    assert proc.stderr.count("step=") == 4 and "step=" not in proc.stdout
+    # Step 7 (3 measured after 2 warm-up, then 2 timed for the host/device split) is stopped at its boundary,
+    # inside optimizer.step(): before the script prints it.
+    assert proc.stderr.count("step=") == 6 and "step=" not in proc.stdout
     run_dir = only_run_dir(tmp_path)
     assert load(run_dir) == prof
     assert json.loads((run_dir / "run.json").read_text())["exit_code"] == 0
 
     assert prof.status == "stopped" and prof.steps.stopped_by_profiler
-    assert [s.index for s in prof.steps.items] == [1, 2, 3, 4, 5]
-    assert [s.warmup for s in prof.steps.items] == [True, True, False, False, False]
+    assert [s.index for s in prof.steps.items] == [1, 2, 3, 4, 5, 6, 7]
+    assert [s.warmup for s in prof.steps.items] == [True, True, False, False, False, False, False]
+    assert [s.index for s in prof.steps.items if s.device_s is not None] == [6, 7]
+    assert prof.steps.stats.count <= 3 and prof.host_device is not None
     assert prof.steps.markers == ["optimizer"] and prof.mode_used == "fused"
     assert prof.steps.stats is not None and prof.steps.stats.median_s > 0
 
@@ -198,7 +201,7 @@ def test_stop_at_steps_runs_the_scripts_finally(tmp_path, cache_dir):
     assert "finally ran" in proc.stdout
     assert "swallowed" not in proc.stdout and "after the loop" not in proc.stdout
     prof = load(only_run_dir(tmp_path))
-    assert prof.status == "stopped" and len(prof.steps.items) == 3
+    assert prof.status == "stopped" and len(prof.steps.items) == 5  # 1 warm-up, 2 measured, 2 timed
 
 
 def test_script_without_steps_is_one_region(tmp_path, cache_dir):
@@ -237,7 +240,7 @@ def test_mark_step_eager_devices_trace_and_dumps(tmp_path, cache_dir):
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = only_run_dir(tmp_path)
     prof = load(run_dir)
-    assert prof.steps.markers == ["mark_step"] and len(prof.steps.items) == 3
+    assert prof.steps.markers == ["mark_step"] and len(prof.steps.items) == 5  # with 2 timed steps
     assert prof.mode_used == "eager" and prof.device.count == 2
     assert {e.kind for e in prof.executables} >= {"eager"}
     assert prof.target.generation == "v6e" and prof.padding.generation == "v6e"
@@ -288,7 +291,7 @@ def test_doctor_shows_the_calibration(tmp_path, cache_dir):
 
 
 def test_progress_on_a_terminal_relays_the_scripts_output(tmp_path, cache_dir):
-    write(tmp_path, "train.py", TRAIN.format(steps=4, after="print(f'line {i}')"))
+    write(tmp_path, "train.py", TRAIN.format(steps=6, after="print(f'line {i}')"))
     leader, follower = pty.openpty()
     proc = subprocess.Popen([str(TPU_AGENT), "profile", "train.py", "--steps", "2", "--warmup", "1"], cwd=tmp_path,
                             env=clean_env(TPU_AGENT_CACHE_DIR=str(cache_dir), COLUMNS="120"),
@@ -308,7 +311,7 @@ def test_progress_on_a_terminal_relays_the_scripts_output(tmp_path, cache_dir):
     text = b"".join(chunks).decode(errors="replace")
     assert "line 0" in text and "line 1" in text  # the script's output, shown above the bar
     assert "profiling train.py" in text  # the progress bar
-    assert "stopped by --steps after 3 steps" in text
+    assert "stopped by --steps after 5 steps" in text  # 1 warm-up, 2 measured, 2 timed (host/device)
 
 
 def test_compiled_steps_are_reported_as_compiled(tmp_path, cache_dir):
@@ -338,4 +341,4 @@ def test_compiled_steps_are_reported_as_compiled(tmp_path, cache_dir):
         assert prof.mode_used == "compiled" and "compiled mode" in proc.stdout
     else:
         assert prof.mode_used == "fused" and "profiled in fused mode" in proc.stdout
-    assert prof.status == "stopped" and len(prof.steps.items) == 4
+    assert prof.status == "stopped" and len(prof.steps.items) == 6  # with 2 timed steps

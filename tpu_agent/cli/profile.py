@@ -135,7 +135,7 @@ def profile_script(
 
     display = None
     if stderr.is_terminal and not json_output:
-        total = settings.warmup + settings.steps if settings.steps is not None else None
+        total = settings.warmup + settings.steps + settings.timed_steps() if settings.steps is not None else None
         display = ProgressDisplay(stderr, Path(script).name, total)
     try:
         result, path = run_profiled(
@@ -213,6 +213,7 @@ def profile(
         typer.Option("--trace", metavar="DIR", help="Record a jax.profiler trace of the measured steps (TensorBoard/XProf, Perfetto).", show_default=False),
     ] = None,
     time_executables: Annotated[bool, typer.Option("--time-executables", help="Wait for every executable so its recorded time is execution time (slower).")] = False,
+    host_device_steps: Annotated[int, typer.Option("--host-device-steps", min=0, metavar="K", help="Run K more steps (after the measured ones) with every executable waited for, to split the step into host overhead and device time; 0: none.")] = 2,
     output_dir: Annotated[
         Path | None,
         typer.Option("--output-dir", "-o", metavar="DIR", help="Where run directories go (default ./.tpu-agent/runs).", show_default=False),
@@ -233,7 +234,7 @@ def profile(
     settings = Settings(
         steps=steps, warmup=warmup, mode=mode.value, devices=devices, target=target.value if target else None,
         dump_hlo=dump_hlo, xla_dump=xla_dump, trace_dir=str(trace) if trace else None,
-        time_executables=time_executables,
+        time_executables=time_executables, host_device_steps=host_device_steps,
     )
     return profile_script(script, script_args or [], settings=settings, output_dir=output_dir,
                           json_output=json_output, stdout=stdout_console(), stderr=stderr_console(), timeout=timeout)

@@ -74,6 +74,8 @@ def _rows(p: Profile) -> list[tuple[str, Text | str]]:
                 tp.append(f"{f.mfu:.1%}", style="bold")
                 tp.append(f" of {si(f.peak.flops_per_s, 'FLOP/s')} ({kind}, {f.peak.dtype})")
             rows.append(("throughput", tp))
+    if p.host_device is not None:
+        rows.append(("host/device", host_device_line(p)))
     m = p.memory
     mem = f"XLA peak {size(m.xla_peak_bytes)}"
     if m.xla_peak_executable:
@@ -105,6 +107,39 @@ def _rows(p: Profile) -> list[tuple[str, Text | str]]:
         rows.append(("graph breaks", "none"))
     rows.append(("CPU fallbacks", ", ".join(f"{k} x{v}" for k, v in p.fallbacks.items()) or "none"))
     return rows
+
+
+def step_ranges(indices: list[int]) -> str:
+    """[7, 8, 10] -> 'steps 7-8, 10'; [7] -> 'step 7'."""
+    parts: list[list[int]] = []
+    for i in indices:
+        if parts and i == parts[-1][-1] + 1:
+            parts[-1].append(i)
+        else:
+            parts.append([i])
+    shown = ", ".join(f"{p[0]}-{p[-1]}" if len(p) > 1 else f"{p[0]}" for p in parts)
+    return f"step{'s' if len(indices) > 1 else ''} {shown}"
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.0f} %"
+
+
+def host_device_line(p: Profile) -> Text:
+    """`host-bound: 87 % of the step is host overhead (dispatch and tracing), 13 % device time (...)`."""
+    h = p.host_device
+    shares = (f"{_pct(h.host_share)} of the step is host overhead (dispatch and tracing), {_pct(h.device_share)} "
+              "device time")
+    if h.bound != "host":
+        shares = f"{_pct(h.device_share)} of the step is device time, {_pct(h.host_share)} host overhead"
+    head = f"{h.bound}-bound" + (" (estimate)" if h.bound_estimate else "")
+    n = h.launches_per_step
+    how = (f" (measured on {step_ranges(h.steps)}, every launch waited for: {ms(h.wall_s)} = {ms(h.host_s)} host + "
+           f"{ms(h.device_s)} device, {n:.3g} launch{'' if n == 1 else 'es'} per step)")
+    text = Text.assemble((head, "bold yellow" if h.bound == "host" else "bold"), ": ", shares, how)
+    if h.bound != "host":
+        text.append(f"; {h.bound_basis}")
+    return text
 
 
 def short_op(name: str | None) -> str:
