@@ -60,6 +60,9 @@ METRICS: dict[str, tuple[str, Callable[[Profile], Any]]] = {
     "live_peak_bytes": ("most device buffer bytes alive at a step boundary",
                         lambda p: p.memory.live_peak_bytes or 0),
     "fallbacks": ("aten ops run on the CPU, counted", lambda p: sum(p.fallbacks.values())),
+    "host_share": ("measured share of a steady step that is host overhead (Python, dispatch, tracing, recording "
+                   "ops), from steps whose launches were waited for; 0 without that measurement",
+                   lambda p: p.host_device.host_share if p.host_device else 0.0),
 }
 
 _MXU = {"v6e": 256, "v7x": 256, "v7": 256}

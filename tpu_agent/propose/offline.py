@@ -1,8 +1,8 @@
 """The offline proposer: playbooks matched against the profile and the knobs, ranked deterministically.
 
 Same input, same output: no clock, no randomness, no network. Ranking is by
-tier (1: the padding report points at it, 2: other profile evidence,
-3: generic advice), then by score (the estimated share of the step the
+tier (1: the padding report or a measured bottleneck points at it, 2: other
+profile evidence, 3: generic advice), then by score (the estimated share of the step the
 change would save, times the playbook's confidence), then by id. Scores that
 come from the padding report are estimates of a TPU's tile padding, and the
 evidence says so.
@@ -203,6 +203,8 @@ def _match(pb: Playbook, profile: Profile, knobs: list[Knob], dot_share: float,
         gain = METRICS["padding_waste"][1](profile) * dot_share
     elif pb.rank.gain == "dim_waste":
         gain = sum(d.share_of_padded_work for d in dims or []) * dot_share
+    elif pb.rank.gain == "host_share":  # measured: what taking Python off the step could save at most
+        gain = METRICS["host_share"][1](profile)
     else:
         gain = pb.rank.value
     lead = evidence[0].what if evidence else "always applies"

@@ -180,10 +180,11 @@ class Rank(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    tier: int = Field(2, ge=1, le=3, description="1: the padding report points at it; 2: other profile evidence; 3: generic")
-    gain: Literal["dim_waste", "total_waste", "fixed"] = Field(
+    tier: int = Field(2, ge=1, le=3, description="1: the padding report or a measured bottleneck points at it; "
+                      "2: other profile evidence; 3: generic")
+    gain: Literal["dim_waste", "total_waste", "host_share", "fixed"] = Field(
         "fixed", description="dim_waste: the matched dims' share of padded work; total_waste: the report's total; "
-        "fixed: `value` (an assumed share of the step)")
+        "host_share: the measured host share of the step (host_device); fixed: `value` (an assumed share of the step)")
     value: float = Field(0.0, ge=0, le=1)
     confidence: float = Field(0.5, gt=0, le=1, description="how much of the estimated gain a trial tends to keep")
 
