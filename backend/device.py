@@ -8,7 +8,7 @@ import torch
 
 # Loaded at `import torch` (the torch.backends entry point): only modules that do not
 # import JAX come in here; the rest arrive with the first op.
-from . import module
+from . import auto_compile, module
 from .steps import install_optimizer_hook
 
 # Ops with no tensor argument reach a backend through the device they name:
@@ -86,6 +86,7 @@ def register() -> bool:
     # keep it on the caller's (the graph recorder and step capture are not thread-safe).
     torch.autograd.set_multithreading_enabled(False)
     install_optimizer_hook()
+    auto_compile.enable_from_environment()
     _patch_torch_compile()
     _route_accelerator_synchronize()
     return True

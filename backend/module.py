@@ -78,6 +78,14 @@ def compile(fn=None, **options):  # noqa: A001 - TorchTPU's name
     return _compile(fn, **options)
 
 
+def compile_steps(on: bool = True) -> None:
+    """Run the loop's model (forward and backward) and optimizer updates as compiled programs,
+    with no change to the script; `TPU_AGENT_COMPILE_STEPS=1` does the same from the start."""
+    from .auto_compile import compile_steps as _switch
+
+    _switch(on)
+
+
 class _LazyModule:
     """`torch.tpu.sharding` without importing JAX at `import torch`."""
 

@@ -50,9 +50,11 @@ PAD_OPS = EnvVar("TPU_AGENT_PAD_OPS", "backend", "zero-pad matmul/convolution op
 TIME_EXECUTABLES = EnvVar("TPU_AGENT_TIME_EXECUTABLES", "backend", "`1`: wait for every executable so its time is execution time")
 MAX_GRAPH_OPS = EnvVar("TPU_AGENT_MAX_GRAPH_OPS", "backend",
                        "fused mode: run the pending graph when it holds this many ops (default 10000)")
+COMPILE_STEPS = EnvVar("TPU_AGENT_COMPILE_STEPS", "backend",
+                       "`1`: the model's forward and backward and each optimizer's update run as compiled programs")
 XLA_CACHE = EnvVar("TPU_AGENT_XLA_CACHE", "backend",
                    "XLA's persistent compilation cache: a directory, or `off`; default xla/ in the cache directory")
 
 ALL: tuple[EnvVar, ...] = (CACHE_DIR, RUN_DIR, PROFILE, PROGRESS_FD, TRIAL, PLAN, DEVICE, DEVICES, GENERATION,
-                           CPU_FALLBACK, PAD_OPS, TIME_EXECUTABLES, MAX_GRAPH_OPS, XLA_CACHE)
+                           CPU_FALLBACK, PAD_OPS, TIME_EXECUTABLES, MAX_GRAPH_OPS, COMPILE_STEPS, XLA_CACHE)
 NAMES = frozenset(v.name for v in ALL)

@@ -51,6 +51,28 @@ def test_family_trains_like_cpu(family, attn, mode):
 DATA_DEPENDENT = {"qwen3_moe_loop"}
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_family_trains_like_cpu_as_compiled_steps_with_no_change_to_the_loop(family):
+    """TPU_AGENT_COMPILE_STEPS: the model's forward and backward programs and AdamW's update program replay
+    from the fourth step on (the first runs as written, then two captures agree). One attention per family:
+    the attention modes are covered above."""
+    attn = FAMILIES[family].attentions[0] if FAMILIES[family].attention else None
+    expected = cpu_losses(family, attn)
+    programs = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        actual = hf_models.train(family, attn, "tpu", hf_models.STEPS_MODE, steps=len(expected), compiled=programs)
+    rel = 1e-4 if FAMILIES[family].batchnorm else 1e-5
+    for step, (a, b) in enumerate(zip(expected, actual)):
+        assert b == pytest.approx(a, rel=rel), f"step {step}: cpu {a} tpu {b} ({family}, {attn}, steps)"
+    assert len(programs["optimizer_replays"]) == 1 and programs["optimizer_reasons"] == [None], programs
+    assert programs["optimizer_replays"][0] >= len(expected) - 4, programs
+    if family in DATA_DEPENDENT:  # the expert loop's nonzero: the model runs as written, and says why
+        assert programs["module_replays"] == [0] and "aten.nonzero.default" in programs["module_reasons"][0]
+    else:
+        assert programs["module_reasons"] == [None] and programs["module_replays"][0] >= len(expected) - 3, programs
+
+
 def test_data_dependent_expert_loop_breaks_the_fused_graph_at_its_source_line():
     from tpu_agent.backend.lazy import DATA_DEPENDENT, RECORDER
 

@@ -11,7 +11,8 @@ BACKEND = Path(__file__).resolve().parents[2] / "backend"
 ORDER = [
     "jax_setup", "dtypes", "state", "source", "registry", "executables", "generations", "modes", "padding",
     "mesh", "launch", "lazy", "programs", "views", "tensor", "transfer", "ops", "dispatch",
-    "steps", "sharding", "compile", "module", "device", "autoload", "__init__",
+    "steps", "sharding", "capture", "step_program", "module_program", "optimizer_program", "compile",
+    "auto_compile", "module", "device", "autoload", "__init__",
 ]
 
 

@@ -15,6 +15,7 @@ MODES = {
     "fused": ({"TORCH_TPU_DEFER_AND_FUSE": "1"}, []),
     "compiled step": ({}, ["--compile", "step"]),
     "compiled model": ({}, ["--compile", "model"]),
+    "compiled steps": ({"TPU_AGENT_COMPILE_STEPS": "1"}, []),  # no change to the script
 }
 
 

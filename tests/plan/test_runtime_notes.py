@@ -10,7 +10,7 @@ from tpu_agent.plan.runtime import Applied
 
 @pytest.mark.parametrize("mode,says,never", [
     ("fused", "fused execution", "compiled"),
-    ("compiled", "compiled model", "fused execution"),
+    ("compiled", "compiled steps", "fused execution"),
 ])
 def test_a_compile_action_notes_what_it_does(mode, says, never):
     from tpu_agent.backend import modes

@@ -146,6 +146,9 @@ FAMILIES = {f.name: f for f in [
 ]}
 
 MODES = ("eager", "fused", "compiled")
+# Compiled steps with no change to the script (TPU_AGENT_COMPILE_STEPS=1): the model's forward and backward,
+# and the optimizer's update, as programs.
+STEPS_MODE = "steps"
 
 
 def build(family: str, attn: str | None, device: str):
@@ -169,6 +172,29 @@ def _mode(mode: str, device: str):
     return torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE)
 
 
+@contextlib.contextmanager
+def _compiled_steps(mode: str, device: str):
+    """Compiled steps on for the loop; yields, once it ends, what each program did."""
+    programs: dict = {}
+    if device != "tpu" or mode != STEPS_MODE:
+        yield programs
+        return
+    from tpu_agent.backend import auto_compile
+
+    found = len(auto_compile.STATE.modules), len(auto_compile.STATE.optimizers)
+    auto_compile.compile_steps(True)
+    try:
+        yield programs
+    finally:
+        auto_compile.compile_steps(False)
+        modules = auto_compile.STATE.modules[found[0]:]
+        optimizers = auto_compile.STATE.optimizers[found[1]:]
+        programs["module_replays"] = [m.replays for m in modules]
+        programs["module_reasons"] = [m.reason_not_compiled for m in modules]
+        programs["optimizer_replays"] = [o.replays for o in optimizers]
+        programs["optimizer_reasons"] = [o.reason_not_replayed for o in optimizers]
+
+
 def train(family: str, attn: str | None, device: str, mode: str = "eager", steps: int = STEPS,
           times: list | None = None, compiled: dict | None = None) -> list[float]:
     """Per-step losses of `steps` AdamW steps (each step's wall time appended to `times`; in
@@ -185,12 +211,14 @@ def train(family: str, attn: str | None, device: str, mode: str = "eager", steps
     if mode == "compiled":
         step = torch.compile(step)
     losses = []
-    with _mode(mode, device):
+    with _mode(mode, device), _compiled_steps(mode, device) as programs:
         for _ in range(steps):
             t0 = time.perf_counter()
             losses.append(step(inputs).item())
             if times is not None:
                 times.append(time.perf_counter() - t0)
+    if compiled is not None and mode == STEPS_MODE:
+        compiled.update(programs)
     if compiled is not None and mode == "compiled":
         target = getattr(step, "_target", step)  # torch.compile(fn) picks its backend on the first call
         compiled["replays"] = getattr(target, "replays", 0)

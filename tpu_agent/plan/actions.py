@@ -221,7 +221,8 @@ class Compile(_Action):
             return ("fused execution: `TORCH_TPU_DEFER_AND_FUSE=1`, or "
                     "`with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):` around the loop")
         if self.mode == "compiled":
-            return "compiled model: `model = torch.compile(model)` (forward and backward as XLA programs)"
+            return ("compiled steps: `TPU_AGENT_COMPILE_STEPS=1`, or `torch.tpu.compile_steps()` before the loop "
+                    "(the model's forward and backward, and each optimizer's update, as XLA programs)")
         return None
 
     def apply(self, applied: "Applied") -> None:
@@ -230,8 +231,8 @@ class Compile(_Action):
         if self.mode in ("fused", "compiled"):
             modes._set_mode(modes.EagerMode.DEFER_AND_FUSE)
             applied.notes.append("fused execution (DEFER_AND_FUSE)" if self.mode == "fused" else
-                                 "compiled model (torch.compile: forward and backward as XLA programs; "
-                                 "the rest of the step fused)")
+                                 "compiled steps (the model's forward and backward programs, each optimizer's "
+                                 "update as one program; the rest of the step fused)")
         applied.compile_model = self.mode == "compiled"
 
 

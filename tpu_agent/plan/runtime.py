@@ -35,19 +35,21 @@ def apply_runtime(plan: Plan) -> Applied:
     applied = Applied()
     for action in plan.actions:
         action.apply(applied)
-    if applied.mesh is not None or applied.compile_model:
+    if applied.mesh is not None:
         _install_model_hook(applied)
+    if applied.compile_model:
+        from tpu_agent.backend import auto_compile
+
+        auto_compile.compile_steps(True)  # after the mesh hook: the model is sharded, then compiled
     return applied
 
 
 def _install_model_hook(applied: Applied) -> None:
     from tpu_agent.backend import sharding
-    from tpu_agent.backend.compile import CompiledModule
     from tpu_agent.backend.tensor import TpuTensor
 
     mesh, axis = applied.mesh, applied.batch_axis
-    if mesh is not None:
-        sharding.set_mesh(dict(mesh.axes))
+    sharding.set_mesh(dict(mesh.axes))
     state = {"done": False}
 
     def first_forward(module, args):
@@ -59,20 +61,15 @@ def _install_model_hook(applied: Applied) -> None:
         state["done"] = True  # the first tpu module called is the outermost one
         handle.remove()
         applied.model = type(module).__name__
-        if mesh is not None:
-            applied.sharded = sharding.shard_module(module, applied.rules, strict=False)
-            if axis is not None:
-                sharding.shard_batches(module, axis)
-                # This call's inputs are already bound: place them too.
-                for t in sharding._tensors(args):
-                    if t.dim() >= 1 and not t._view_chain:
-                        sharding.shard_tensor(t, (axis,))
-            applied.notes.append(f"mesh {dict(mesh.axes)}; {len(applied.rules)} shard rules; "
-                                 f"batch split over {axis or 'nothing'}")
-        if applied.compile_model:
-            compiled = CompiledModule(module, call=type(module).forward.__get__(module))
-            module.forward = compiled.forward
-            applied.notes.append(f"{type(module).__name__} compiled: forward and backward programs")
+        applied.sharded = sharding.shard_module(module, applied.rules, strict=False)
+        if axis is not None:
+            sharding.shard_batches(module, axis)
+            # This call's inputs are already bound: place them too.
+            for t in sharding._tensors(args):
+                if t.dim() >= 1 and not t._view_chain:
+                    sharding.shard_tensor(t, (axis,))
+        applied.notes.append(f"mesh {dict(mesh.axes)}; {len(applied.rules)} shard rules; "
+                             f"batch split over {axis or 'nothing'}")
         return None
 
     handle = torch.nn.modules.module.register_module_forward_pre_hook(first_forward)

@@ -1,0 +1,104 @@
+"""Compiled steps with no change to the script.
+
+`TPU_AGENT_COMPILE_STEPS=1` (or `torch.tpu.compile_steps()`) turns an
+unmodified loop (forward, `loss.backward()`, `optimizer.step()`,
+`zero_grad()`) into a few programs: the outermost tpu module's forward and its
+backward (module_program.py), each optimizer's update (optimizer_program.py),
+and the small fused graphs between them (the loss, gradient accumulation).
+In steady state no per-op Python runs for the model or the optimizer.
+
+The model is found at its first call: the first module called whose
+parameters are on the tpu device is the outermost one. Each optimizer is found
+at its first `step()`, which runs as written (it creates the optimizer's state);
+later steps replay.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+ENV = "TPU_AGENT_COMPILE_STEPS"
+
+
+class _State:
+    """The switch's one piece of state: its hooks while on, and what it compiled."""
+
+    def __init__(self) -> None:
+        self.module_hook = None
+        self.optimizer_hook = None
+        self.modules: list = []  # CompiledModule per model found
+        self.optimizers: list = []  # OptimizerProgram per optimizer found
+
+    @property
+    def on(self) -> bool:
+        return self.optimizer_hook is not None
+
+
+STATE = _State()
+
+
+def enabled() -> bool:
+    return STATE.on
+
+
+def compile_steps(on: bool = True) -> None:
+    """Switch compiled steps on (from the next model call and optimizer step) or off (for models and
+    optimizers not yet found; those already compiled stay compiled)."""
+    if on and not STATE.on:
+        STATE.module_hook = torch.nn.modules.module.register_module_forward_pre_hook(_first_forward)
+        STATE.optimizer_hook = register_optimizer_step_pre_hook(_first_step)
+    elif not on and STATE.on:
+        if STATE.module_hook is not None:
+            STATE.module_hook.remove()
+        STATE.optimizer_hook.remove()
+        STATE.module_hook = STATE.optimizer_hook = None
+
+
+def enable_from_environment() -> None:
+    if os.environ.get(ENV, "") == "1":
+        compile_steps(True)
+
+
+def compile_module(module: torch.nn.Module):
+    """Replace `module.forward` with a compiled one (forward and backward programs); returns it."""
+    from .module_program import CompiledModule
+
+    compiled = CompiledModule(module, call=type(module).forward.__get__(module))
+    module.forward = compiled.forward
+    STATE.modules.append(compiled)
+    return compiled
+
+
+def _first_forward(module, args):
+    from .module_program import CompiledModule
+    from .tensor import TpuTensor
+
+    if isinstance(module, CompiledModule) or "forward" in module.__dict__:
+        return None  # compiled already, by the script (torch.compile) or by us
+    param = next(module.parameters(), None)
+    if not isinstance(param, TpuTensor):
+        return None
+    STATE.module_hook.remove()  # the first tpu module called is the outermost one
+    STATE.module_hook = None
+    compile_module(module)  # from its next call on: this call looked its forward up already
+    return None
+
+
+def _first_step(optimizer, args, kwargs):
+    from .optimizer_program import install
+
+    if "_tpu_program" in optimizer.__dict__:
+        return None
+    if not any(_on_tpu(p) for group in optimizer.param_groups for p in group["params"]):
+        return None
+    program = install(optimizer)
+    if program is not None:
+        STATE.optimizers.append(program)
+    return None
+
+
+def _on_tpu(p) -> bool:
+    return getattr(p, "device", None) is not None and p.device.type == "tpu"

@@ -1,0 +1,271 @@
+"""A module's forward as one XLA program and its backward as another, joined to autograd.
+
+`torch.compile(model)` on the tpu device, and the model half of compiled steps
+(auto_compile.py). The forward is captured once per call signature (see
+capture.py) and run as a jitted `jax.vjp` of the captured graph: it returns the
+outputs and the residuals the backward needs, so `loss.backward()` runs one
+program that does not recompute the forward. A `torch.autograd.Function` joins
+the two to PyTorch autograd, so any loss, gradient clipping or optimizer works
+around it.
+
+Like `torch.compile`, a program treats Python values read in the forward as
+constants: a signature is replayed only after two captures agreed on the graph,
+its Python numbers and its small CPU constants. A forward that never agrees, or
+that cannot be one program (it reads a device value on the host), runs as
+written, and `reason_not_compiled` says why.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from . import executables, modes
+from .capture import (Capture, RebasedViews, compiling, constant_input, get_path, output_of, pair_storages, rebuild,
+                      signature, steps_suspended, tensor_paths)
+from .launch import launch
+from .lazy import RECORDER
+from .tensor import TpuTensor
+from .transfer import materialize
+
+TENSOR_KINDS = ("state", "arg")
+
+
+class CompiledModule(torch.nn.Module):
+    """`torch.compile(model)` on the tpu device."""
+
+    MAX_CAPTURES = 4
+
+    def __init__(self, module: torch.nn.Module, call=None):
+        super().__init__()
+        self._orig_mod = module
+        # What computes the forward: the module itself, or (when its own `forward` is being
+        # replaced by this one) its original forward method.
+        self._call = call if call is not None else module
+        self._programs: dict[tuple, ModuleProgram] = {}  # signature -> replayable program
+        self._candidates: dict[tuple, ModuleProgram] = {}
+        self._captures: dict[tuple, int] = {}
+        self.reason_not_compiled: str | None = None
+        self.replays = 0
+
+    def forward(self, *args, **kwargs):
+        module = self._orig_mod
+        if self.reason_not_compiled is not None:
+            return self._call(*args, **kwargs)
+        state = _state(module)
+        key = (signature((args, kwargs)), module.training,
+               tuple((k, tuple(v.shape), v.dtype) for k, v in state.items()))
+        program = self._programs.get(key)
+        if program is not None:
+            self.replays += 1
+            return program(state, args, kwargs)
+        program, problem = ModuleProgram.capture(module, self._call, state, args, kwargs)
+        if program is None:
+            self._give_up(problem)
+            return self._call(*args, **kwargs)
+        previous = self._candidates.get(key)
+        if previous is not None and previous.key() == program.key():
+            self._programs[key] = previous  # the same program: keep the one already compiled
+            return previous(state, args, kwargs)
+        self._captures[key] = self._captures.get(key, 0) + 1
+        if self._captures[key] >= self.MAX_CAPTURES:
+            self._give_up("its graph or Python numbers change from call to call")
+        self._candidates[key] = program
+        return program(state, args, kwargs)
+
+    def _give_up(self, reason: str) -> None:
+        self.reason_not_compiled = reason
+        warnings.warn(f"tpu compile: {type(self._orig_mod).__name__} cannot be one program, {reason}; "
+                      "it runs as written", stacklevel=3)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["_orig_mod"], name)
+
+
+def _state(module) -> dict:
+    return dict(module.named_parameters()) | dict(module.named_buffers())
+
+
+class ModuleProgram:
+    """One captured forward: its graph, where its inputs come from, and its jitted halves."""
+
+    def __init__(self, exe, provenance, result_tree, return_map, buffer_updates, out_avals):
+        self.exe = exe  # the recorder's graph (its `raw` is the pure function traced here)
+        self.provenance = provenance  # per graph input: (kind, where)
+        self.result_tree = result_tree
+        self.return_map = return_map
+        self.buffer_updates = buffer_updates  # [(buffer name, output index)]
+        self.out_avals = out_avals
+        self.floating = [jnp.issubdtype(a.dtype, jnp.floating) for a in out_avals]
+        self._forward: dict[tuple, executables.Executable] = {}  # which tensor inputs need gradients -> program
+        self._inference: executables.Executable | None = None
+        self._backward: executables.Executable | None = None
+
+    def key(self) -> tuple:
+        constants = tuple(v.key if kind == "host" else v for kind, v in self.provenance if kind in ("number", "host"))
+        return (id(self.exe), constants)
+
+    @classmethod
+    def capture(cls, module, call, state, args, kwargs):
+        """(program, None), or (None, why the forward cannot be one program)."""
+        RECORDER.flush("before capture")
+        owned = {id(t._storage_box): ("state", name) for name, t in state.items() if isinstance(t, TpuTensor)}
+        rebased = RebasedViews((args, kwargs)).__enter__()
+        capture = Capture.for_arguments((args, kwargs), owned)
+        RECORDER.capture = capture
+        RECORDER.last_flush = None
+        try:
+            with torch.no_grad(), modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), steps_suspended(), \
+                    compiling():
+                result = call(*args, **kwargs)
+                returned = tensor_paths(result)
+                RECORDER.flush("capture end")
+        finally:
+            RECORDER.capture = None
+            rebased.__exit__(None, None, None)
+        if rebased.written:
+            return None, "it writes into a tensor argument that is a view"
+        if RECORDER.last_flush is None:
+            return None, "it computes nothing on the device"
+        exe, inputs, outputs, storages = RECORDER.last_flush
+        provenance = capture.provenance(inputs)
+        if capture.problems:
+            return None, capture.problems[0]
+        if any(kind in ("storage", "constant") for kind, _ in provenance):
+            return None, "it reads device tensors that are neither its parameters, buffers nor arguments"
+        index_of = {id(lz): i for i, lz in enumerate(outputs)}
+        return_map = {}
+        for path, t in returned:
+            lz = output_of(t, outputs)
+            if lz is None:
+                return None, "it returns a view of a tensor rather than a computed tensor"
+            return_map[path] = index_of[id(lz)]
+        arguments = {id(t._storage_box) for _, t in tensor_paths((args, kwargs))}
+        if any(id(s) in arguments for s in storages):
+            return None, "it writes into its tensor arguments"
+        names = {id(t._storage_box): name for name, t in state.items()}
+        buffer_updates = [(names[id(s)], index_of[id(lz)]) for s, lz in pair_storages(storages, outputs)
+                          if id(s) in names]
+        out_avals = [executables.abstract(lz) for lz in outputs]
+        return cls(exe, provenance, result, return_map, buffer_updates, out_avals), None
+
+    # --- running ---------------------------------------------------------------------
+    def inputs(self, state, args, kwargs):
+        """The tensor inputs (graph order) and the other inputs: numbers, RNG, CPU constants."""
+        tensors, others = [], []
+        drawn = [None]  # the base key of this call's draws
+        for kind, value in self.provenance:
+            if kind == "state":
+                tensors.append(state[value])
+            elif kind == "arg":
+                tensors.append(get_path((args, kwargs), value))
+            else:
+                others.append(constant_input(kind, value, drawn))
+        return tensors, others
+
+    def __call__(self, state, args, kwargs):
+        tensors, others = self.inputs(state, args, kwargs)
+        needs_grad = tuple(bool(t.requires_grad) and t.is_floating_point() for t in tensors)
+        if torch.is_grad_enabled() and any(needs_grad):
+            outputs = GraphFunction.apply(self, needs_grad, tuple(others), *tensors)
+        else:
+            values = self.run_inference(tuple(others), [materialize(t) for t in tensors])
+            outputs = tuple(TpuTensor(v) for v in values)
+        with torch.no_grad():
+            for name, index in self.buffer_updates:
+                state[name]._storage_box.write(outputs[index].jax())
+        return rebuild(self.result_tree, self.return_map, outputs)
+
+    def assemble(self, tensors, others):
+        t, o = iter(tensors), iter(others)
+        return [next(t) if kind in TENSOR_KINDS else next(o) for kind, _ in self.provenance]
+
+    def run_inference(self, others, arrays):
+        if self._inference is None:
+            graph = self.exe.raw
+
+            def inference(others, arrays):
+                return tuple(graph(*self.assemble(arrays, others)))
+
+            self._inference = _executable("compiled_module_forward", inference, (others, arrays))
+        return launch(self._inference, (others, arrays))
+
+    def run_forward(self, needs_grad, others, arrays):
+        """Outputs, and the residuals of their VJP with respect to the inputs that need gradients."""
+        exe = self._forward.get(needs_grad)
+        if exe is None:
+            graph, floating = self.exe.raw, self.floating
+
+            def forward(others, diff, rest):
+                def f(*diff):
+                    d, r = iter(diff), iter(rest)
+                    tensors = [next(d) if g else next(r) for g in needs_grad]
+                    outs = graph(*self.assemble(tensors, others))
+                    return ([o for o, fl in zip(outs, floating) if fl], [o for o, fl in zip(outs, floating) if not fl])
+
+                differentiable, vjp, other = jax.vjp(f, *diff, has_aux=True)
+                return differentiable, other, vjp
+
+            diff = [a for a, g in zip(arrays, needs_grad) if g]
+            rest = [a for a, g in zip(arrays, needs_grad) if not g]
+            exe = self._forward[needs_grad] = _executable("compiled_module_forward", forward, (others, diff, rest))
+        diff = [a for a, g in zip(arrays, needs_grad) if g]
+        rest = [a for a, g in zip(arrays, needs_grad) if not g]
+        differentiable, other, vjp = launch(exe, (others, diff, rest))
+        d, r = iter(differentiable), iter(other)
+        return [next(d) if fl else next(r) for fl in self.floating], vjp
+
+    def run_backward(self, vjp, cotangents):
+        if self._backward is None:
+            self._backward = _executable("compiled_module_backward", lambda vjp, cts: vjp(list(cts)), (vjp, cotangents))
+        return launch(self._backward, (vjp, cotangents))
+
+
+def _executable(name: str, fn, args) -> executables.Executable:
+    exe = executables.Executable(name=name, kind="compiled", fn=jax.jit(fn),
+                                 args=jax.tree_util.tree_map(executables.abstract, args))
+    return executables.register(exe)
+
+
+class GraphFunction(torch.autograd.Function):
+    """The forward program as an autograd node whose backward is the backward program."""
+
+    @staticmethod
+    def forward(ctx, program: ModuleProgram, needs_grad, others, *tensors):
+        arrays = [materialize(t) for t in tensors]  # inside fused mode, pending inputs run first
+        values, vjp = program.run_forward(needs_grad, others, arrays)
+        ctx.program, ctx.needs_grad, ctx.vjp = program, needs_grad, vjp
+        ctx.set_materialize_grads(False)
+        outputs = tuple(TpuTensor(v) for v in values)
+        fixed = {i for _, i in program.buffer_updates} | {i for i, fl in enumerate(program.floating) if not fl}
+        if fixed:
+            ctx.mark_non_differentiable(*[outputs[i] for i in sorted(fixed)])
+        return outputs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        program = ctx.program
+        if ctx.vjp is None:
+            raise RuntimeError("Trying to backward through a compiled tpu module's graph a second time; its "
+                               "saved values were freed by the first backward (retain_graph is not supported)")
+        cotangents = []
+        for g, aval, fl in zip(grads, program.out_avals, program.floating):
+            if not fl:
+                continue
+            if g is None:
+                cotangents.append(jnp.zeros(aval.shape, aval.dtype))
+            else:
+                array = materialize(g)
+                cotangents.append(array if array.dtype == aval.dtype else array.astype(aval.dtype))
+        input_grads = iter(program.run_backward(ctx.vjp, tuple(cotangents)))
+        ctx.vjp = None  # free the residuals now, as autograd frees saved tensors
+        out = [None, None, None]
+        for g in ctx.needs_grad:
+            out.append(TpuTensor(next(input_grads)) if g else None)
+        return tuple(out)

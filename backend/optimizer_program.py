@@ -1,0 +1,114 @@
+"""An optimizer's `step()` as one XLA program, with no change to the script.
+
+A foreach AdamW over a model's parameters is a few dozen list ops; run op by
+op, their Python costs more than their math on a small model. Here the update
+is captured once (see step_program.py) with the gradients as arguments and the
+parameters and optimizer state as storages it reads and writes, then replayed:
+`optimizer.step()` becomes one launch.
+
+The optimizer's own hooks (and PyTorch's global ones, such as the step marker
+the profiler uses) still run on every call, around the program. For SGD, Adam and
+AdamW the learning rate is an input of the program (a 0-d device tensor in the
+group while it is captured, as PyTorch's capturable optimizers allow), so an
+LR scheduler's new `lr` at every step replays the same program. Any other
+hyperparameter change means a new capture; one that changes every step makes
+the update give up replaying and run fused, which is correct but not one
+program (`reason_not_replayed`).
+"""
+
+from __future__ import annotations
+
+import types
+from itertools import chain
+
+import jax.numpy as jnp
+import torch
+import torch.optim.optimizer as optimizer_module
+
+from .step_program import CompiledStep, make_capturable
+from .tensor import TpuTensor
+
+# Optimizers whose update takes `lr` as a 0-d tensor (with capturable=True) and computes the same math.
+TENSOR_LR = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
+
+
+class OptimizerProgram:
+    def __init__(self, optimizer, raw_step):
+        self.raw_step = raw_step  # the optimizer class's step, without PyTorch's hook wrapper
+        self.tensor_lr = type(optimizer) in TENSOR_LR and all(type(g["lr"]) is float for g in optimizer.param_groups)
+        self.program = CompiledStep(self._update, marks_steps=False, capture_when_fused=True,
+                                    varying=("lr",) if self.tensor_lr else (),
+                                    name=f"{type(optimizer).__name__}.step")
+        self._lrs: dict[float, TpuTensor] = {}
+
+    def lrs(self, optimizer) -> list:
+        """This step's learning rates as device scalars (one transfer per new value)."""
+        if not self.tensor_lr:
+            return []
+        out = []
+        for group in optimizer.param_groups:
+            lr = float(group["lr"])  # a scheduler may set an int
+            t = self._lrs.get(lr)
+            if t is None:
+                if len(self._lrs) > 64:
+                    self._lrs.clear()
+                t = self._lrs[lr] = TpuTensor(jnp.asarray(lr, jnp.float32))
+            out.append(t)
+        return out
+
+    def _update(self, optimizer, grads, lrs):
+        """Reads the gradients through the parameters, as the optimizer does; `grads` and `lrs` name
+        them as the program's arguments, so each replay reads this step's values."""
+        saved = [group["lr"] for group in optimizer.param_groups]
+        try:
+            for group, lr in zip(optimizer.param_groups, lrs):
+                group["lr"] = lr
+            return self.raw_step(optimizer)
+        finally:
+            for group, lr in zip(optimizer.param_groups, saved):
+                group["lr"] = lr
+
+    @property
+    def replays(self) -> int:
+        return self.program.replays
+
+    @property
+    def reason_not_replayed(self) -> str | None:
+        return self.program.reason_not_replayed
+
+
+def _program_step(optimizer, closure=None):
+    """`optimizer.step` once a program: PyTorch's hooks around the replayed update."""
+    program: OptimizerProgram = optimizer.__dict__["_tpu_program"]
+    if closure is not None:  # a closure re-evaluates the model: not one program
+        return type(optimizer).step(optimizer, closure)
+    args, kwargs = (optimizer,), {}
+    for hook in chain(optimizer_module._global_optimizer_pre_hooks.values(),
+                      optimizer._optimizer_step_pre_hooks.values()):
+        hook(optimizer, args, kwargs)
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"]]
+    out = program.program(optimizer, grads, program.lrs(optimizer))
+    optimizer._opt_called = True  # what an LR scheduler's wrapper would note
+    optimizer._optimizer_step_code()
+    for hook in chain(optimizer._optimizer_step_post_hooks.values(),
+                      optimizer_module._global_optimizer_post_hooks.values()):
+        hook(optimizer, args, kwargs)
+    return out
+
+
+_program_step._wrapped_by_lr_sched = True  # we note `_opt_called` ourselves: schedulers need not wrap us
+
+
+def install(optimizer) -> OptimizerProgram | None:
+    """Make `optimizer.step()` run as a program from its next call on; None where it cannot."""
+    existing = optimizer.__dict__.get("_tpu_program")
+    if existing is not None:
+        return existing
+    raw_step = getattr(type(optimizer).step, "__wrapped__", None)
+    if raw_step is None:  # not PyTorch's hooked step: leave it alone
+        return None
+    make_capturable(optimizer)
+    program = OptimizerProgram(optimizer, raw_step)
+    optimizer._tpu_program = program
+    optimizer.step = types.MethodType(_program_step, optimizer)
+    return program

@@ -1,0 +1,221 @@
+"""A step function as one XLA program: `torch.compile(step_fn)` on the tpu device.
+
+The step runs under the fused recorder, which yields one graph for forward,
+backward and optimizer update, and notes where each graph input came from (see
+capture.py). Once two consecutive captures give the same graph and the same
+Python numbers, later calls replay the compiled program directly: inputs are
+read from those tensors, outputs written back, and no Python of the step runs,
+so per-op overhead disappears.
+
+Like `torch.compile`, replay treats Python values read in the step as
+constants. A step is re-captured when its tensor arguments change shape or
+dtype, or an optimizer's hyperparameters (lr, betas, ...) change; a step that
+reads a device value on the host (`.item()`), moves data from the CPU, or
+whose Python numbers change from call to call is re-traced on every call
+(fused mode), and the reason is kept in `reason_not_replayed`.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+import weakref
+
+import jax
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from . import modes
+from .capture import (Capture, RebasedViews, compiling, constant_input, get_path, output_of, pair_storages, rebuild,
+                      signature, steps_suspended, tensor_paths)
+from .launch import launch
+from .lazy import RECORDER
+from .steps import step_boundary
+
+_HYPERPARAMETERS = (int, float, bool, tuple)
+STALE = object()  # a replay found a storage it reads gone: capture again
+
+
+def _hyperparameters(optimizers, varying=()) -> tuple:
+    """What a replay must find unchanged in the optimizers (`varying` keys are inputs of the program)."""
+    return tuple(
+        tuple(tuple((k, v) for k, v in sorted(group.items())
+                    if k != "params" and k not in varying and isinstance(v, _HYPERPARAMETERS))
+              for group in opt.param_groups)
+        for opt in optimizers
+    )
+
+
+class Plan:
+    """A captured step that can be replayed."""
+
+    def __init__(self, exe, provenance, outputs, return_tree, return_map, optimizers, shardings, varying=()):
+        self.exe = exe
+        self.shardings = shardings  # per input: the placement it had at capture (sharded batches)
+        self.provenance = provenance
+        self.outputs = outputs  # [(weakref to storage, output index)]
+        self.return_tree = return_tree
+        self.return_map = return_map  # path -> output index
+        self.optimizers = [weakref.ref(o) for o in optimizers]
+        self.varying = varying
+        self.hyper = _hyperparameters(optimizers, varying)
+
+    def key(self):
+        numbers = tuple(v.key if kind == "host" else v for kind, v in self.provenance if kind in ("number", "host"))
+        return (id(self.exe), numbers)
+
+    def still_valid(self) -> bool:
+        optimizers = [r() for r in self.optimizers]
+        if any(o is None for o in optimizers):
+            return False
+        return _hyperparameters(optimizers, self.varying) == self.hyper
+
+    def run(self, args):
+        inputs = []
+        drawn = [None]  # the base key of this call's draws
+        for kind, value in self.provenance:
+            if kind == "arg":
+                array = get_path(args, value).jax()
+                wanted = self.shardings[len(inputs)]
+                if wanted is not None and array.sharding != wanted:
+                    array = jax.device_put(array, wanted)  # as the step's sharding hook placed it
+                inputs.append(array)
+            elif kind == "storage":
+                box = value()
+                if box is None:
+                    return STALE
+                inputs.append(box.array)
+            else:
+                inputs.append(constant_input(kind, value, drawn))
+        values = launch(self.exe, inputs)
+        for ref, index in self.outputs:
+            box = ref()
+            if box is not None:
+                box.write(values[index])
+        return rebuild(self.return_tree, self.return_map, values)
+
+
+
+class CompiledStep:
+    """A step function compiled into one XLA program (see the module docstring)."""
+
+    MAX_CAPTURES = 4
+
+    def __init__(self, fn, marks_steps: bool = True, capture_when_fused: bool = False, varying: tuple = (),
+                 name: str | None = None):
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "step")
+        self.varying = varying  # optimizer hyperparameters the step takes as inputs, not constants
+        self.marks_steps = marks_steps  # False: a part of a step (an optimizer's update), marked by its caller
+        self.capture_when_fused = capture_when_fused  # True: capture even when the caller runs fused
+        self.plans: dict[tuple, Plan] = {}  # argument signature -> replayable plan
+        self.candidates: dict[tuple, Plan] = {}
+        self.captures = 0
+        self.replays = 0
+        self.reason_not_replayed: str | None = None
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args, **kwargs):
+        call_args = (args, kwargs)
+        key = signature(call_args)
+        plan = self.plans.get(key)
+        if plan is not None and plan.still_valid():
+            RECORDER.flush("compiled step")  # inputs must be concrete
+            result = plan.run(call_args)
+            if result is not STALE:
+                self.replays += 1
+                self._end()
+                return result
+        self.plans.pop(key, None)
+        result = self._capture(key, call_args)
+        self._end()
+        return result
+
+    def _end(self) -> None:
+        if self.marks_steps:
+            step_boundary("compiled_step")
+
+    def _fused_only(self) -> bool:
+        """Run traced every call: replay was given up, or the caller asked for fused mode."""
+        if self.reason_not_replayed is not None:
+            return True
+        return not self.capture_when_fused and modes.get_eager_mode() is modes.EagerMode.DEFER_AND_FUSE
+
+    def _capture(self, key, call_args):
+        if self._fused_only():
+            with modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), steps_suspended():
+                return self.fn(*call_args[0], **call_args[1])
+        RECORDER.flush("before capture")
+        rebased = RebasedViews(call_args).__enter__()
+        capture = Capture.for_arguments(call_args)
+        capture.optimizers.extend(a for a in call_args[0] if isinstance(a, torch.optim.Optimizer))
+
+        def before_optimizer_step(optimizer, args, kwargs):
+            make_capturable(optimizer)
+            capture.optimizers.append(optimizer)
+
+        hook = register_optimizer_step_pre_hook(before_optimizer_step)
+        RECORDER.capture = capture
+        RECORDER.last_flush = None
+        try:
+            with modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), steps_suspended(), compiling():
+                result = self.fn(*call_args[0], **call_args[1])
+                returned = tensor_paths(result)
+                RECORDER.flush("capture end")
+        finally:
+            RECORDER.capture = None
+            hook.remove()
+            rebased.__exit__(None, None, None)
+        if rebased.written:
+            capture.problems.append("it writes into a tensor argument that is a view")
+        self.captures += 1
+        if RECORDER.last_flush is None:
+            return result
+        exe, inputs, outputs, storages = RECORDER.last_flush
+        provenance = capture.provenance(inputs)
+        if capture.problems:
+            self._give_up(capture.problems[0])
+            return result
+        index_of = {id(lz): i for i, lz in enumerate(outputs)}
+        out_map = [(weakref.ref(s), index_of[id(lz)]) for s, lz in pair_storages(storages, outputs)]
+        return_map = {}
+        for path, t in returned:
+            lz = output_of(t, outputs)
+            if lz is None:
+                self._give_up("the step returns a tensor that is not an output of its graph (a view)")
+                return result
+            return_map[path] = index_of[id(lz)]
+        optimizers = list(dict.fromkeys(capture.optimizers))
+        shardings = [getattr(v, "sharding", None) if kind == "arg" else None
+                     for (kind, _), v in zip(provenance, inputs)]
+        plan = Plan(exe, provenance, out_map, result, return_map, optimizers, shardings, self.varying)
+        previous = self.candidates.get(key)
+        if previous is not None and previous.key() == plan.key():
+            self.plans[key] = plan
+        elif previous is not None and self.captures >= self.MAX_CAPTURES:
+            numbers_changed = previous.exe is plan.exe
+            self._give_up("its Python numbers change from call to call" if numbers_changed
+                          else "its graph changes from call to call")
+        self.candidates[key] = plan
+        return result
+
+    def _give_up(self, reason: str) -> None:
+        self.reason_not_replayed = reason
+        warnings.warn(f"tpu compile: {self.name} cannot be one program, {reason}; "
+                      "it runs fused (traced every call)",
+                      stacklevel=4)
+
+
+
+def make_capturable(optimizer) -> None:
+    """Keep Adam-style step counters on the device, so bias corrections are not host numbers.
+
+    Only before the optimizer has state: flipping it later would mix devices.
+    """
+    if optimizer.state:
+        return
+    for group in optimizer.param_groups:
+        if "capturable" in group and not group["capturable"]:
+            group["capturable"] = True
+
+
