@@ -1,14 +1,18 @@
 """Step time of the bundled tpu device, as ratios from one run.
 
-    .venv/bin/python benchmarks/backend.py [--steps 30] [--warmup 5]
+    .venv/bin/python benchmarks/backend.py [--steps 30] [--warmup 6] [--workloads mlp transformer]
 
 Each workload is the model of an example script, trained with its optimizer;
 a step ends with a read of the loss (a device sync), as the examples do.
 Variants: PyTorch CPU eager (reference), tpu eager (op by op), tpu fused
-(DEFER_AND_FUSE), tpu compiled (`torch.compile` of the whole step), and the
-same model and optimizer written by hand in JAX (one jitted step). Variants
-run in rounds (A B C ...) so machine noise hits them alike; the figure is the
-median step time.
+(DEFER_AND_FUSE), tpu compiled (`torch.compile` of the whole step), tpu steps
+(the plain eager step, unchanged, with `torch.tpu.compile_steps()` on while
+that model's first steps run: its forward+backward and its optimizer's update
+as programs), and the same model and optimizer written by hand in JAX (one
+jitted step). Variants run in rounds (A B C ...) so machine noise hits them
+alike; the figure is the median step time, a ratio the median of the per-round
+ratios. The steps line says how many calls replayed the compiled programs
+(0 would mean the variant ran eager).
 """
 
 from __future__ import annotations
@@ -16,9 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -26,6 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from _bench import header, interleaved, median_ms, ratio, target
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -58,7 +62,7 @@ def _torch_step(model, opt, loss_of, mode: str):
             return loss.item()
 
         return fused
-    return lambda: step().item()
+    return lambda: step().item()  # eager, and steps: the same code, compile_steps switched on around warm-up
 
 
 def mlp_step(variant: str):
@@ -177,38 +181,67 @@ def jax_transformer_step(ex, model, tokens):
 
 
 WORKLOADS = {"mlp": mlp_step, "transformer": transformer_step}
-VARIANTS = ["cpu eager", "tpu eager", "tpu fused", "tpu compiled", "jax"]
+VARIANTS = ["cpu eager", "tpu eager", "tpu fused", "tpu compiled", "tpu steps", "jax"]
+STEPS_WARMUP = 6  # compile_steps: the first optimizer step runs as written, replays start around the 4th
 
 
-def measure(build, steps: int, warmup: int) -> dict[str, float]:
-    steps_by_variant = {name: build(name) for name in VARIANTS}
-    for step in steps_by_variant.values():
+def warm_up(name: str, step, warmup: int) -> None:
+    if name != "tpu steps":
         for _ in range(warmup):
             step()
-    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    for _ in range(steps):
-        for name, step in steps_by_variant.items():
-            t0 = time.perf_counter()
+        return
+    torch.tpu.compile_steps(True)  # finds the next model called and optimizer stepped: this variant's
+    try:
+        for _ in range(max(warmup, STEPS_WARMUP)):
             step()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
+    finally:
+        torch.tpu.compile_steps(False)  # what it found stays compiled
+
+
+def measure(build, steps: int, warmup: int) -> tuple[dict[str, list[float]], str]:
+    from tpu_agent.backend import auto_compile
+
+    steps_by_variant = {name: build(name) for name in VARIANTS}
+    found = len(auto_compile.STATE.modules), len(auto_compile.STATE.optimizers)
+    for name, step in steps_by_variant.items():
+        warm_up(name, step, warmup)
+    modules = auto_compile.STATE.modules[found[0]:]
+    optimizers = auto_compile.STATE.optimizers[found[1]:]
+    before = [m.replays for m in modules], [o.replays for o in optimizers]
+    times = interleaved(steps_by_variant, steps)
+    replays = ([m.replays - b for m, b in zip(modules, before[0])],
+               [o.replays - b for o, b in zip(optimizers, before[1])])
+    reasons = [m.reason_not_compiled for m in modules if m.reason_not_compiled] + \
+              [o.reason_not_replayed for o in optimizers if o.reason_not_replayed]
+    note = (f"  steps: {len(modules)} module(s) compiled, {replays[0]} forward replays, "
+            f"{len(optimizers)} optimizer(s), {replays[1]} update replays over {steps} timed steps"
+            + (f"; not compiled: {reasons}" if reasons else ""))
+    return times, note
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=30, help="timed rounds (one step of each variant per round)")
+    parser.add_argument("--warmup", type=int, default=STEPS_WARMUP)
     parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
     args = parser.parse_args(argv)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; median step time (ms) over {args.steps} steps")
+    print(header(f"benchmarks/backend.py: median step time (ms) over {args.steps} interleaved rounds, "
+                 f"after {args.warmup} warm-up steps"), flush=True)
     for name in args.workloads:
-        ms = measure(WORKLOADS[name], args.steps, args.warmup)
+        t, note = measure(WORKLOADS[name], args.steps, args.warmup)
         print(f"\n{name}")
-        for variant, t in ms.items():
-            print(f"  {variant:13s} {t:9.2f} ms   {t / ms['cpu eager']:6.2f}x cpu eager   {t / ms['jax']:6.2f}x jax")
-        print(f"  targets: compiled/jax {ms['tpu compiled'] / ms['jax']:.2f} (<= 1.1), "
-              f"fused/compiled {ms['tpu fused'] / ms['tpu compiled']:.2f} (<= 1.5), "
-              f"eager/cpu eager {ms['tpu eager'] / ms['cpu eager']:.2f} (<= 5)")
+        for variant in t:
+            print(f"  {variant:13s} {median_ms(t[variant]):9.2f} ms   {ratio(t, variant, 'cpu eager'):6.2f}x cpu eager"
+                  f"   {ratio(t, variant, 'jax'):6.2f}x jax")
+        print(note)
+        print("  targets: " + ", ".join([
+            target("compiled/jax", ratio(t, "tpu compiled", "jax"), "<=", 1.1),
+            target("steps/compiled", ratio(t, "tpu steps", "tpu compiled"), "<=", 1.2),
+            target("steps/fused", ratio(t, "tpu steps", "tpu fused"), "<", 1),
+            target("fused/compiled", ratio(t, "tpu fused", "tpu compiled"), "<=", 1.5),
+            target("eager/fused", ratio(t, "tpu eager", "tpu fused"), ">=", 1.5),
+            target("eager/cpu eager", ratio(t, "tpu eager", "cpu eager"), "<=", 5),
+        ]), flush=True)
     return 0
 
 

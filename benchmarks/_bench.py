@@ -1,0 +1,51 @@
+"""Shared by the benchmark scripts: the header line and interleaved timing.
+
+Not a benchmark itself. Every script prints `header()` first, then times its
+variants with `interleaved()`: one call of each variant per round (A B C, A B C,
+...), so machine noise hits them alike; figures are medians over rounds, and a
+ratio is the median of the per-round ratios (both variants timed in the same round).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import statistics
+import time
+from typing import Callable
+
+
+def header(what: str) -> str:
+    """One line: the date, torch and jax versions, CPU count, and what is measured."""
+    import jax
+    import torch
+
+    now = datetime.datetime.now().isoformat(timespec="seconds")
+    return (f"{now}  torch {torch.__version__}  jax {jax.__version__}  os.cpu_count() {os.cpu_count()}  "
+            f"torch threads {torch.get_num_threads()}  |  {what}")
+
+
+def interleaved(variants: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+    """Seconds per call of each variant, one call per variant per round, in rounds."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def median_ms(times: list[float]) -> float:
+    return statistics.median(times) * 1e3
+
+
+def ratio(times: dict[str, list[float]], a: str, b: str) -> float:
+    """Median over rounds of a's time / b's time in the same round."""
+    return statistics.median(x / y for x, y in zip(times[a], times[b]))
+
+
+def target(name: str, value: float, op: str, bound: float) -> str:
+    """'name 1.23 (<= 1.1, miss)': a ratio with its target beside it."""
+    met = {"<=": value <= bound, "<": value < bound, ">=": value >= bound, ">": value > bound}[op]
+    return f"{name} {value:.2f} ({op} {bound:g}, {'met' if met else 'MISS'})"
