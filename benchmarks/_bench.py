@@ -49,3 +49,16 @@ def target(name: str, value: float, op: str, bound: float) -> str:
     """'name 1.23 (<= 1.1, miss)': a ratio with its target beside it."""
     met = {"<=": value <= bound, "<": value < bound, ">=": value >= bound, ">": value > bound}[op]
     return f"{name} {value:.2f} ({op} {bound:g}, {'met' if met else 'MISS'})"
+
+
+def add_threads_option(parser) -> None:
+    parser.add_argument("--torch-threads", type=int, default=None,
+                        help="torch.set_num_threads for the CPU reference (default: torch's own). On a loaded "
+                             "2-core machine 2 threads can make PyTorch CPU eager tens of times slower than 1")
+
+
+def apply_threads_option(args) -> None:
+    import torch
+
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)

@@ -1,6 +1,6 @@
 """Step time of the bundled tpu device, as ratios from one run.
 
-    .venv/bin/python benchmarks/backend.py [--steps 30] [--warmup 6] [--workloads mlp transformer]
+    .venv/bin/python benchmarks/backend.py [--steps 30] [--warmup 6] [--torch-threads N] [--workloads mlp transformer]
 
 Each workload is the model of an example script, trained with its optimizer;
 a step ends with a read of the loss (a device sync), as the examples do.
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from _bench import header, interleaved, median_ms, ratio, target
+from _bench import add_threads_option, apply_threads_option, header, interleaved, median_ms, ratio, target
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -224,7 +224,9 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=30, help="timed rounds (one step of each variant per round)")
     parser.add_argument("--warmup", type=int, default=STEPS_WARMUP)
     parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
+    add_threads_option(parser)
     args = parser.parse_args(argv)
+    apply_threads_option(args)
     print(header(f"benchmarks/backend.py: median step time (ms) over {args.steps} interleaved rounds, "
                  f"after {args.warmup} warm-up steps"), flush=True)
     for name in args.workloads:

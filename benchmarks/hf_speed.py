@@ -1,0 +1,128 @@
+"""Step time of tiny Hugging Face models on the tpu device, per execution mode, as ratios from one run.
+
+    .venv/bin/python benchmarks/hf_speed.py [--families gpt2 vit llama] [--rounds 20] [--warmup 6] [--torch-threads N]
+
+For each family (tests/support/hf_models.py, "sdpa" attention), builds the same seeded
+model, AdamW optimizer and batch once per variant, and the script's plain step
+
+    loss = model(**batch).loss; loss.backward(); opt.step(); opt.zero_grad(); loss.item()
+
+run as: cpu eager (the reference), tpu eager (op by op), tpu fused (the step call inside
+DEFER_AND_FUSE), tpu compiled (`torch.compile(step)`, the loss read outside it) and
+tpu steps (the same unchanged step, `torch.tpu.compile_steps()` on while its first steps
+run). Each variant warms up (compilation), then the variants run in interleaved rounds
+(A B C D E, A B C D E, ...) so machine noise hits them alike. Prints median ms per step,
+each variant's ratio to cpu eager (median of per-round ratios) and the issue #12 targets.
+These models are tiny: the times say more about per-op and per-step overhead than the math.
+Loss agreement with the CPU is benchmarks/hf_models.py's job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the support package
+
+import torch  # noqa: E402
+
+from _bench import add_threads_option, apply_threads_option, header, interleaved, median_ms, ratio, target  # noqa: E402
+from support import hf_models  # noqa: E402
+
+VARIANTS = ["cpu eager", "tpu eager", "tpu fused", "tpu compiled", "tpu steps"]
+NO_CHANGE = ["tpu eager", "tpu fused", "tpu steps"]  # modes that need no change to the script
+STEPS_WARMUP = 6  # compile_steps: the first optimizer step runs as written, replays start around the 4th
+
+
+def make_step(family: str, variant: str):
+    device = "cpu" if variant == "cpu eager" else "tpu"
+    model, opt, batch = hf_models.build(family, "sdpa", device)
+
+    def step():
+        loss = model(**batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.item()
+
+    if variant == "tpu compiled":
+        def body():  # .item() inside would cut the compiled step in two
+            loss = model(**batch).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+
+        compiled = torch.compile(body)
+        return lambda: compiled().item()
+    if variant == "tpu fused":
+        def fused():
+            with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+                return step()
+
+        return fused
+    return step
+
+
+def measure(family: str, rounds: int, warmup: int) -> tuple[dict[str, list[float]], str]:
+    from tpu_agent.backend import auto_compile
+
+    steps = {}
+    found = len(auto_compile.STATE.modules), len(auto_compile.STATE.optimizers)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in VARIANTS:
+            steps[name] = make_step(family, name)
+            if name == "tpu steps":
+                torch.tpu.compile_steps(True)  # finds the next model called and optimizer stepped: this one
+            try:
+                for _ in range(max(warmup, STEPS_WARMUP) if name == "tpu steps" else warmup):
+                    steps[name]()
+            finally:
+                if name == "tpu steps":
+                    torch.tpu.compile_steps(False)  # what it found stays compiled
+        modules = auto_compile.STATE.modules[found[0]:]
+        optimizers = auto_compile.STATE.optimizers[found[1]:]
+        before = [m.replays for m in modules], [o.replays for o in optimizers]
+        times = interleaved(steps, rounds)
+    replays = ([m.replays - b for m, b in zip(modules, before[0])],
+               [o.replays - b for o, b in zip(optimizers, before[1])])
+    reasons = [m.reason_not_compiled for m in modules if m.reason_not_compiled] + \
+              [o.reason_not_replayed for o in optimizers if o.reason_not_replayed]
+    note = (f"  steps: {len(modules)} module(s) compiled, {replays[0]} forward replays, "
+            f"{len(optimizers)} optimizer(s), {replays[1]} update replays over {rounds} timed steps"
+            + (f"; not compiled: {reasons}" if reasons else ""))
+    return times, note
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--families", nargs="*", default=["gpt2", "vit", "llama"], choices=list(hf_models.FAMILIES))
+    parser.add_argument("--rounds", type=int, default=20, help="timed rounds (one step of each variant per round)")
+    parser.add_argument("--warmup", type=int, default=STEPS_WARMUP)
+    add_threads_option(parser)
+    args = parser.parse_args(argv)
+    apply_threads_option(args)
+    print(header(f"benchmarks/hf_speed.py: median step time (ms) over {args.rounds} interleaved rounds, "
+                 f"after {args.warmup} warm-up steps, sdpa attention"), flush=True)
+    for family in args.families:
+        t, note = measure(family, args.rounds, args.warmup)
+        print(f"\n{family}")
+        for variant in VARIANTS:
+            print(f"  {variant:13s} {median_ms(t[variant]):9.2f} ms   {ratio(t, variant, 'cpu eager'):6.2f}x cpu eager")
+        print(note)
+        best = min(NO_CHANGE, key=lambda v: median_ms(t[v]))
+        print("  targets: " + ", ".join([
+            target("fused/compiled", ratio(t, "tpu fused", "tpu compiled"), "<=", 1.3),
+            target("eager/fused", ratio(t, "tpu eager", "tpu fused"), ">=", 1.5),
+            target("steps/compiled", ratio(t, "tpu steps", "tpu compiled"), "<=", 1.2),
+            f"steps/fused {ratio(t, 'tpu steps', 'tpu fused'):.2f}",
+            target(f"best no-change mode ({best})/cpu eager", ratio(t, best, "cpu eager"), "<=", 1.0),
+        ]), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
