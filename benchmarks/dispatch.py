@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from _bench import header
 
 CLOCK = time.perf_counter
 
@@ -44,6 +45,9 @@ def main(argv=None) -> int:
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
 
     from tpu_agent.backend import lazy
+
+    print(header(f"benchmarks/dispatch.py: per-op cost of x + y (64x64 float32), {args.clock} clock, "
+                 f"median of {args.rounds} interleaved rounds of {args.ops} ops"), flush=True)
 
     a, b = torch.ones(64, 64), torch.ones(64, 64)
     x, y = a.to("tpu"), b.to("tpu")
@@ -75,7 +79,6 @@ def main(argv=None) -> int:
         for name, t in row.items():
             times[name].append(t)
             ratios[name].append(t / row["jax jit"])
-    print(f"{args.clock} clock, median of {args.rounds} rounds")
     print(f"{'variant':<18} {'per op':>10} {'x jax jit':>10}")
     for name in variants:
         print(f"{name:<18} {statistics.median(times[name]) * 1e6:>8.1f} us {statistics.median(ratios[name]):>9.2f}x")
