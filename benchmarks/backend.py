@@ -1,6 +1,6 @@
 """Step time of the bundled tpu device, as ratios from one run.
 
-    .venv/bin/python benchmarks/backend.py [--steps 30] [--warmup 6] [--torch-threads N] [--workloads mlp transformer]
+    .venv/bin/python benchmarks/backend.py [--steps 20] [--warmup 6] [--torch-threads N] [--workloads mlp transformer]
 
 Each workload is the model of an example script, trained with its optimizer;
 a step ends with a read of the loss (a device sync), as the examples do.
@@ -221,7 +221,7 @@ def measure(build, steps: int, warmup: int) -> tuple[dict[str, list[float]], str
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=30, help="timed rounds (one step of each variant per round)")
+    parser.add_argument("--steps", type=int, default=20, help="timed rounds (one step of each variant per round)")
     parser.add_argument("--warmup", type=int, default=STEPS_WARMUP)
     parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
     add_threads_option(parser)
