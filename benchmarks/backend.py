@@ -25,7 +25,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import torch
 import torch.nn.functional as F
 
