@@ -30,6 +30,7 @@ from .views import chain_entry
 aten = torch.ops.aten
 
 HANDLERS: dict = {}
+FUSE = modes.EagerMode.DEFER_AND_FUSE
 
 
 def handler(*ops):
@@ -116,16 +117,44 @@ def _written_args(func) -> list[str]:
 # --------------------------------------------------------------------------
 
 
+class OpInfo:
+    """What dispatch needs to know of one aten op, looked up once: its handler, kind, lowering and
+    return types. Keyed by `id(op)` (ops live as long as the process): an OpOverload's own
+    `__hash__` is Python code, and a dict lookup by it would run that on every op."""
+
+    __slots__ = ("func", "handler", "kind", "lowering", "returns", "name")
+
+    def __init__(self, func):
+        self.func = func
+        self.handler = HANDLERS.get(func)
+        self.kind = op_kind(func)
+        self.lowering = LOWERINGS.get(func)
+        self.returns = _return_types(func)
+        self.name = str(func)
+
+
+INFO: dict[int, OpInfo] = {}
+
+
+def info_of(func) -> OpInfo:
+    info = INFO.get(id(func))
+    if info is None:
+        info = INFO[id(func)] = OpInfo(func)
+    return info
+
+
 def dispatch(func, args, kwargs):
-    handle = HANDLERS.get(func)
-    if handle is not None:
-        return handle(*args, **kwargs)
+    info = INFO.get(id(func)) or info_of(func)
+    if info.handler is not None:
+        return info.handler(*args, **kwargs)
     STATS.ops += 1
-    kind = op_kind(func)
+    kind = info.kind
     if kind is VIEW:
         return run_view(func, args, kwargs)
     if kind is MUTATING:
         return run_mutating(func, args, kwargs)
+    if info.lowering is not None:
+        return execute(func, info.lowering, args, kwargs, info)
     return run_functional(func, args, kwargs)
 
 
@@ -167,14 +196,21 @@ CPU_ARGS_OK = {aten.index.Tensor, aten.index_put.default}
 
 def _signature(func, lowering: Lowering, flat):
     """Split flat arguments into the cache key, the dynamic values and a template."""
-    key = [func]
+    key = [id(func)]  # ops live as long as the process; an OpOverload's __hash__ is Python code
     dynamic = []
     template = []
+    static_floats = lowering.static_floats
     for i, x in enumerate(flat):
-        if isinstance(x, TpuTensor):
+        cls = type(x)
+        if cls is TpuTensor:
             a = x.jax()
             dynamic.append(a)
-            key.append((a.shape, a.dtype))
+            key.append(a.shape)
+            key.append(a.dtype)
+            template.append(DYNAMIC)
+        elif cls is float and not static_floats:
+            dynamic.append(x)
+            key.append(float)
             template.append(DYNAMIC)
         elif isinstance(x, torch.Tensor):
             if x.device.type == "cpu" and (x.dim() == 0 or func in CPU_ARGS_OK):
@@ -184,10 +220,6 @@ def _signature(func, lowering: Lowering, flat):
                 template.append(DYNAMIC)
             else:
                 raise device_mismatch(func, x, i)
-        elif type(x) is float and not lowering.static_floats:
-            dynamic.append(x)
-            key.append(float)
-            template.append(DYNAMIC)
         else:
             key.append(x)
             template.append(x)
@@ -197,10 +229,17 @@ def _signature(func, lowering: Lowering, flat):
 def _flatten(args, kwargs):
     """Flat leaves and a hashable structure of an op's arguments (lists and tuples opened).
 
-    A lean stand-in for torch's pytree on the hot path of every op. (Module-level
-    recursion, not a nested closure: a recursive closure is a reference cycle that
-    keeps tensors alive until the garbage collector runs.)
+    A lean stand-in for torch's pytree on the hot path of every op: positional leaves alone
+    (most ops) are their own flat list, with their count as the structure. (Module-level
+    recursion, not a nested closure: a recursive closure is a reference cycle that keeps
+    tensors alive until the garbage collector runs.)
     """
+    if not kwargs:
+        for a in args:
+            if type(a) in (list, tuple):
+                break
+        else:
+            return args, len(args)
     flat: list = []
     spec = (tuple(_walk(a, flat) for a in args), tuple((k, _walk(v, flat)) for k, v in kwargs.items()))
     return flat, spec
@@ -214,6 +253,8 @@ def _walk(x, flat):
 
 
 def _unflatten(leaves, spec):
+    if type(spec) is int:
+        return tuple(leaves), {}
     it = iter(leaves)
     arg_specs, kwarg_specs = spec
     return tuple(_build(a, it) for a in arg_specs), {k: _build(v, it) for k, v in kwarg_specs}
@@ -226,7 +267,7 @@ def _build(s, it):
     return kind(_build(v, it) for v in items)
 
 
-def execute(func, lowering: Lowering, args, kwargs):
+def execute(func, lowering: Lowering, args, kwargs, info: OpInfo | None = None):
     flat, spec = _flatten(args, kwargs)
     key, dynamic, template = _signature(func, lowering, flat)
     key.append(spec)
@@ -236,8 +277,9 @@ def execute(func, lowering: Lowering, args, kwargs):
         dynamic.append(counter)
         if RECORDER.capture is not None:
             RECORDER.capture.note_rng(base, counter)
-    key.append(modes.current_precision())
-    key.append(padding.key())
+    key.append(modes._precision)
+    key.append(padding._multiple)
+    key.append(padding._sizes)
     jit = lowering.jit and not (lowering.eager_if is not None and lowering.eager_if(*args, **kwargs))
     key.append(jit)
     key = tuple(key)
@@ -245,9 +287,15 @@ def execute(func, lowering: Lowering, args, kwargs):
     if entry is None:
         entry = CACHE[key] = _compile(func, lowering, flat, spec, template, dynamic, jit)
     try:
-        out = run_program(*entry, dynamic, jit=jit)
+        if jit and modes._mode is FUSE and not modes._eager_override:
+            out = RECORDER.record(entry[1], dynamic)
+        else:
+            out = run_program(*entry, dynamic, jit=jit)
     except Exception as exc:  # a lowering bug or an invalid argument, named by op
         raise _naming(exc, func) from exc
+    returns = (info or info_of(func)).returns
+    if len(returns) == 1 and returns[0] == "Tensor":
+        return _wrap_array(out)
     return _wrap_outputs(func, out)
 
 
@@ -339,7 +387,7 @@ def _return_types(func) -> tuple[str, ...]:
 
 
 def _wrap_outputs(func, out):
-    returns = _return_types(func)
+    returns = info_of(func).returns
     if not returns:
         return None
     if len(returns) == 1:
@@ -358,7 +406,7 @@ def _wrap_one(type_name: str, value):
 def _wrap_array(value):
     if value is None:
         return None
-    if not isinstance(value, (jax.Array, lazy.Lazy)):
+    if type(value) is not lazy.Lazy and not isinstance(value, jax.Array):
         value = jnp.asarray(value)
     return TpuTensor(value)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-import time
+from time import perf_counter
 
 import jax
 import torch
@@ -21,9 +21,9 @@ from .executables import Executable
 
 def launch(exe: Executable, args):
     """`exe.fn(*args)`, counted in `exe.calls` and `exe.time_s`."""
-    if mesh.get_mesh() is not None:
+    if mesh._mesh is not None:
         args = mesh.align(list(args))
-    t0 = time.perf_counter()
+    t0 = perf_counter()
     try:  # not out_of_memory_as_torch: a context manager costs microseconds on every op
         out = exe.fn(*args)
         if modes.launch_blocking():
@@ -32,7 +32,7 @@ def launch(exe: Executable, args):
         _raise_if_out_of_memory(exc, exe.name, exe.source)
         raise
     exe.calls += 1
-    exe.time_s += time.perf_counter() - t0
+    exe.time_s += perf_counter() - t0
     return out
 
 

@@ -119,7 +119,9 @@ class Recompile:
 
 class Recorder:
     def __init__(self) -> None:
-        self.pending: "weakref.WeakSet" = weakref.WeakSet()  # storages whose array is Lazy
+        # Storages whose array is Lazy, by id, held weakly. Plain weak references, not a WeakSet:
+        # its add (a callback per reference) cost more than recording the op.
+        self.pending: dict[int, weakref.ref] = {}
         self.order = 0
         self.graphs: dict[tuple, executables.Executable] = {}
         self.graph_programs: dict[int, tuple] = {}
@@ -132,12 +134,18 @@ class Recorder:
         self.last_flush = None  # (executable, inputs, outputs, storages) of the latest flush
         self.max_ops = MAX_GRAPH_OPS
         self.since_flush = 0  # ops recorded since the last flush
+        self.first_program = None  # the program of the first op recorded since then
 
     # --- recording ------------------------------------------------------------------
     def record(self, program: Program, args):
         """Append a call of `program` to the graph; return its outputs as Lazy placeholders."""
-        if self.since_flush >= self.max_ops and self.capture is None:
+        if self.since_flush >= self.max_ops and self.capture is None and (
+                program.id == self.first_program or self.since_flush >= self.max_ops + self.max_ops // 2):
+            # Cut before the op the graph began with: a loop then cuts at the same place each time
+            # and its graphs repeat (one compile), where a cut at a fixed count drifts through the loop.
             self.flush(SIZE_LIMIT, also=args, op=program.name)
+        if self.since_flush == 0:
+            self.first_program = program.id
         self.since_flush += 1
         args = [_resolved(a) for a in args]
         treedef, avals = program.abstract_eval(args)
@@ -148,14 +156,14 @@ class Recorder:
         return jax.tree_util.tree_unflatten(treedef, node.outputs)
 
     def track(self, storage) -> None:
-        self.pending.add(storage)
+        self.pending[id(storage)] = weakref.ref(storage)
 
     # --- running -------------------------------------------------------------------
     def flush(self, reason: str = "sync", also: list | tuple = (), op: str | None = None) -> None:
         """Compute every pending value that is still alive, and the placeholders in `also`
         (a view's pending value, which no storage holds). `op` names what needed the values."""
-        storages = [s for s in list(self.pending) if isinstance(s.array, Lazy)]
-        self.pending = weakref.WeakSet()
+        storages = [s for s in (r() for r in self.pending.values()) if s is not None and type(s.array) is Lazy]
+        self.pending = {}
         self.since_flush = 0
         extra = [a for a in also if type(a) is Lazy and a.value is None and a.node is not None]
         if not storages and not extra:

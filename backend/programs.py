@@ -29,9 +29,11 @@ def run_program(exe, program, args, jit: bool = True):
     """Run a program now (eager) or record it (fused); returns arrays or Lazy placeholders."""
     if jit and modes.fused():
         return RECORDER.record(program, args)
-    if any(type(a) is lazy.Lazy for a in args):
-        RECORDER.flush(lazy.DATA_DEPENDENT, also=args, op=program.name)
-        args = [a.value if type(a) is lazy.Lazy else a for a in args]
+    for a in args:
+        if type(a) is lazy.Lazy:
+            RECORDER.flush(lazy.DATA_DEPENDENT, also=args, op=program.name)
+            args = [a.value if type(a) is lazy.Lazy else a for a in args]
+            break
     return launch(exe, args)
 
 

@@ -18,6 +18,7 @@ whose Python numbers change from call to call is re-traced on every call
 from __future__ import annotations
 
 import functools
+import sys
 import warnings
 import weakref
 
@@ -25,7 +26,7 @@ import jax
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from . import modes
+from . import executables, modes
 from .capture import (Capture, RebasedViews, compiling, constant_input, get_path, output_of, pair_storages, rebuild,
                       signature, steps_suspended, tensor_paths)
 from .launch import launch
@@ -34,6 +35,12 @@ from .steps import step_boundary
 
 _HYPERPARAMETERS = (int, float, bool, tuple)
 STALE = object()  # a replay found a storage it reads gone: capture again
+
+
+# References to an input array that only its storage holds: the storage, the input list, and
+# getrefcount's own argument. Any more (a tensor sharing it through `copy_`, a view's cached value,
+# a pending graph) and donating it would delete a value someone can still read.
+_STORAGE_REFS = 3
 
 
 def _hyperparameters(optimizers, varying=()) -> tuple:
@@ -59,6 +66,22 @@ class Plan:
         self.optimizers = [weakref.ref(o) for o in optimizers]
         self.varying = varying
         self.hyper = _hyperparameters(optimizers, varying)
+        # Inputs read from a storage the step writes back (parameters, optimizer state): their old
+        # arrays die with the replay, so XLA may update them in place (see _donating).
+        written = {id(ref()) for ref, _ in outputs if ref() is not None}
+        self.donatable = tuple(i for i, (kind, value) in enumerate(provenance)
+                               if kind == "storage" and value() is not None and id(value()) in written)
+        self._donating: executables.Executable | None = None
+
+    def _donating_exe(self) -> executables.Executable:
+        """The same program with the written storages' inputs donated: on a CPU this halved an AdamW
+        update of 3M parameters (no fresh pages for every new array), on a TPU it saves their memory."""
+        if self._donating is None:
+            exe = self.exe
+            self._donating = executables.register(executables.Executable(
+                name=exe.name, kind=exe.kind, fn=jax.jit(exe.raw, donate_argnums=self.donatable), args=exe.args,
+                source=exe.source, ops=exe.ops, raw=exe.raw))
+        return self._donating
 
     def key(self):
         numbers = tuple(v.key if kind == "host" else v for kind, v in self.provenance if kind in ("number", "host"))
@@ -69,6 +92,14 @@ class Plan:
         if any(o is None for o in optimizers):
             return False
         return _hyperparameters(optimizers, self.varying) == self.hyper
+
+    def _donatable_now(self, inputs) -> bool:
+        if not self.donatable:
+            return False
+        for i in self.donatable:
+            if sys.getrefcount(inputs[i]) > _STORAGE_REFS:
+                return False
+        return True
 
     def run(self, args):
         inputs = []
@@ -87,7 +118,7 @@ class Plan:
                 inputs.append(box.array)
             else:
                 inputs.append(constant_input(kind, value, drawn))
-        values = launch(self.exe, inputs)
+        values = launch(self._donating_exe() if self._donatable_now(inputs) else self.exe, inputs)
         for ref, index in self.outputs:
             box = ref()
             if box is not None:

@@ -65,7 +65,7 @@ class TpuTensor(torch.Tensor):
             storage = Storage(array)
         r._storage_box = storage
         r._view_chain = chain
-        r._cache = array
+        r._cache = array  # a view's value (run_view makes the tensor a view after this)
         r._cache_version = storage.version
         return r
 
@@ -110,7 +110,7 @@ class TpuTensor(torch.Tensor):
             box.write(value)
         else:
             box.write(scatter_chain(box.array, self._view_chain, value))
-        self._cache = value
+        self._cache = value if self._view_chain else None  # a base reads its storage: no second reference
         self._cache_version = box.version
 
     def __repr__(self, *, tensor_contents=None):

@@ -132,3 +132,30 @@ def test_a_compiled_step_that_returns_nothing_updates_once_per_call():
         compiled()
     assert compiled.replays >= 3
     assert w.cpu().tolist() == [6.0] * 4
+
+
+def test_replays_update_parameters_in_place_unless_another_tensor_shares_their_array():
+    """Donation: a replayed update may reuse its parameters' buffers, but not one that a tensor made with
+    `copy_` (an EMA of the weights, a snapshot) still holds: that tensor keeps its values."""
+    torch.manual_seed(0)
+    model = Net().to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = (t.to("tpu") for t in _data())
+    auto_compile.compile_steps(True)
+    try:
+        for _ in range(6):
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        plan = next(iter(opt._tpu_program.program.plans.values()))
+        assert plan.donatable and plan._donating is not None and plan._donating.calls >= 2
+        snapshot = torch.empty_like(model.fc1.weight)
+        snapshot.copy_(model.fc1.weight.detach())  # shares the parameter's array
+        expected = snapshot.cpu()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    finally:
+        auto_compile.compile_steps(False)
+    torch.testing.assert_close(snapshot.cpu(), expected, rtol=0, atol=0)
+    assert not torch.equal(model.fc1.weight.detach().cpu(), expected)
