@@ -50,12 +50,19 @@ class CompiledModule(torch.nn.Module):
         self._captures: dict[tuple, int] = {}
         self.reason_not_compiled: str | None = None
         self.replays = 0
+        self._state: tuple[int, dict] | None = None  # (registrations seen, the module's named state)
+
+    def state(self) -> dict:
+        cached = self._state
+        if cached is None or cached[0] != _Registrations.count:
+            cached = self._state = (_Registrations.count, _state(self._orig_mod))
+        return cached[1]
 
     def forward(self, *args, **kwargs):
         module = self._orig_mod
         if self.reason_not_compiled is not None:
             return self._call(*args, **kwargs)
-        state = _state(module)
+        state = self.state()
         key = (signature((args, kwargs)), module.training,
                tuple((k, tuple(v.shape), v.dtype) for k, v in state.items()))
         program = self._programs.get(key)
@@ -90,6 +97,29 @@ class CompiledModule(torch.nn.Module):
 
 def _state(module) -> dict:
     return dict(module.named_parameters()) | dict(module.named_buffers())
+
+
+class _Registrations:
+    """Counts parameter, buffer and submodule assignments anywhere (PyTorch's global registration
+    hooks): a model's state dict is walked again only after one, not on every call (a walk over
+    a small transformer's modules cost more than its forward program's launch)."""
+
+    count = 0
+
+    @classmethod
+    def bump(cls, *args):
+        cls.count += 1
+
+    @classmethod
+    def install(cls) -> None:
+        from torch.nn.modules import module as module_module
+
+        module_module.register_module_parameter_registration_hook(cls.bump)
+        module_module.register_module_buffer_registration_hook(cls.bump)
+        module_module.register_module_module_registration_hook(cls.bump)
+
+
+_Registrations.install()
 
 
 class ModuleProgram:

@@ -159,3 +159,15 @@ def test_replays_update_parameters_in_place_unless_another_tensor_shares_their_a
         auto_compile.compile_steps(False)
     torch.testing.assert_close(snapshot.cpu(), expected, rtol=0, atol=0)
     assert not torch.equal(model.fc1.weight.detach().cpu(), expected)
+
+
+def test_a_parameter_replaced_after_compiling_is_the_one_the_program_reads():
+    torch.manual_seed(0)
+    model = Net().to("tpu")
+    auto_compile.compile_module(model)
+    x, _ = _data()
+    for _ in range(4):
+        model(x.to("tpu"))
+    model.fc2.weight = torch.nn.Parameter(torch.zeros(5, 32).to("tpu"))
+    out = model(x.to("tpu")).cpu()
+    torch.testing.assert_close(out, model.fc2.bias.detach().cpu().expand(16, 5))
