@@ -142,11 +142,13 @@ def signature(tree):
 
 
 def rng_input(kind: str, drawn: list):
-    """A replay's RNG input: a fresh counter (as an op would draw), or the base key it came with."""
+    """A replay's RNG input: a fresh counter (as an op would draw), or the base key. The base is no
+    draw: drawing one for it (graphs list the base before the first counter) shifted every mask
+    by one against eager mode's."""
     if kind == "rng_counter":
         drawn[0], counter = RNG.next()
         return counter
-    return drawn[0] if drawn[0] is not None else RNG.next()[0]
+    return drawn[0] if drawn[0] is not None else RNG.base()
 
 
 

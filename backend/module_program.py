@@ -28,6 +28,7 @@ from .capture import (Capture, RebasedViews, compiling, constant_input, get_path
                       signature, steps_suspended, tensor_paths)
 from .launch import launch
 from .lazy import RECORDER
+from .state import RNG
 from .tensor import TpuTensor
 from .transfer import materialize
 
@@ -145,6 +146,7 @@ class ModuleProgram:
     def capture(cls, module, call, state, args, kwargs):
         """(program, None), or (None, why the forward cannot be one program)."""
         RECORDER.flush("before capture")
+        rng = RNG.get_state()  # the program's own run draws these again: the same masks as eager mode
         owned = {id(t._storage_box): ("state", name) for name, t in state.items() if isinstance(t, TpuTensor)}
         rebased = RebasedViews((args, kwargs)).__enter__()
         capture = Capture.for_arguments((args, kwargs), owned)
@@ -159,6 +161,7 @@ class ModuleProgram:
         finally:
             RECORDER.capture = None
             rebased.__exit__(None, None, None)
+            RNG.set_state(*rng)
         if rebased.written:
             return None, "it writes into a tensor argument that is a view"
         if RECORDER.last_flush is None:

@@ -48,16 +48,22 @@ class Rng:
             self.manual_seed(torch.initial_seed())
         return self.seed
 
+    def base(self):
+        """The seed's key (no draw)."""
+        if self._base is None:
+            import jax
+            import numpy as np
+
+            self._base = jax.random.PRNGKey(np.uint64(self.initial_seed()))
+        return self._base
+
     def next(self):
         """(base key, counter) to pass to a random lowering."""
-        import jax
         import numpy as np
 
-        if self._base is None:
-            seed = self.initial_seed()
-            self._base = jax.random.PRNGKey(np.uint64(seed))
+        base = self.base()
         self.counter += 1
-        return self._base, np.uint32(self.counter)
+        return base, np.uint32(self.counter)
 
     def get_state(self) -> tuple[int, int]:
         return self.initial_seed(), self.counter

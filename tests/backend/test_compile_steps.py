@@ -171,3 +171,37 @@ def test_a_parameter_replaced_after_compiling_is_the_one_the_program_reads():
     model.fc2.weight = torch.nn.Parameter(torch.zeros(5, 32).to("tpu"))
     out = model(x.to("tpu")).cpu()
     torch.testing.assert_close(out, model.fc2.bias.detach().cpu().expand(16, 5))
+
+
+@pytest.mark.parametrize("mode", ["steps", "compiled step"])
+def test_dropout_draws_the_same_masks_as_eager_mode(mode):
+    """Programs replay the eager stream of random draws: a GPT-2 with dropout on trains to the same losses
+    as op-by-op execution (a replay once drew an extra counter for the base key, shifting every mask)."""
+    transformers = pytest.importorskip("transformers")
+
+    def run(how):
+        torch.manual_seed(0)
+        cfg = transformers.GPT2Config(vocab_size=256, n_embd=32, n_layer=1, n_head=2, n_positions=16)
+        model = transformers.GPT2LMHeadModel(cfg).to("tpu")
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1)).to("tpu")
+
+        def step():
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+
+        if how == "compiled step":
+            step = torch.compile(step)
+        auto_compile.compile_steps(how == "steps")
+        try:
+            torch.tpu.manual_seed(0)
+            return [step().item() for _ in range(7)]
+        finally:
+            auto_compile.compile_steps(False)
+
+    eager = run("eager")
+    assert run(mode) == pytest.approx(eager, rel=1e-5)
