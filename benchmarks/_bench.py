@@ -62,3 +62,32 @@ def apply_threads_option(args) -> None:
 
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
+
+
+class StepsReplays:
+    """Replays of compiled steps during the timed rounds, so a silent fall-back to eager would show.
+    Made before the variants' warm-up (it notes which programs are new), `start()` after it."""
+
+    def __init__(self) -> None:
+        from tpu_agent.backend import auto_compile
+
+        self.state = auto_compile.STATE
+        self.found = len(self.state.modules), len(self.state.optimizers)
+        self.before: tuple[list[int], list[int]] = ([], [])
+
+    def start(self) -> None:
+        modules, optimizers = self._programs()
+        self.before = [m.replays for m in modules], [o.replays for o in optimizers]
+
+    def _programs(self):
+        return self.state.modules[self.found[0]:], self.state.optimizers[self.found[1]:]
+
+    def note(self, rounds: int) -> str:
+        modules, optimizers = self._programs()
+        forward = [m.replays - b for m, b in zip(modules, self.before[0])]
+        update = [o.replays - b for o, b in zip(optimizers, self.before[1])]
+        reasons = [m.reason_not_compiled for m in modules if m.reason_not_compiled] + \
+                  [o.reason_not_replayed for o in optimizers if o.reason_not_replayed]
+        return (f"  steps: {len(modules)} module(s) compiled, {forward} forward replays, "
+                f"{len(optimizers)} optimizer(s), {update} update replays over {rounds} timed steps"
+                + (f"; not compiled: {reasons}" if reasons else ""))

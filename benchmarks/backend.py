@@ -29,7 +29,8 @@ import jax.numpy as jnp
 import torch
 import torch.nn.functional as F
 
-from _bench import add_threads_option, apply_threads_option, header, interleaved, median_ms, ratio, target
+from _bench import (StepsReplays, add_threads_option, apply_threads_option, header, interleaved, median_ms, ratio,
+                    target)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -202,24 +203,13 @@ def warm_up(name: str, step, warmup: int) -> None:
 
 
 def measure(build, steps: int, warmup: int) -> tuple[dict[str, list[float]], str]:
-    from tpu_agent.backend import auto_compile
-
     steps_by_variant = {name: build(name) for name in VARIANTS}
-    found = len(auto_compile.STATE.modules), len(auto_compile.STATE.optimizers)
+    replays = StepsReplays()
     for name, step in steps_by_variant.items():
         warm_up(name, step, warmup)
-    modules = auto_compile.STATE.modules[found[0]:]
-    optimizers = auto_compile.STATE.optimizers[found[1]:]
-    before = [m.replays for m in modules], [o.replays for o in optimizers]
+    replays.start()
     times = interleaved(steps_by_variant, steps)
-    replays = ([m.replays - b for m, b in zip(modules, before[0])],
-               [o.replays - b for o, b in zip(optimizers, before[1])])
-    reasons = [m.reason_not_compiled for m in modules if m.reason_not_compiled] + \
-              [o.reason_not_replayed for o in optimizers if o.reason_not_replayed]
-    note = (f"  steps: {len(modules)} module(s) compiled, {replays[0]} forward replays, "
-            f"{len(optimizers)} optimizer(s), {replays[1]} update replays over {steps} timed steps"
-            + (f"; not compiled: {reasons}" if reasons else ""))
-    return times, note
+    return times, replays.note(steps)
 
 
 def main(argv=None) -> int:

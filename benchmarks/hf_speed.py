@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the
 
 import torch  # noqa: E402
 
-from _bench import add_threads_option, apply_threads_option, header, interleaved, median_ms, ratio, target  # noqa: E402
+from _bench import (StepsReplays, add_threads_option, apply_threads_option, header, interleaved, median_ms,  # noqa: E402
+                    ratio, target)
 from support import hf_models  # noqa: E402
 
 VARIANTS = ["cpu eager", "tpu eager", "tpu fused", "tpu compiled", "tpu steps"]
@@ -67,10 +68,8 @@ def make_step(family: str, variant: str):
 
 
 def measure(family: str, rounds: int, warmup: int) -> tuple[dict[str, list[float]], str]:
-    from tpu_agent.backend import auto_compile
-
     steps = {}
-    found = len(auto_compile.STATE.modules), len(auto_compile.STATE.optimizers)
+    replays = StepsReplays()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for name in VARIANTS:
@@ -83,18 +82,9 @@ def measure(family: str, rounds: int, warmup: int) -> tuple[dict[str, list[float
             finally:
                 if name == "tpu steps":
                     torch.tpu.compile_steps(False)  # what it found stays compiled
-        modules = auto_compile.STATE.modules[found[0]:]
-        optimizers = auto_compile.STATE.optimizers[found[1]:]
-        before = [m.replays for m in modules], [o.replays for o in optimizers]
+        replays.start()
         times = interleaved(steps, rounds)
-    replays = ([m.replays - b for m, b in zip(modules, before[0])],
-               [o.replays - b for o, b in zip(optimizers, before[1])])
-    reasons = [m.reason_not_compiled for m in modules if m.reason_not_compiled] + \
-              [o.reason_not_replayed for o in optimizers if o.reason_not_replayed]
-    note = (f"  steps: {len(modules)} module(s) compiled, {replays[0]} forward replays, "
-            f"{len(optimizers)} optimizer(s), {replays[1]} update replays over {rounds} timed steps"
-            + (f"; not compiled: {reasons}" if reasons else ""))
-    return times, note
+    return times, replays.note(rounds)
 
 
 def main(argv=None) -> int:
