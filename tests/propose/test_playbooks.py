@@ -70,8 +70,10 @@ def test_builtins_cover_the_issue_and_use_only_plan_actions():
 
 def test_builtins_declare_numerics_as_their_actions_do():
     books = {pb.id: pb for pb in builtin_playbooks()}
-    assert books["pad-ops"].preserves_numerics and books["compiled-step"].preserves_numerics
+    assert books["pad-ops"].preserves_numerics
     assert not books["pad-matmul-dims"].preserves_numerics and not books["bf16-matmul"].preserves_numerics
+    # Compiled steps run Adam's capturable update (other rounding): a playbook offering them says so.
+    assert not books["compiled-step"].preserves_numerics
 
 
 @pytest.mark.parametrize(("text", "field", "problem"), [

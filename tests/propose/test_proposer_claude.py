@@ -91,7 +91,8 @@ def test_tool_use_over_turns_reads_real_evidence_and_returns_valid_candidates():
     (option,) = first.options()
     assert option == (PadDim(file="odd_shapes.py", line=19, column=14, old=10, new=128, name="NUM_CLASSES"),)
     assert second.options() == [(PadOps(multiple=128), Compile(mode="compiled"))]
-    assert second.preserves_numerics and not first.preserves_numerics
+    # Compiled steps round Adam's update differently (class numerics): neither candidate keeps the losses exactly.
+    assert not second.preserves_numerics and not first.preserves_numerics
     assert out.usage.calls == 3 and out.usage.total == 450
     assert "450 of a 200000 budget" in out.notes[0]
 

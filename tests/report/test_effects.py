@@ -26,3 +26,14 @@ def test_each_class_says_what_it_does():
 def test_unmeasured_parameters_are_said_to_be_unmeasured():
     (line,) = effect_lines(Plan(actions=[VOCAB]), [3_383_552, None])
     assert "parameters before and after not measured" in line
+
+
+def test_compiled_steps_are_a_numerics_change_and_fused_execution_is_exact():
+    from tpu_agent.plan.actions import Compile
+    from tpu_agent.report.effects import effect_line
+
+    compiled, fused = Compile(mode="compiled"), Compile(mode="fused")
+    assert (compiled.effect, compiled.preserves_numerics) == ("numerics", False)
+    assert (fused.effect, fused.preserves_numerics) == ("exact", True)
+    assert Compile.model_validate({"kind": "compile", "mode": "compiled", "effect": "exact"}).effect == "numerics"
+    assert "capturable form" in effect_line(compiled, [])
