@@ -31,6 +31,7 @@ class TrialProgress:
         self.done += 1
         if self.progress is not None:
             self.progress.update(self.task, completed=min(self.done, self.total))
+            self.progress.refresh()  # drawn now, not at the next timer tick: a quick trial could skip a count
 
     def __exit__(self, *exc) -> bool:
         if self.progress is not None:
