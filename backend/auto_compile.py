@@ -40,10 +40,6 @@ class _State:
 STATE = _State()
 
 
-def enabled() -> bool:
-    return STATE.on
-
-
 def compile_steps(on: bool = True) -> None:
     """Switch compiled steps on (from the next model call and optimizer step) or off (for models and
     optimizers not yet found; those already compiled stay compiled)."""

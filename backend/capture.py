@@ -153,6 +153,13 @@ def rng_input(kind: str, drawn: list):
 
 
 
+def replay_key(exe, provenance) -> tuple:
+    """What two captures must share for their program to be replayed: the graph, and the Python numbers
+    and small CPU constants baked into it."""
+    constants = tuple(v.key if kind == "host" else v for kind, v in provenance if kind in ("number", "host"))
+    return (id(exe), constants)
+
+
 def constant_input(kind: str, value, drawn: list):
     """A replay's input that is no tensor: an RNG draw, a CPU constant, or a Python number."""
     if kind in ("rng_counter", "rng_base"):

@@ -25,7 +25,7 @@ import torch
 
 from . import executables, modes
 from .capture import (Capture, RebasedViews, compiling, constant_input, get_path, output_of, pair_storages, rebuild,
-                      signature, steps_suspended, tensor_paths)
+                      replay_key, signature, steps_suspended, tensor_paths)
 from .launch import launch
 from .lazy import RECORDER
 from .state import RNG
@@ -139,8 +139,7 @@ class ModuleProgram:
         self._backward: executables.Executable | None = None
 
     def key(self) -> tuple:
-        constants = tuple(v.key if kind == "host" else v for kind, v in self.provenance if kind in ("number", "host"))
-        return (id(self.exe), constants)
+        return replay_key(self.exe, self.provenance)
 
     @classmethod
     def capture(cls, module, call, state, args, kwargs):
@@ -231,6 +230,8 @@ class ModuleProgram:
 
     def run_forward(self, needs_grad, others, arrays):
         """Outputs, and the residuals of their VJP with respect to the inputs that need gradients."""
+        diff = [a for a, g in zip(arrays, needs_grad) if g]
+        rest = [a for a, g in zip(arrays, needs_grad) if not g]
         exe = self._forward.get(needs_grad)
         if exe is None:
             graph, floating = self.exe.raw, self.floating
@@ -245,11 +246,7 @@ class ModuleProgram:
                 differentiable, vjp, other = jax.vjp(f, *diff, has_aux=True)
                 return differentiable, other, vjp
 
-            diff = [a for a, g in zip(arrays, needs_grad) if g]
-            rest = [a for a, g in zip(arrays, needs_grad) if not g]
             exe = self._forward[needs_grad] = _executable("compiled_module_forward", forward, (others, diff, rest))
-        diff = [a for a, g in zip(arrays, needs_grad) if g]
-        rest = [a for a, g in zip(arrays, needs_grad) if not g]
         differentiable, other, vjp = launch(exe, (others, diff, rest))
         d, r = iter(differentiable), iter(other)
         return [next(d) if fl else next(r) for fl in self.floating], vjp

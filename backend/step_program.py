@@ -28,7 +28,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from . import executables, modes
 from .capture import (Capture, RebasedViews, compiling, constant_input, get_path, output_of, pair_storages, rebuild,
-                      signature, steps_suspended, tensor_paths)
+                      replay_key, signature, steps_suspended, tensor_paths)
 from .launch import launch
 from .lazy import RECORDER
 from .steps import step_boundary
@@ -83,9 +83,8 @@ class Plan:
                 source=exe.source, ops=exe.ops, raw=exe.raw))
         return self._donating
 
-    def key(self):
-        numbers = tuple(v.key if kind == "host" else v for kind, v in self.provenance if kind in ("number", "host"))
-        return (id(self.exe), numbers)
+    def key(self) -> tuple:
+        return replay_key(self.exe, self.provenance)
 
     def still_valid(self) -> bool:
         optimizers = [r() for r in self.optimizers]
