@@ -8,7 +8,7 @@ import torch
 
 # Loaded at `import torch` (the torch.backends entry point): only modules that do not
 # import JAX come in here; the rest arrive with the first op.
-from . import auto_compile, module
+from . import auto_compile, autocast, module, pinned
 from .steps import install_optimizer_hook
 
 # Ops with no tensor argument reach a backend through the device they name:
@@ -85,6 +85,8 @@ def register() -> bool:
     # A wrapper on a PrivateUse1 device makes autograd run backward on a per-device thread;
     # keep it on the caller's (the graph recorder and step capture are not thread-safe).
     torch.autograd.set_multithreading_enabled(False)
+    pinned.register()
+    autocast.register()
     install_optimizer_hook()
     auto_compile.enable_from_environment()
     _patch_torch_compile()
