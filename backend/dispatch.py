@@ -517,7 +517,9 @@ def run_mutating(func, args, kwargs):
     if not func._schema.returns:
         return None
     if func.overloadpacket.__name__.endswith("_") or _is_out(func):
-        return targets[0] if len(targets) == 1 else tuple(targets)
+        # What the schema returns: `_amp_update_scale_` writes two arguments, returns one.
+        n = len(func._schema.returns)
+        return targets[0] if n == 1 else tuple(targets[:n])
     # An op that updates some arguments and returns other things (batch norm's running
     # statistics): its own outputs lead the functional variant's.
     own = results[: len(func._schema.returns)]

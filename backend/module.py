@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import namedtuple
 
 import torch
@@ -40,8 +41,42 @@ def current_device() -> int:
 
 def set_device(device) -> None:
     index = torch.device(device).index if not isinstance(device, int) else device
+    if index is not None and index < 0:  # torch.cuda.device(-1) and device_of(cpu tensor): no change
+        return
     if index not in (None, 0):
         raise RuntimeError(f"tpu device index {index} is out of range (device_count() is 1)")
+
+
+class device:  # noqa: N801 - torch.cuda.device's name
+    """Context manager selecting a tpu device, as `torch.cuda.device` (one device per process)."""
+
+    def __init__(self, device):
+        self.idx = _index(device)
+
+    def __enter__(self):
+        self.prev_idx = current_device()
+        set_device(self.idx)
+        return self
+
+    def __exit__(self, *exc):
+        set_device(self.prev_idx)
+        return False
+
+
+class device_of(device):  # noqa: N801
+    """The device of a tensor as a context (a CPU tensor leaves the device unchanged)."""
+
+    def __init__(self, obj):
+        super().__init__(obj.get_device() if obj.device.type == "tpu" else -1)
+
+
+def _index(device) -> int:
+    if device is None or isinstance(device, int):
+        return -1 if device is None else device
+    device = torch.device(device)
+    if device.type != "tpu":
+        raise ValueError(f"Expected a tpu device, but got: {device}")
+    return device.index if device.index is not None else current_device()
 
 
 def _jax_platform() -> str:
@@ -69,6 +104,25 @@ def synchronize(device=None) -> None:
     from .transfer import synchronize as _sync
 
     _sync()
+
+
+# --- streams: one in-order queue, as JAX dispatches (torch.Stream and Event from the device guard) ---
+
+Stream = torch.Stream
+Event = torch.Event
+
+
+def current_stream(device=None) -> torch.Stream:
+    return torch.accelerator.current_stream(device)
+
+
+def default_stream(device=None) -> torch.Stream:
+    return torch.accelerator.current_stream(device)
+
+
+def stream(s):
+    """Context manager making `s` current (`torch.cuda.stream`'s shape; None changes nothing)."""
+    return contextlib.nullcontext() if s is None else s
 
 
 def compile(fn=None, **options):  # noqa: A001 - TorchTPU's name
