@@ -40,6 +40,8 @@ PROFILE = EnvVar("TPU_AGENT_PROFILE", "child", "profile this run: the profiler's
 PROGRESS_FD = EnvVar("TPU_AGENT_PROGRESS_FD", "child", "a pipe the parent reads the profiler's progress from")
 TRIAL = EnvVar("TPU_AGENT_TRIAL", "child", "a timing trial: run.messages.TrialRequest as JSON (plan, gate and report pipes)")
 PLAN = EnvVar("TPU_AGENT_PLAN", "child", "`tpu-agent run --plan`: the plan whose run-time actions the child applies")
+DEVICE_MAP = EnvVar("TPU_AGENT_DEVICE_MAP", "child",
+                    "`--device-map cuda=tpu`: the script's CUDA calls run on tpu (run.device_map)")
 
 # --- the device (read by backend/, which does not import this module)
 DEVICE = EnvVar("TPU_AGENT_DEVICE", "backend", "`bundled`: ours even beside Google's torch_tpu; `off`: not registered")
@@ -55,6 +57,6 @@ COMPILE_STEPS = EnvVar("TPU_AGENT_COMPILE_STEPS", "backend",
 XLA_CACHE = EnvVar("TPU_AGENT_XLA_CACHE", "backend",
                    "XLA's persistent compilation cache: a directory, or `off`; default xla/ in the cache directory")
 
-ALL: tuple[EnvVar, ...] = (CACHE_DIR, RUN_DIR, PROFILE, PROGRESS_FD, TRIAL, PLAN, DEVICE, DEVICES, GENERATION,
+ALL: tuple[EnvVar, ...] = (CACHE_DIR, RUN_DIR, PROFILE, PROGRESS_FD, TRIAL, PLAN, DEVICE_MAP, DEVICE, DEVICES, GENERATION,
                            CPU_FALLBACK, PAD_OPS, TIME_EXECUTABLES, MAX_GRAPH_OPS, COMPILE_STEPS, XLA_CACHE)
 NAMES = frozenset(v.name for v in ALL)

@@ -145,9 +145,13 @@ def knobs(
     path = check_script(script)
     if static and profile is not None:
         raise InputError("--static and --profile contradict each other: pass one")
+    from tpu_agent.run.device_use import HINT, profile_touched, refusal
+
     prof, used, note = None, None, None
     if profile is not None:
         prof, used = load_profile(profile)
+        if not profile_touched(prof):  # its FLOP shares are all zero: not a ranking
+            raise InputError(f"--profile {profile}: {refusal(script, 'rank the knobs by')}")
     elif not static:
         found = latest_profile(path, Path.cwd() / RUNS_SUBDIR)
         if found is not None:
@@ -155,7 +159,10 @@ def knobs(
                 prof, used = load_profile(found)
             except InputError:
                 prof = None  # an old or foreign profile is not worth failing over: static it is
-    if prof is None and not static and profile is None:
+            if prof is not None and not profile_touched(prof):
+                prof, used = None, None
+                note = f"static only: the newest profile of this script ran no op on the tpu device; {HINT}"
+    if prof is None and not static and profile is None and note is None:
         note = (f"static only: no profile of this script under {RUNS_SUBDIR} (run `tpu-agent profile {script} "
                 "--steps 5` first, or pass --profile PATH); values already a multiple of 128 last")
     shown = shown_path(used) if used is not None else None

@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from tpu_agent import envvars
 from tpu_agent.cli.inputs import check_script
-from tpu_agent.cli.options import ScriptArg, ScriptArgs, stderr_console, stdout_console
+from tpu_agent.cli.options import DeviceMapOption, ScriptArg, ScriptArgs, device_map_env, stderr_console, stdout_console
 from tpu_agent.errors import InputError, TpuAgentError
 from tpu_agent.cli.format import ms
 from tpu_agent.paths import RUNS_SUBDIR
@@ -125,10 +125,12 @@ def profile_script(
     stdout: Console,
     stderr: Console,
     timeout: float | None = None,
+    device_map: str | None = None,
 ) -> int:
     from tpu_agent.run.profiled import read_profile, run_profiled
 
     check_script(script)
+    mapped = device_map_env(device_map)
     if settings.trace_dir:
         settings.trace_dir = str(writable_dir(Path(settings.trace_dir).resolve(), "trace directory"))
     runs_root = writable_dir(output_dir if output_dir is not None else Path.cwd() / RUNS_SUBDIR, "output directory")
@@ -139,7 +141,7 @@ def profile_script(
         display = ProgressDisplay(stderr, Path(script).name, total)
     try:
         result, path = run_profiled(
-            script, script_args, settings, runs_root=runs_root, extra_env=display.env() if display else None,
+            script, script_args, settings, runs_root=runs_root, extra_env={**mapped, **(display.env() if display else {})},
             # --json: stdout carries the profile; the script's own output goes to stderr.
             stdout=subprocess.PIPE if display else (sys.stderr.fileno() if json_output else None),
             stderr=subprocess.PIPE if display else None,
@@ -164,6 +166,13 @@ def profile_script(
     except TpuAgentError as exc:  # a profile we cannot read: say so, keep the script's own exit code
         sys.stdout.flush()
         sys.stderr.write(f"error: {exc}; run recorded in {result.run_dir}\n")
+        return result.exit_code or 1
+
+    from tpu_agent.run.device_use import profile_touched, refusal
+
+    if not profile_touched(prof):  # "0 FLOP", "MFU 0.0 %" would read as measured: say what happened instead
+        sys.stdout.flush()
+        sys.stderr.write(f"error: {refusal(script, 'profile')}; run recorded in {result.run_dir}\n")
         return result.exit_code or 1
 
     if json_output:
@@ -223,12 +232,14 @@ def profile(
         float | None,
         typer.Option("--timeout", min=0.001, metavar="SECONDS", help="Stop the script after this many seconds (exit 124).", show_default=False),
     ] = None,
+    device_map: DeviceMapOption = None,
 ) -> int:
     """Profile SCRIPT on the bundled `tpu` device: step time, FLOPs, MFU, memory, hot ops, padding waste.
 
     Steps are found without changing the script (every optimizer step, or
     torch.tpu.mark_step()). Writes profile.json, HLO files and a step-time plot
-    to .tpu-agent/runs/<time>-<script>/. The exit code is the script's own.
+    to .tpu-agent/runs/<time>-<script>/. The exit code is the script's own; a run that put no work
+    on tpu has no device figures to show (one line, exit 1).
     Example: [bold]tpu-agent profile train.py --steps 10 -- --epochs 1[/bold]
     """
     settings = Settings(
@@ -237,7 +248,8 @@ def profile(
         time_executables=time_executables, host_device_steps=host_device_steps,
     )
     return profile_script(script, script_args or [], settings=settings, output_dir=output_dir,
-                          json_output=json_output, stdout=stdout_console(), stderr=stderr_console(), timeout=timeout)
+                          json_output=json_output, stdout=stdout_console(), stderr=stderr_console(), timeout=timeout,
+                          device_map=device_map)
 
 
 def register(app: typer.Typer) -> None:

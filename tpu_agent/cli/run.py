@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from tpu_agent import envvars
 from tpu_agent.cli.inputs import check_script
-from tpu_agent.cli.options import PROG, ScriptArg, ScriptArgs, stderr_console
+from tpu_agent.cli.options import PROG, DeviceMapOption, ScriptArg, ScriptArgs, device_map_env, stderr_console
 from tpu_agent.errors import InputError, TpuAgentError, validation_line
 from tpu_agent.paths import RUNS_SUBDIR, shown_path
 
@@ -59,18 +59,24 @@ def run(
     script_args: ScriptArgs = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary line after the run.")] = False,
     plan: Annotated[str | None, typer.Option("--plan", metavar="PLAN.json", help="Run with a plan: source edits on a copy, run-time actions in the backend.", show_default=False)] = None,
+    device_map: DeviceMapOption = None,
 ) -> int:
     """Run SCRIPT with the bundled `tpu` device loaded, as `python SCRIPT ARGS...` would.
 
     Same argv, working directory and sys.path[0]; the exit code is the script's own.
-    Example: [bold]tpu-agent run train.py -- --epochs 1[/bold]
+    A run whose model trained without touching tpu ends with a warning saying so.
+    Example: [bold]tpu-agent run train.py -- --epochs 1[/bold]; a script written for CUDA:
+    [bold]tpu-agent run --device-map cuda=tpu train.py[/bold]
     """
     from tpu_agent.run.launch import run_script  # keeps `--help` and `doctor` lean
 
     check_script(script)
+    mapped = device_map_env(device_map)
     env, run_dir, ran = None, None, script
     if plan is not None:
         ran, env, run_dir = run_with_plan(script, plan)
+    if mapped:
+        env = {**(env if env is not None else os.environ), **mapped}
     try:
         result = run_script(ran, script_args or [], env=env, run_dir=run_dir)  # as typed, like `python SCRIPT`
     except OSError as exc:

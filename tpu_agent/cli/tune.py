@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -10,7 +11,7 @@ import typer
 from rich.markup import escape
 
 from tpu_agent.cli.inputs import check_script
-from tpu_agent.cli.options import ScriptArg, ScriptArgs, stderr_console, stdout_console
+from tpu_agent.cli.options import DeviceMapOption, ScriptArg, ScriptArgs, device_map_env, stderr_console, stdout_console
 from tpu_agent.paths import shown_path
 from tpu_agent.report.effects import effect_lines
 
@@ -45,6 +46,7 @@ def tune(
     apply: Annotated[bool | None, typer.Option("--apply", help="Write the verified source change into your files (backup kept).")] = None,
     force: Annotated[bool | None, typer.Option("--force", help="With --apply: overwrite files with uncommitted changes.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    device_map: DeviceMapOption = None,
 ) -> int:
     """Find, verify and report changes that make SCRIPT faster on the target device.
 
@@ -61,6 +63,7 @@ def tune(
     from tpu_agent.search.study import dashboard_command
 
     check_script(script)
+    mapped = device_map_env(device_map)
     flags = dict(trials=trials, timeout=timeout, trial_timeout=trial_timeout, steps=steps, warmup=warmup, pairs=pairs,
                  target=target, objective=objective, devices=devices, seed=seed, study=study, storage=storage,
                  resume=resume, min_gain=min_gain, loss_tol=loss_tol, candidates=candidates, apply=apply, force=force,
@@ -70,8 +73,13 @@ def tune(
     chosen, why = choose_proposer(opts.proposer, offline)
     check_before_the_baseline(Path(script), opts, chosen)
     console = stderr_console() if json_output else stdout_console()
-    result, files = pipeline.tune(Path(script), script_args or [], opts, console=console, proposer=chosen,
-                                  proposer_why=why)
+    os.environ.update(mapped)  # every child of this tune (baseline, trials, verification) inherits the map
+    try:
+        result, files = pipeline.tune(Path(script), script_args or [], opts, console=console, proposer=chosen,
+                                      proposer_why=why)
+    finally:
+        for name in mapped:
+            os.environ.pop(name, None)
     if json_output:
         print(json.dumps({"result": json.loads(result.model_dump_json()),
                           "files": {k: str(v) for k, v in files.items()}}, indent=2))

@@ -6,9 +6,11 @@ exit status), with torch, and so our `tpu` device, loaded first. One
 difference is unavoidable with runpy: `sys.argv[0]` is the absolute path, as
 `__file__` already is under plain `python`. What the parent asks for comes in
 the environment (`tpu_agent.envvars`, payloads in `run.messages`): the
-profiler (`TPU_AGENT_PROFILE`), a timing trial (`TPU_AGENT_TRIAL`) or a
-plan's run-time actions (`TPU_AGENT_PLAN`), hooked in between `import torch`
-and the script.
+profiler (`TPU_AGENT_PROFILE`), a timing trial (`TPU_AGENT_TRIAL`), a
+plan's run-time actions (`TPU_AGENT_PLAN`) or a device map
+(`TPU_AGENT_DEVICE_MAP`, `run.device_map`), hooked in between `import torch`
+and the script. A plain run that put no work on the device ends with a
+warning saying so when its model trained on the CPU (`run.device_use`).
 """
 
 from __future__ import annotations
@@ -133,11 +135,16 @@ def main(argv: list[str] | None = None) -> None:
     session = _profile_session(script, argv[1:])
     trial = _trial_session()
     plan = envvars.PLAN.pop()
+    mapped = envvars.DEVICE_MAP.pop()
 
     # As if the script's first line were `import torch`: its entry points load
     # our device, after sys.path is the script's, exactly as for plain python.
     import torch  # noqa: F401
 
+    if mapped is not None:  # before the profiler's hooks: its step-1 FLOP count runs under the map
+        from tpu_agent.run import device_map
+
+        device_map.apply(device_map.parse(mapped))
     if session is not None:
         session.start()
     if trial is not None:
@@ -147,9 +154,12 @@ def main(argv: list[str] | None = None) -> None:
         from tpu_agent.plan.runtime import apply_runtime
 
         apply_runtime(Plan.model_validate_json(plan))
+    warn = session is None and trial is None  # profile and tune say it their own way
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
+        if warn:
+            _warn_if_untouched()
         if session is not None:
             status = _exit_status(exc)
             session.finish(status, None if status == 0 else f"SystemExit: {exc.code}")
@@ -165,6 +175,8 @@ def main(argv: list[str] | None = None) -> None:
             return
         tb = _script_traceback(exc.__traceback__, script)
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        if warn and not isinstance(exc, KeyboardInterrupt):
+            _warn_if_untouched()
         if session is not None:
             session.finish(130 if isinstance(exc, KeyboardInterrupt) else 1, one_line(exc))
         if isinstance(exc, KeyboardInterrupt):
@@ -173,10 +185,25 @@ def main(argv: list[str] | None = None) -> None:
             sys.excepthook = lambda *_: None
             raise
         raise SystemExit(1) from None
+    if warn:
+        _warn_if_untouched()
     if session is not None:
         session.finish(0, None)
     if trial is not None:
         trial.finish(0, None)
+
+
+def _warn_if_untouched() -> None:
+    """A run whose model trained off the device says so last, on stderr (its exit status is the script's)."""
+    from tpu_agent.run import device_use
+
+    try:
+        off = device_use.trained_off_the_device()
+    except Exception:  # noqa: BLE001 - a check of ours must never change the script's outcome
+        return
+    if off:
+        sys.stdout.flush()
+        print(device_use.run_warning(), file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

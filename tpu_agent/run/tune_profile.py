@@ -12,6 +12,7 @@ from tpu_agent.errors import TpuAgentError
 from tpu_agent.paths import shown_path
 from tpu_agent.plan.actions import PadDim, Plan
 from tpu_agent.profilers.schema import Profile, Settings
+from tpu_agent.run.device_use import profile_touched, refusal
 from tpu_agent.run.profiled import StepWatch, read_profile, run_profiled
 
 
@@ -59,6 +60,9 @@ def profile_for_tune(script: Path, args: list[str], run_dir: Path, options: Tune
         raise BaselineFailed(f"the {what} run of {script.name} failed ({why}); its output is in {shown}"
                              + (" (pass the script's own arguments after '--')" if plan is None else ""))
     try:
-        return read_profile(path), path
+        profile = read_profile(path)
     except FileNotFoundError:
         raise BaselineFailed(f"the {what} run wrote no profile; its output is in {shown}") from None
+    if not profile_touched(profile):  # nothing to measure on the device: every trial would time the CPU
+        raise BaselineFailed(f"{refusal(script.name, 'tune')}; its output is in {shown}")
+    return profile, path

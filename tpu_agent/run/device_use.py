@@ -1,0 +1,41 @@
+"""Whether a run put any work on the `tpu` device, and what the user is told when it did not.
+
+A script that picks "cuda" when it is available, or never moves its model, trains on the CPU under the
+tool and would otherwise be reported as if measured on the device ("0 FLOP", "MFU 0.0 %"). `run` warns at
+the end; `profile`, `knobs` and `tune` refuse to show device figures for such a profile.
+"""
+
+from __future__ import annotations
+
+HINT = ('pass --device-map cuda=tpu if the script picks "cuda" when it is available, '
+        'or move the model and its batches with .to("tpu")')
+
+
+def trained_off_the_device() -> bool:
+    """In the run's child: did a torch optimizer step while no op or copy ever reached our device?
+
+    An optimizer step is what makes it a model that trained (a script that only prints, or fails before
+    training, is left alone); False too when our device is not the one loaded (off, or Google's torch_tpu:
+    its work is not counted here)."""
+    import torch
+
+    from tpu_agent.backend import module, steps
+    from tpu_agent.backend.state import STATS
+
+    if getattr(torch, "tpu", None) is not module:
+        return False
+    return bool(steps.trained) and STATS.ops == 0 and STATS.h2d_count == 0
+
+
+def profile_touched(profile) -> bool:
+    """Did the profiled run run any executable on the device (else every device figure is an empty zero)?"""
+    return any(e.calls > 0 for e in profile.executables)
+
+
+def run_warning() -> str:
+    return f"tpu-agent: warning: the model trained on the CPU: no op of this run ran on the tpu device; {HINT}"
+
+
+def refusal(script: str, what: str) -> str:
+    """The one line `profile` / `tune` / `knobs` print instead of device figures."""
+    return f"no op of {script} ran on the tpu device, so there are no device figures to {what}; {HINT}"
