@@ -74,7 +74,8 @@ else
   "$PY" -m pip install "$TORCH_SPEC"
 fi
 
-say "installing tpu-agent (editable) with test extras"
+# The test extra brings the hf extra (transformers, accelerate: Trainer and Accelerate scripts).
+say "installing tpu-agent (editable) with the test extra (and the hf extra it includes)"
 "$PY" -m pip install -e '.[test]'
 echo "$want" > "$STAMP"
 say "done: $VENV/bin/tpu-agent"
