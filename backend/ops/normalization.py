@@ -107,12 +107,15 @@ def native_batch_norm_backward(grad_out, input, weight, running_mean, running_va
         out = (x - mean.reshape(shape)) * rstd.reshape(shape)
         return out * w.reshape(shape) if w is not None else out
 
-    ones = jnp.ones((input.shape[1],), input.dtype)
-    _, vjp = jax.vjp(f, input, weight if weight is not None else ones)
-    gi, gw = vjp(grad_out)
-    gb = jnp.sum(grad_out, axis=axes) if output_mask[2] else None
+    # A bf16/fp16 input with float32 parameters (autocast) computes in float32, as the forward.
+    x = input.astype(jnp.float32) if input.dtype in (jnp.float16, jnp.bfloat16) else input
+    w = weight if weight is not None else jnp.ones((input.shape[1],), x.dtype)
+    out, vjp = jax.vjp(f, x, w)
+    gi, gw = vjp(grad_out.astype(out.dtype))
+    param_dtype = weight.dtype if weight is not None else input.dtype
+    gb = jnp.sum(grad_out.astype(out.dtype), axis=axes).astype(param_dtype) if output_mask[2] else None
     # As PyTorch's meta kernel: grad_input always, the others as output_mask asks.
-    return gi, (gw if output_mask[1] else None), gb
+    return gi.astype(input.dtype), (gw.astype(param_dtype) if output_mask[1] else None), gb
 
 
 @lower(aten.native_group_norm.default)
