@@ -124,6 +124,20 @@ class TpuTensor(torch.Tensor):
             body = body[:-1] + extra + ")"
         return body
 
+    def untyped_storage(self):
+        """The wrapper's storage, whose data pointer names the shared value (one per `Storage`
+        box, so views share it): libraries that tell shared tensors apart by it (safetensors'
+        save_file, transformers' save_pretrained) work; the real pointer does not exist."""
+        storage = super().untyped_storage()
+        box_id = id(self._storage_box)
+        storage.data_ptr = lambda: box_id
+        return storage
+
+    def data_ptr(self):
+        """A base tensor starts where its storage does (see `untyped_storage`); a view's
+        address is unknown (0, as the bare wrapper says)."""
+        return 0 if self._view_chain else id(self._storage_box)
+
     def __reduce_ex__(self, protocol):
         # Pickling (torch.save) stores the CPU value: a checkpoint loads anywhere.
         return self.detach().cpu().__reduce_ex__(protocol)
