@@ -8,7 +8,7 @@ import torch
 
 # Loaded at `import torch` (the torch.backends entry point): only modules that do not
 # import JAX come in here; the rest arrive with the first op.
-from . import auto_compile, autocast, checkpoints, module, pinned
+from . import auto_compile, autocast, checkpoints, memory, module, pinned
 from .steps import install_optimizer_hook
 
 # Ops with no tensor argument reach a backend through the device they name:
@@ -92,6 +92,7 @@ def register() -> bool:
     auto_compile.enable_from_environment()
     _patch_torch_compile()
     _route_accelerator_synchronize()
+    memory.route_accelerator_memory()
     return True
 
 

@@ -162,6 +162,20 @@ def mark_step() -> None:
     _mark()
 
 
+# --- memory (JAX owns it; see memory.py) -------------------------------------
+
+from .memory import (  # noqa: E402,F401
+    empty_cache,
+    max_memory_allocated,
+    max_memory_reserved,
+    mem_get_info,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    reset_accumulated_memory_stats,
+    reset_peak_memory_stats,
+)
+
 # --- RNG -------------------------------------------------------------------
 
 

@@ -174,3 +174,21 @@ def test_accelerator_semantics_are_those_of_one_tpu_device():
     assert stream.device == torch.device("tpu", 0) and stream == torch.accelerator.current_stream()
     with torch.tpu.stream(stream):
         assert (x + 1).sum().item() == 9.0
+
+
+def test_accelerator_memory_functions_report_the_device_memory():
+    torch.accelerator.reset_peak_memory_stats()
+    before = torch.accelerator.memory_allocated()
+    x = torch.zeros(250_000, device="tpu") + 1  # 1 MB held by a live array
+    torch.accelerator.synchronize()
+    during = torch.accelerator.memory_allocated()
+    assert during - before >= 1_000_000
+    assert torch.accelerator.max_memory_allocated() >= during
+    assert torch.tpu.memory_allocated() == during
+    stats = torch.accelerator.memory_stats()
+    assert stats["allocated_bytes.all.current"] == during
+    free, total = torch.accelerator.get_memory_info()
+    assert 0 < free < total and total - free >= during
+    del x
+    torch.accelerator.empty_cache()
+    assert torch.accelerator.memory_allocated() <= during - 1_000_000
