@@ -12,7 +12,7 @@ ORDER = [
     "jax_setup", "dtypes", "state", "source", "registry", "executables", "generations", "modes", "padding",
     "mesh", "launch", "lazy", "programs", "views", "tensor", "transfer", "ops", "dispatch",
     "steps", "sharding", "capture", "step_program", "module_program", "optimizer_program", "compile",
-    "auto_compile", "module", "device", "autoload", "__init__",
+    "auto_compile", "pinned", "autocast", "checkpoints", "memory", "module", "device", "autoload", "__init__",
 ]
 
 
