@@ -141,6 +141,12 @@ def signature(tree):
 
 
 
+def autocast_state() -> tuple:
+    """Autocast on tpu changes the captured casts, so a program replays only under the same state."""
+    enabled = torch.is_autocast_enabled("tpu")
+    return (enabled, torch.get_autocast_dtype("tpu") if enabled else None)
+
+
 def rng_input(kind: str, drawn: list):
     """A replay's RNG input: a fresh counter (as an op would draw), or the base key. The base is no
     draw: drawing one for it (graphs list the base before the first counter) shifted every mask

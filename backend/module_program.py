@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import torch
 
 from . import executables, modes
-from .capture import (Capture, RebasedViews, compiling, constant_input, get_path, output_of, pair_storages, rebuild,
-                      replay_key, signature, steps_suspended, tensor_paths)
+from .capture import (Capture, RebasedViews, autocast_state, compiling, constant_input, get_path, output_of,
+                      pair_storages, rebuild, replay_key, signature, steps_suspended, tensor_paths)
 from .launch import launch
 from .lazy import RECORDER
 from .state import RNG
@@ -64,7 +64,7 @@ class CompiledModule(torch.nn.Module):
         if self.reason_not_compiled is not None:
             return self._call(*args, **kwargs)
         state = self.state()
-        key = (signature((args, kwargs)), module.training,
+        key = (signature((args, kwargs)), module.training, autocast_state(),
                tuple((k, tuple(v.shape), v.dtype) for k, v in state.items()))
         program = self._programs.get(key)
         if program is not None:

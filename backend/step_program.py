@@ -27,8 +27,8 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from . import executables, modes
-from .capture import (Capture, RebasedViews, compiling, constant_input, get_path, output_of, pair_storages, rebuild,
-                      replay_key, signature, steps_suspended, tensor_paths)
+from .capture import (Capture, RebasedViews, autocast_state, compiling, constant_input, get_path, output_of,
+                      pair_storages, rebuild, replay_key, signature, steps_suspended, tensor_paths)
 from .launch import launch
 from .lazy import RECORDER
 from .steps import step_boundary
@@ -147,7 +147,7 @@ class CompiledStep:
 
     def __call__(self, *args, **kwargs):
         call_args = (args, kwargs)
-        key = signature(call_args)
+        key = (signature(call_args), autocast_state())
         plan = self.plans.get(key)
         if plan is not None and plan.still_valid():
             RECORDER.flush("compiled step")  # inputs must be concrete

@@ -164,3 +164,17 @@ def test_grad_scaler_scales_unscales_and_backs_off_on_overflow(device):
         cpu_scales, cpu_weights = run("cpu")
         assert scales == cpu_scales
         assert torch.allclose(weights[-1], cpu_weights[-1], atol=2e-2)
+
+
+def test_a_compiled_module_replays_only_under_the_autocast_state_it_was_captured_in():
+    torch.manual_seed(0)
+    model = torch.tpu.compile(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)).to("tpu"))
+    x = torch.randn(2, 8, device="tpu")
+    for _ in range(3):  # captured twice, then replayed
+        with torch.autocast("tpu"):
+            assert model(x).dtype == torch.bfloat16
+    assert model.replays >= 1
+    for _ in range(3):
+        assert model(x).dtype == torch.float32
+    with torch.autocast("tpu", dtype=torch.float16):
+        assert model(x).dtype == torch.float16
