@@ -56,11 +56,13 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
 
     # run + profile: the unchanged script, its knobs
     console.print(f"[bold]baseline[/bold]: profiling {script.name} ({options.warmup} warm-up + {options.steps} steps)")
+    result.enter("baseline", t_start)
     try:
         profile, profile_path = profile_for_tune(script, args, run_dir, options)
     except KeyboardInterrupt:
         result.interrupted, result.interrupted_during = True, "baseline"
         console.print("[yellow]interrupted during the baseline: nothing was measured yet[/yellow]")
+        result.phase = "done"
         return result.save(t_start)
     result.baseline_profile, result.summary = str(profile_path), summary_of(profile, None)
     result.parameters = [profile.parameters, None]
@@ -90,6 +92,7 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
         bar.advance()
 
     bar = TrialProgress(console, options.trials, done=len(result.trials))
+    result.enter("search", t_start)
     try:
         for round_number in range(1, options.rounds + 1):
             round_ = agent.propose(profile, knobs, playbooks, [t.outcome() for t in result.trials if not t.earlier],
@@ -121,6 +124,7 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
 
     # verify the best plans in fresh processes; ablate the first verified one
     phase = "verification"
+    result.enter(phase, t_start)
     try:
         for plan in ([] if result.interrupted else ranked_plans(study)[:3]):
             console.print(f"[bold]verify[/bold]: {escape(plan.describe())} ({' + '.join(plan.effects())}; "
@@ -135,8 +139,10 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
                 result.best, result.summary = verdict, summary_of(profile, verdict)
                 if options.objective != "memory" and not verdict.estimate_note:
                     phase = "ablation"
+                    result.enter(phase, t_start)
                     verdict = settle(verdict, runner, options, baseline_batch, profile, console, result.verdicts)
                     phase = "verification"
+                    result.enter(phase, t_start)
                 if verdict.accepted:
                     result.best, result.summary = verdict, summary_of(profile, verdict)
                     break
@@ -150,12 +156,13 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
         runner.close()
         note_verdicts(study, result.verdicts, result.best)
     if result.best is not None and not result.interrupted:
-        profile_plan(script, args, run_dir, options, result, profile, console)
+        profile_plan(script, args, run_dir, options, result, profile, console, t_start)
+    result.phase = "done"
     return result.save(t_start)
 
 
 def profile_plan(script: Path, args: list[str], run_dir: Path, options: TuneOptions, result: TuneResult,
-                 baseline: Profile, console: Console) -> None:
+                 baseline: Profile, console: Console, t_start: float) -> None:
     """Profile the verified plan as the baseline was, so that report.json's summary has every figure `diff`
     compares (FLOPs, MFU, XLA peak memory), measured; a plan that changes the batch is compared per sample,
     which a per-step summary cannot say, so it keeps the baseline's figures."""
@@ -164,6 +171,7 @@ def profile_plan(script: Path, args: list[str], run_dir: Path, options: TuneOpti
         return
     console.print(f"[bold]profile[/bold]: the verified plan ({options.warmup} warm-up + {options.steps} steps), "
                   "for the report's summary")
+    result.enter("profile", t_start)
     try:
         measured, path = profile_for_tune(script, args, run_dir, options, plan=best.plan)
     except KeyboardInterrupt:

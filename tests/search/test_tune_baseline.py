@@ -8,17 +8,19 @@ from pathlib import Path
 import pytest
 
 from support.processes import clean_env, run_tool
-from support.tune import ctrl_c, runs, start_tool, wait_for
+from support.tune import ctrl_c, read_or_empty, runs, start_tool, tune_phase, wait_for
 
 pytestmark = pytest.mark.slow
 
-SLOW_STEPS = textwrap.dedent("""
+STUCK_AT_STEP_3 = textwrap.dedent("""
     import time, torch
     m = torch.nn.Linear(4, 4).to("tpu")
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     x = torch.randn(2, 4).to("tpu")
     for i in range(100):
-        opt.zero_grad(); m(x).sum().backward(); opt.step(); print(f"step={i}"); time.sleep(1)
+        opt.zero_grad(); m(x).sum().backward(); opt.step(); print(f"step={i}")
+        if i == 2:
+            time.sleep(3600)
 """)
 
 
@@ -48,16 +50,20 @@ def test_a_baseline_hanging_before_its_first_step_times_out(tmp_path: Path):
 
 
 def test_ctrl_c_during_the_baseline_stops_the_tune(tmp_path: Path):
-    (tmp_path / "slow.py").write_text(SLOW_STEPS)
-    proc = start_tool("tune", "slow.py", "--trials", "2", "--storage", f"sqlite:///{tmp_path / 'studies.db'}",
+    # The script's third step never ends: the baseline (2 warm-up + 10 steps) cannot finish before the Ctrl-C,
+    # however loaded the machine, and the interrupt is sent only once the tool says the baseline is running
+    # and the script has finished a step.
+    (tmp_path / "stuck.py").write_text(STUCK_AT_STEP_3)
+    proc = start_tool("tune", "stuck.py", "--trials", "2", "--storage", f"sqlite:///{tmp_path / 'studies.db'}",
                       cwd=tmp_path)
-    wait_for(lambda: any((r / "baseline-profile.log").exists() and (r / "baseline-profile.log").stat().st_size
-                         for r in runs(tmp_path)), 120, "the baseline to start")
+    wait_for(lambda: tune_phase(tmp_path) == "baseline" and any(
+        "step=1" in read_or_empty(r / "baseline-profile.log") for r in runs(tmp_path)), 180, "the baseline's step 1")
     code, out, err = ctrl_c(proc)
     assert code == 130, err
     assert "interrupted during the baseline" in out and "search" not in out
     (run_dir,) = runs(tmp_path)
     assert (run_dir / "tune.json").exists() and (run_dir / "report.md").exists()
+    assert tune_phase(tmp_path) == "done"
 
 
 def test_piped_output_is_not_wrapped_at_80_columns(tmp_path: Path):

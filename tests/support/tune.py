@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -37,3 +38,19 @@ def ctrl_c(proc: subprocess.Popen[str], timeout: float = 180) -> tuple[int, str,
 def runs(project: Path) -> list[Path]:
     root = project / ".tpu-agent" / "runs"
     return sorted(p for p in root.iterdir() if p.is_dir()) if root.exists() else []
+
+
+def read_or_empty(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def tune_phase(project: Path) -> str | None:
+    """The phase the newest tune reports in its tune.json (written whole, by rename), None before it has one."""
+    for run_dir in reversed(runs(project)):
+        text = read_or_empty(run_dir / "tune.json")
+        if text:
+            return json.loads(text).get("phase")
+    return None

@@ -34,15 +34,26 @@ class TuneResult(BaseModel):
     trials: list[TrialRecord] = Field(default_factory=list)
     verdicts: list[Verdict] = Field(default_factory=list)
     best: Verdict | None = None
+    phase: Literal["starting", "baseline", "search", "verification", "ablation", "profile", "done"] = Field(
+        "starting", description="the phase running when tune.json was last written (tests and watchers wait on it)")
     interrupted: bool = False
     interrupted_during: Literal["baseline", "search", "verification", "ablation", "profile"] | None = None
     duration_s: float = 0.0
     summary: Summary | None = Field(None, description="for `tpu-agent diff`: the step time after the verified change")
 
     def save(self, t_start: float) -> "TuneResult":
+        """Write tune.json whole or not at all (a reader never sees half a file)."""
         self.duration_s = time.perf_counter() - t_start
-        (Path(self.run_dir) / "tune.json").write_text(self.model_dump_json(indent=2) + "\n")
+        path = Path(self.run_dir) / "tune.json"
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(self.model_dump_json(indent=2) + "\n")
+        partial.replace(path)
         return self
+
+    def enter(self, phase: str, t_start: float) -> None:
+        """Record the phase that starts now, in tune.json, before its work begins."""
+        self.phase = phase
+        self.save(t_start)
 
 
 def summary_of(profile, verdict: Verdict | None, plan_profile=None) -> Summary:
