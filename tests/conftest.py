@@ -20,3 +20,21 @@ os.environ["TPU_AGENT_XLA_CACHE"] = os.path.join(
 
 from support.paths import EXAMPLES, REPO, TPU_AGENT  # noqa: E402,F401 - re-exported
 from support.processes import clean_env, one_error_line, run_python, run_tool  # noqa: E402,F401 - re-exported
+
+
+def pytest_addoption(parser):
+    parser.addoption("--store-durations", action="store_true",
+                     help="rewrite tests/durations.json (the order tests start in) from this run's call times")
+
+
+def pytest_configure(config):
+    if config.getoption("--store-durations") and not hasattr(config, "workerinput"):
+        from support.durations import Recorder
+
+        config.pluginmanager.register(Recorder(), "tpu-agent-durations")
+
+
+def pytest_collection_modifyitems(config, items):
+    from support.durations import longest_first
+
+    longest_first(items)

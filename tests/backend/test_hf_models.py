@@ -6,6 +6,7 @@ import functools
 import warnings
 
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 
@@ -24,6 +25,30 @@ def _cases():
                 yield pytest.param(family.name, attn, mode, id=f"{family.name}-{attn or 'noattn'}-{mode}")
 
 
+def loss_tolerance(family: str) -> float:
+    """1e-5 relative; BatchNorm under AdamW amplifies float32 reordering (first-step gradients agree to 2e-6,
+    yet 20 steps drift 4.9e-4 from the CPU on an AMD EPYC, 1.5e-5 on another host), so its losses get 2e-3
+    and its first step's gradients are held to 1e-5 below, where a wrong lowering shows at once."""
+    return 2e-3 if FAMILIES[family].batchnorm else 1e-5
+
+
+def first_step_gradients(family: str, device: str, mode: str = "eager") -> dict[str, torch.Tensor]:
+    model, _optimizer, inputs = hf_models.build(family, None, device)
+    with hf_models.execution_mode(mode, device):
+        model(**inputs).loss.backward()
+    return {name: p.grad.detach().to("cpu") for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("mode", ["eager", "fused"])
+@pytest.mark.parametrize("family", [f.name for f in FAMILIES.values() if f.batchnorm])
+def test_batchnorm_family_first_step_gradients_match_cpu(family, mode):
+    expected, actual = first_step_gradients(family, "cpu"), first_step_gradients(family, "tpu", mode)
+    assert expected.keys() == actual.keys()
+    for name, g in expected.items():
+        error = ((actual[name] - g).norm() / g.norm().clamp_min(1e-30)).item()
+        assert error < 1e-5, f"{name}: gradient {error:.2e} relative from the CPU's ({family}, {mode})"
+
+
 @functools.lru_cache(maxsize=None)
 def cpu_losses(family: str, attn: str | None) -> tuple[float, ...]:
     return tuple(hf_models.train(family, attn, "cpu", steps=STEPS_FOR.get(family, STEPS)))
@@ -36,7 +61,7 @@ def test_family_trains_like_cpu(family, attn, mode):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a step that cannot be one program says so; tested below
         actual = hf_models.train(family, attn, "tpu", mode, steps=len(expected), compiled=compiled)
-    rel = 1e-4 if FAMILIES[family].batchnorm else 1e-5
+    rel = loss_tolerance(family)
     assert len(actual) == len(expected)
     for step, (a, b) in enumerate(zip(expected, actual)):
         assert b == pytest.approx(a, rel=rel), f"step {step}: cpu {a} tpu {b} ({family}, {attn}, {mode})"
@@ -62,7 +87,7 @@ def test_family_trains_like_cpu_as_compiled_steps_with_no_change_to_the_loop(fam
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         actual = hf_models.train(family, attn, "tpu", hf_models.STEPS_MODE, steps=len(expected), compiled=programs)
-    rel = 1e-4 if FAMILIES[family].batchnorm else 1e-5
+    rel = loss_tolerance(family)
     for step, (a, b) in enumerate(zip(expected, actual)):
         assert b == pytest.approx(a, rel=rel), f"step {step}: cpu {a} tpu {b} ({family}, {attn}, steps)"
     assert len(programs["optimizer_replays"]) == 1 and programs["optimizer_reasons"] == [None], programs

@@ -166,7 +166,7 @@ def build(family: str, attn: str | None, device: str):
     return model, optimizer, {k: v.to(device) for k, v in inputs.items()}
 
 
-def _mode(mode: str, device: str):
+def execution_mode(mode: str, device: str):
     if device != "tpu" or mode != "fused":
         return contextlib.nullcontext()
     return torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE)
@@ -211,7 +211,7 @@ def train(family: str, attn: str | None, device: str, mode: str = "eager", steps
     if mode == "compiled":
         step = torch.compile(step)
     losses = []
-    with _mode(mode, device), _compiled_steps(mode, device) as programs:
+    with execution_mode(mode, device), _compiled_steps(mode, device) as programs:
         for _ in range(steps):
             t0 = time.perf_counter()
             losses.append(step(inputs).item())

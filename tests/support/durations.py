@@ -1,0 +1,42 @@
+"""Longest tests first, so that two xdist workers finish together instead of one waiting on a late long test.
+
+tests/durations.json holds each slow test's call time from an earlier run (`bash scripts/test.sh
+--store-durations` rewrites it); tests missing from it keep their collection order, after the known ones.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+FILE = Path(__file__).resolve().parents[1] / "durations.json"
+KEEP_OVER_S = 2.0  # shorter tests change nothing in the balance
+
+
+def load() -> dict[str, float]:
+    try:
+        return json.loads(FILE.read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def longest_first(items: list[pytest.Item]) -> None:
+    known = load()
+    items.sort(key=lambda item: -known.get(item.nodeid, 0.0))  # stable: the rest keep their order
+
+
+class Recorder:
+    """Collects each test's call time (on the controller under xdist) and writes the file at the end."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call":
+            self.seen[report.nodeid] = round(report.duration, 1)
+
+    def pytest_sessionfinish(self) -> None:
+        slow = {k: v for k, v in sorted(self.seen.items(), key=lambda kv: -kv[1]) if v >= KEEP_OVER_S}
+        FILE.write_text(json.dumps(slow, indent=1) + "\n")
