@@ -136,3 +136,70 @@ def test_accelerate_loop_profiles_on_tpu(tmp_path):
                     "--host-device-steps", "0", cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "MFU" in proc.stdout and "error" not in proc.stderr
+
+
+# A Trainer script in the shape of the HF fine-tuning guides, for the other model kinds: a causal LM with GQA and
+# RoPE (Llama) and image classification (ViT), each built from a tiny config.
+FAMILY_TRAINER = """\
+import sys
+
+import torch
+from torch.utils.data import Dataset
+from transformers import (LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments, ViTConfig,
+                          ViTForImageClassification)
+
+family = sys.argv[1]
+g = torch.Generator().manual_seed(1)
+torch.manual_seed(0)
+if family == "llama":
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+    ids = torch.randint(0, 128, (32, 16), generator=g)
+    rows = [{"input_ids": i, "labels": i} for i in ids]
+else:
+    model = ViTForImageClassification(ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32,
+                                                num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                                num_labels=10, hidden_dropout_prob=0.0,
+                                                attention_probs_dropout_prob=0.0))
+    pixels, labels = torch.randn(32, 3, 16, 16, generator=g), torch.randint(0, 10, (32,), generator=g)
+    rows = [{"pixel_values": p, "labels": y} for p, y in zip(pixels, labels)]
+
+
+class Rows(Dataset):
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return self.rows[i]
+
+
+args = TrainingArguments(output_dir="out", max_steps=4, per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                         logging_steps=1, eval_strategy="steps", eval_steps=4, save_steps=4, report_to="none",
+                         seed=0)
+trainer = Trainer(model=model, args=args, train_dataset=Rows(rows[:24]), eval_dataset=Rows(rows[24:]))
+trainer.train()
+print(f"device={args.device.type}")
+for entry in trainer.state.log_history:
+    for kind in ("loss", "eval_loss"):
+        if kind in entry:
+            print(f"step={entry['step']} {kind}={entry[kind]:.6f}")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=BACKEND_GAPS)
+@pytest.mark.parametrize("family", ["llama", "vit"])
+def test_trainer_on_other_model_kinds_matches_its_cpu_losses(tmp_path, family):
+    script = tmp_path / "trainer.py"
+    script.write_text(FAMILY_TRAINER)
+    cpu = run_python(str(script), family, cwd=tmp_path, env=_before_the_tool(), timeout=600)
+    assert cpu.returncode == 0, cpu.stderr[-3000:]
+    expected = logged(cpu.stdout)
+    assert device(cpu.stdout) == "cpu" and len(expected) == 5  # 4 steps and the eval
+    ours = run_tool("run", "-q", str(script), "--", family, cwd=tmp_path, timeout=600)
+    assert ours.returncode == 0, ours.stderr[-3000:]
+    assert device(ours.stdout) == "tpu" and (tmp_path / "out" / "checkpoint-4").is_dir()
+    _compare(expected, logged(ours.stdout), expected)

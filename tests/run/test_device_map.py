@@ -186,3 +186,27 @@ def test_tune_refuses_a_cpu_run(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: no op of train.py ran on the tpu device, so there are no device figures to "
                            "tune; pass --device-map cuda=tpu"), last
+
+
+def test_tune_hands_the_map_to_every_child_and_takes_it_back(tmp_path, monkeypatch):
+    """The baseline, the trials and the verification are children of the tune's process: each inherits the map."""
+    from tpu_agent import envvars, pipeline
+    from tpu_agent.cli.tune import tune
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_tune(script, args, options, **_):
+        seen["map"] = envvars.DEVICE_MAP.get()
+        raise Stop
+
+    monkeypatch.delenv(envvars.DEVICE_MAP.name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(pipeline, "tune", fake_tune)
+    write(tmp_path, "train.py", "print('never runs')\n")
+    with pytest.raises(Stop):
+        tune("train.py", offline=True, device_map="CUDA=tpu")
+    assert seen == {"map": "cuda=tpu"}
+    assert envvars.DEVICE_MAP.get() is None
