@@ -28,8 +28,10 @@ def trained_off_the_device() -> bool:
 
 
 def profile_touched(profile) -> bool:
-    """Did the profiled run run any executable on the device (else every device figure is an empty zero)?"""
-    return any(e.calls > 0 for e in profile.executables)
+    """Did the profiled run put work on the device: an executable ran, or it counted device FLOPs? (Else every
+    device figure is an empty zero.)"""
+    flops = profile.flops.per_step if profile.flops is not None else 0.0
+    return any(e.calls > 0 for e in profile.executables) or flops > 0
 
 
 def run_warning() -> str:
