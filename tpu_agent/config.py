@@ -49,6 +49,8 @@ class TuneOptions(BaseModel):
     steps: int = Field(10, ge=5, description="interleaved baseline/candidate pairs per trial, after warm-up")
     warmup: int = Field(2, ge=1, description="steps each process runs before it is timed (compilation)")
     pairs: int = Field(5, ge=5, description="interleaved baseline/candidate pairs when verifying a gain")
+    verify: int = Field(3, ge=0, description=(
+        "how many of the search's best plans are verified in fresh processes (0: search only, nothing verified)"))
     target: Target = Field("cpu", description="what to tune for: this machine, or a TPU generation (cost model)")
     objective: Objective = Field("time", description="step time, peak memory, or both")
     devices: int = Field(1, ge=1, description="simulated devices on a CPU (for sharding)")

@@ -126,7 +126,10 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
     phase = "verification"
     result.enter(phase, t_start)
     try:
-        for plan in ([] if result.interrupted else ranked_plans(study)[:3]):
+        if options.verify == 0 and not result.interrupted:
+            console.print("[bold]verify[/bold]: none (--verify 0): the trials' figures are search measurements, "
+                          "not verified gains")
+        for plan in ([] if result.interrupted else ranked_plans(study)[:options.verify]):
             console.print(f"[bold]verify[/bold]: {escape(plan.describe())} ({' + '.join(plan.effects())}; "
                           "fresh processes, interleaved pairs)")
             verdict = verify(plan, runner, options, baseline_batch, profile)

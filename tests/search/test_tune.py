@@ -22,14 +22,18 @@ TINY = textwrap.dedent("""
     WIDTH = 63
 
     # Failure injection for the tests: the profile run and the first baseline process run
-    # normally; every later process (the trials' candidates) fails at step 3.
+    # normally; every later process (the trials' candidates, in order) fails at step 3, each with
+    # the next failure of the comma-separated TINY_FAIL list, round and round.
     counter = os.environ.get("TINY_COUNTER")
-    late = False
+    late, failure = False, None
     if counter:
         with open(counter, "a+") as f:
             f.seek(0)
-            late = len(f.read().splitlines()) >= 2
+            started = len(f.read().splitlines())
             f.write("x\\n")
+        failures = os.environ.get("TINY_FAIL", "").split(",")
+        late = started >= 2
+        failure = failures[(started - 2) % len(failures)] if late else None
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=400)
@@ -42,13 +46,13 @@ TINY = textwrap.dedent("""
     y = torch.randint(0, 4, (BATCH,), generator=g).to("tpu")
     for step in range(args.steps):
         if late and step == 3:
-            if os.environ.get("TINY_FAIL") == "crash":
+            if failure == "crash":
                 raise RuntimeError("boom in the candidate")
-            if os.environ.get("TINY_FAIL") == "hang":
+            if failure == "hang":
                 time.sleep(3600)
-            if os.environ.get("TINY_FAIL") == "kill":  # as `kill -9` of the trial process would
+            if failure == "kill":  # as `kill -9` of the trial process would
                 os.kill(os.getpid(), 9)
-            if os.environ.get("TINY_FAIL") == "oom":
+            if failure == "oom":
                 raise MemoryError("RESOURCE_EXHAUSTED: out of memory allocating 1 TiB")
         opt.zero_grad()
         loss = F.cross_entropy(model(x), y)
@@ -83,8 +87,8 @@ def result_of(proc) -> dict:
     return json.loads(proc.stdout)["result"]
 
 
-def test_tune_records_trials_writes_a_report_and_resume_repeats_nothing(project: Path):
-    proc = tune(project, "--trials", "3", "--study", "s1")
+def test_tune_records_trials_writes_a_report_resume_repeats_nothing_and_other_settings_are_refused(project: Path):
+    proc = tune(project, "--trials", "3", "--study", "s1", "--verify", "1")
     first = result_of(proc)
     # the one command that opens the study (tests/search/test_dashboard.py opens it), on stderr with --json
     assert f"live: optuna-dashboard sqlite:///{project / 'studies.db'}" in proc.stderr
@@ -99,7 +103,8 @@ def test_tune_records_trials_writes_a_report_and_resume_repeats_nothing(project:
     again = tune(project, "--trials", "3", "--study", "s1")  # finished study, no --resume: refused
     assert again.returncode == 2 and "pass --resume" in again.stderr
 
-    second = result_of(tune(project, "--trials", "6", "--study", "s1", "--resume"))
+    # the resumed search is what is checked here; verification ran above (--verify 0: search only)
+    second = result_of(tune(project, "--trials", "6", "--study", "s1", "--resume", "--verify", "0"))
     assert [t["number"] for t in second["trials"]] == list(range(6))  # the report lists the earlier trials too
     assert [t["earlier"] for t in second["trials"]] == [True] * 3 + [False] * 3
     new = [t for t in second["trials"] if not t["earlier"]]
@@ -109,19 +114,30 @@ def test_tune_records_trials_writes_a_report_and_resume_repeats_nothing(project:
         if json.dumps(t["plan"], sort_keys=True) in measured_plans:
             assert t["state"] == "repeated", t  # a measured configuration is not run twice
     assert [n for n, _ in trials_in_db(project, "s1")] == list(range(6))
+    assert not second["verdicts"] and second["best"] is None and second["phase"] == "done"
+
+    # the same study name with other measuring settings: refused before any run, its trials untouched
+    other = tune(project, "--trials", "1", "--study", "s1", "--objective", "memory", "--resume")
+    assert other.returncode == 2 and "exists with different settings" in other.stderr
+    assert [n for n, _ in trials_in_db(project, "s1")] == list(range(6))
 
 
-@pytest.mark.parametrize("failure,kind", [("crash", "crashed"), ("oom", "out_of_memory"), ("hang", "timed_out"),
-                                          ("kill", "crashed: the process was killed by SIGKILL")])
-def test_a_failing_trial_is_recorded_and_the_study_goes_on(project: Path, failure: str, kind: str):
-    if failure == "hang":  # long enough for the baseline's start-up on a loaded 2-core machine
-        (project / "pyproject.toml").write_text("[tool.tpu-agent]\ntrial-timeout = 15.0\n")
-    env = {"TINY_FAIL": failure, "TINY_COUNTER": str(project / "counter")}
-    result = result_of(tune(project, "--trials", "3", "--study", f"f-{failure}", env=env))
-    states = [t["state"] for t in result["trials"]]
-    assert len(states) == 3
-    failed = [t for t in result["trials"] if t["state"] == "failed"]
-    assert failed and all(t["reason"].startswith(kind) for t in failed), result["trials"]
+FAILURES = {"crash": "crashed", "oom": "out_of_memory", "hang": "timed_out",
+            "kill": "crashed: the process was killed by SIGKILL"}
+
+
+def test_failing_trials_are_recorded_each_with_its_kind_and_the_study_goes_on(project: Path):
+    """One tune whose candidates fail in turn: a crash, an out-of-memory error, a hang past --trial-timeout
+    and a SIGKILL; each is a failed trial with its own reason, and the search goes on to the next."""
+    (project / "pyproject.toml").write_text("[tool.tpu-agent]\ntrial-timeout = 15.0\n")  # the hang's limit
+    env = {"TINY_FAIL": ",".join(FAILURES), "TINY_COUNTER": str(project / "counter")}
+    result = result_of(tune(project, "--trials", "6", "--study", "failures", env=env))
+    assert len(result["trials"]) == 6
+    ran = [t for t in result["trials"] if t["state"] != "repeated"]  # a repeated plan starts no process
+    assert len(ran) >= len(FAILURES), result["trials"]
+    for i, trial in enumerate(ran):  # the i-th candidate process got the i-th failure
+        kind = FAILURES[list(FAILURES)[i % len(FAILURES)]]
+        assert trial["state"] == "failed" and trial["reason"].startswith(kind), (i, kind, trial)
 
 
 def test_bad_inputs_are_one_line_and_exit_2(project: Path):
@@ -138,9 +154,3 @@ def test_bad_inputs_are_one_line_and_exit_2(project: Path):
     (project / "plan.json").write_text(json.dumps(stale))
     moved = run_tool("run", "tiny.py", "--plan", "plan.json", cwd=project, env=clean_env())
     assert moved.returncode == 2 and "the source has 31" in moved.stderr and len(moved.stderr.strip().splitlines()) == 1
-
-
-def test_a_study_name_with_other_settings_is_refused(project: Path):
-    result_of(tune(project, "--trials", "1", "--study", "clash"))
-    other = tune(project, "--trials", "1", "--study", "clash", "--objective", "memory", "--resume")
-    assert other.returncode == 2 and "exists with different settings" in other.stderr

@@ -25,6 +25,7 @@ def tune(
     steps: Annotated[int | None, typer.Option(help="Interleaved baseline/candidate pairs per trial (>= 5). [default: 10]")] = None,
     warmup: Annotated[int | None, typer.Option(help="Steps each process runs before timing (compilation, >= 1). [default: 2]")] = None,
     pairs: Annotated[int | None, typer.Option(help="Pairs when verifying the winner (>= 5). [default: 5]")] = None,
+    verify: Annotated[int | None, typer.Option(help="How many of the best plans to verify in fresh processes (0: search only, nothing verified). [default: 3]")] = None,
     target: Annotated[str | None, typer.Option(help="cpu | v4 | v5e | v5p | v6e | v7x. [default: cpu]")] = None,
     objective: Annotated[str | None, typer.Option(help="time | memory | both. [default: time]")] = None,
     devices: Annotated[int | None, typer.Option(help="Simulated devices on a CPU host (for sharding). [default: 1]")] = None,
@@ -64,7 +65,7 @@ def tune(
 
     check_script(script)
     mapped = device_map_env(device_map)
-    flags = dict(trials=trials, timeout=timeout, trial_timeout=trial_timeout, steps=steps, warmup=warmup, pairs=pairs,
+    flags = dict(trials=trials, timeout=timeout, trial_timeout=trial_timeout, steps=steps, warmup=warmup, pairs=pairs, verify=verify,
                  target=target, objective=objective, devices=devices, seed=seed, study=study, storage=storage,
                  resume=resume, min_gain=min_gain, loss_tol=loss_tol, candidates=candidates, apply=apply, force=force,
                  playbooks=playbooks or None, output_dir=output_dir, proposer=proposer, model=model, rounds=rounds,
