@@ -24,9 +24,10 @@ device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to(device)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-x, y = torch.randn(64, 16), torch.randint(0, 4, (64,))
-for step in range(4):
-    xb, yb = x[16 * step:16 * (step + 1)].to(device, non_blocking=True), y[16 * step:16 * (step + 1)].to(device)
+data = torch.utils.data.TensorDataset(torch.randn(64, 16), torch.randint(0, 4, (64,)))
+loader = torch.utils.data.DataLoader(data, batch_size=16, pin_memory=True)  # as CUDA scripts load
+for step, (xb, yb) in enumerate(loader):
+    xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
     loss = nn.functional.cross_entropy(model(xb), yb)
     opt.zero_grad()
     loss.backward()
@@ -178,8 +179,7 @@ def test_profile_and_knobs_refuse_device_figures_for_a_cpu_run(tmp_path):
 
 @pytest.mark.slow
 def test_tune_refuses_a_cpu_run(tmp_path):
-    write(tmp_path, "train.py", CUDA_WHEN_AVAILABLE.replace("{code}", "0").replace("range(4)", "range(8)").replace(
-        "16 * step:16 * (step + 1)", "8 * step:8 * (step + 1)"))
+    write(tmp_path, "train.py", CUDA_WHEN_AVAILABLE.replace("{code}", "0").replace("batch_size=16", "batch_size=8"))
     proc = run_tool("tune", "train.py", "--trials", "1", "--steps", "5", "--warmup", "1", "--offline",
                     cwd=tmp_path, timeout=300)
     assert proc.returncode == 1, proc.stderr[-3000:]

@@ -4,11 +4,9 @@ CUDA is a device type built into PyTorch, so its name cannot be given to our dev
 touches is mapped instead, for that run only: a `TorchFunctionMode` rewrites every device a torch call
 names (`torch.device("cuda")`, `device="cuda"`, `.to("cuda")`, `.cuda()`, `is_cuda`); `torch.cuda`'s
 functions answer for `tpu` (`is_available`, `synchronize`, seeds, memory); autocast and GradScaler built
-for "cuda" are built for "tpu"; `torch.load(map_location="cuda")` loads onto `tpu`. The
-`torch.backends.cuda` / `cudnn` flags keep working: `torch.backends.cuda.matmul.allow_tf32` is a matmul
-precision, set on the target as the matching `torch.tpu.Precision` (the cuDNN flags have no tpu meaning
-and stay flags). Parsing is here too, so the CLI and the child
-agree on the spelling (`FROM=TO`).
+for "cuda" are built for "tpu"; `torch.load(map_location="cuda")` loads onto `tpu`;
+`torch.backends.cuda.matmul.allow_tf32` sets the matching `torch.tpu` matmul precision (the cuDNN flags
+have no tpu meaning and stay flags). Parsing is here too, so the CLI and the child agree on the spelling.
 """
 
 from __future__ import annotations
