@@ -132,8 +132,12 @@ def test_cuda_only_calls_run_on_tpu(tmp_path):
     assert lines[1] == "autocast torch.bfloat16 scaler tpu 65536.0"
     assert lines[2] == "is_cuda True precision HIGH"  # TF32 allowed: three bf16 passes, as TF32 is to f32
     assert lines[3] == "memory True True"
-    without = run_tool("run", "-q", "cuda_only.py", cwd=tmp_path)  # the same script, unmapped: no CUDA here
-    assert without.returncode == 1 and "AssertionError" in without.stderr
+    write(tmp_path, "insists.py", "import torch\nmodel = torch.nn.Linear(4, 2).cuda()\n")
+    without = run_tool("run", "-q", "insists.py", cwd=tmp_path)  # unmapped: PyTorch's own error, then the switch
+    assert without.returncode == 1
+    lines = without.stderr.strip().splitlines()
+    assert lines[-2] == "AssertionError: Torch not compiled with CUDA enabled"
+    assert lines[-1] == "tpu-agent: the script asks for CUDA: run it on tpu unedited with --device-map cuda=tpu"
 
 
 @pytest.mark.slow

@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
         tb = _script_traceback(exc.__traceback__, script)
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
         if warn and not isinstance(exc, KeyboardInterrupt):
-            _warn_if_untouched()
+            _warn_if_untouched(exc if mapped is None else None)
         if session is not None:
             session.finish(130 if isinstance(exc, KeyboardInterrupt) else 1, one_line(exc))
         if isinstance(exc, KeyboardInterrupt):
@@ -193,17 +193,20 @@ def main(argv: list[str] | None = None) -> None:
         trial.finish(0, None)
 
 
-def _warn_if_untouched() -> None:
-    """A run whose model trained off the device says so last, on stderr (its exit status is the script's)."""
+def _warn_if_untouched(failure: BaseException | None = None) -> None:
+    """A run whose model trained off the device says so last, on stderr (its exit status is the script's); so
+    does a script that failed for want of CUDA, with the switch that runs it here."""
     from tpu_agent.run import device_use
 
     try:
-        off = device_use.trained_off_the_device()
+        line = device_use.cuda_hint(failure) if failure is not None else None
+        if line is None and device_use.trained_off_the_device():
+            line = device_use.run_warning()
     except Exception:  # noqa: BLE001 - a check of ours must never change the script's outcome
         return
-    if off:
+    if line is not None:
         sys.stdout.flush()
-        print(device_use.run_warning(), file=sys.stderr, flush=True)
+        print(line, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 A script that picks "cuda" when it is available, or never moves its model, trains on the CPU under the
 tool and would otherwise be reported as if measured on the device ("0 FLOP", "MFU 0.0 %"). `run` warns at
-the end; `profile`, `knobs` and `tune` refuse to show device figures for such a profile.
+the end; `profile`, `knobs` and `tune` refuse to show device figures for such a profile. A script that
+insists on CUDA fails with PyTorch's own error; the line after its traceback names the switch.
 """
 
 from __future__ import annotations
@@ -32,6 +33,16 @@ def profile_touched(profile) -> bool:
     device figure is an empty zero.)"""
     flops = profile.flops.per_step if profile.flops is not None else 0.0
     return any(e.calls > 0 for e in profile.executables) or flops > 0
+
+
+NO_CUDA = ("Torch not compiled with CUDA enabled", "Found no NVIDIA driver", "No CUDA GPUs are available")
+
+
+def cuda_hint(exc: BaseException) -> str | None:
+    """After a script's own traceback: the line that says a script written for CUDA runs here with the map."""
+    if any(text in str(exc) for text in NO_CUDA):
+        return "tpu-agent: the script asks for CUDA: run it on tpu unedited with --device-map cuda=tpu"
+    return None
 
 
 def run_warning() -> str:
