@@ -4,6 +4,8 @@ one program per step over every parameter, with the CUDA/CPU fused kernels' sema
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 import torch
 
@@ -13,7 +15,7 @@ aten = torch.ops.aten
 
 
 def _fused_adam_update(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
-                       weight_decay, eps, amsgrad, maximize, grad_scale, found_inf, decoupled):
+                       weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None, decoupled):
     f32 = jnp.float32
     outs = ([], [], [], [], [])
     skip = None if found_inf is None else found_inf.reshape(()) > 0
@@ -51,17 +53,6 @@ def _fused_adam_update(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, st
     return tuple(list(o) for o in outs)
 
 
-@lower(aten._fused_adam)
-def _fused_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
-                weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
-    return _fused_adam_update(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr=lr, beta1=beta1,
-                              beta2=beta2, weight_decay=weight_decay, eps=eps, amsgrad=amsgrad, maximize=maximize,
-                              grad_scale=grad_scale, found_inf=found_inf, decoupled=False)
-
-
-@lower(aten._fused_adamw)
-def _fused_adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
-                 weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
-    return _fused_adam_update(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr=lr, beta1=beta1,
-                              beta2=beta2, weight_decay=weight_decay, eps=eps, amsgrad=amsgrad, maximize=maximize,
-                              grad_scale=grad_scale, found_inf=found_inf, decoupled=True)
+# Adam adds weight decay to the gradient; AdamW decays the parameter (decoupled).
+for _packet, _decoupled in ((aten._fused_adam, False), (aten._fused_adamw, True)):
+    lower(_packet)(functools.partial(_fused_adam_update, decoupled=_decoupled))
