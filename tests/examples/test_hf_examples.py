@@ -26,11 +26,6 @@ args = TrainingArguments(output_dir="out", report_to="none")
 print(f"trainer={args.device.type} accelerate={Accelerator().device.type}")
 """
 
-BACKEND_GAPS = ("the device: torch.accelerator.empty_cache() on tpu fails PyTorch's allocator assertion "
-                "(Trainer calls it through accelerate's free_memory), and aten._fused_adamw_ has no tpu lowering "
-                "(TrainingArguments' default optim is adamw_torch_fused)")
-
-
 def _before_the_tool() -> dict[str, str]:
     """Plain python with the bundled device off: the CPU reference, as before the tool was installed."""
     return clean_env(TPU_AGENT_DEVICE="off")
@@ -79,7 +74,6 @@ def _compare(cpu: dict, tpu: dict, steps) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=BACKEND_GAPS)
 def test_hf_trainer_matches_its_cpu_losses_with_checkpoints_and_resume(tmp_path):
     script = str(EXAMPLES / "hf_trainer.py")
     args = ["--steps", "8", "--save-steps", "4"]
@@ -190,7 +184,6 @@ for entry in trainer.state.log_history:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=BACKEND_GAPS)
 @pytest.mark.parametrize("family", ["llama", "vit"])
 def test_trainer_on_other_model_kinds_matches_its_cpu_losses(tmp_path, family):
     script = tmp_path / "trainer.py"
