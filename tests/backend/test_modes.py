@@ -19,17 +19,16 @@ MODES = {
 }
 
 
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("name", ["mlp", "odd_shapes", "cnn", "transformer"])
-def test_example_matches_cpu_in_fused_and_compiled_modes(name, monkeypatch):
+def test_example_matches_cpu_in_fused_and_compiled_modes(name, mode, monkeypatch):
     cpu = losses(name, "cpu")
-    for mode, (env, extra) in MODES.items():
-        for key, value in env.items():
-            monkeypatch.setenv(key, value)
-        tpu = losses(name, "tpu", *extra)
-        for key in env:
-            monkeypatch.delenv(key)
-        for step, (a, b) in enumerate(zip(cpu, tpu)):
-            assert b == pytest.approx(a, rel=1e-4), f"{mode}, step {step}: cpu {a} tpu {b}"
+    env, extra = MODES[mode]
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    tpu = losses(name, "tpu", *extra)
+    for step, (a, b) in enumerate(zip(cpu, tpu)):
+        assert b == pytest.approx(a, rel=1e-4), f"{mode}, step {step}: cpu {a} tpu {b}"
 
 
 def run_python(code: str, **env) -> str:

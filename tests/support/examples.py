@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 from support.paths import EXAMPLES
 
@@ -16,6 +20,28 @@ EXTRA = {"cnn": ["--dropout", "0"]}
 
 
 def losses(name: str, device: str, *extra: str) -> list[float]:
+    """The example's per-step losses; the CPU's are run once per test run and shared by every test and worker
+    (the examples seed everything: a CPU rerun gives the same losses)."""
+    if device != "cpu":
+        return _run(name, device, *extra)
+    cached = _cpu_cache() / f"{name}-{'-'.join(extra) or 'plain'}.json"
+    if cached.exists():
+        return json.loads(cached.read_text())
+    values = _run(name, device, *extra)
+    partial = cached.with_suffix(f".{os.getpid()}.partial")
+    partial.write_text(json.dumps(values))
+    partial.replace(cached)  # whole or not at all: another worker may be reading
+    return values
+
+
+def _cpu_cache() -> Path:
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID", str(os.getpid()))
+    path = Path(tempfile.gettempdir()) / f"tpu-agent-tests-cpu-losses-{run}"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def _run(name: str, device: str, *extra: str) -> list[float]:
     steps = STEPS_FOR.get(name, STEPS)
     out = subprocess.run(
         [sys.executable, str(EXAMPLES / f"{name}.py"), "--device", device, "--steps", str(steps), *EXTRA.get(name, []), *extra],
