@@ -67,6 +67,6 @@ def summary_of(profile, verdict: Verdict | None, plan_profile=None) -> Summary:
             "step_time_s": verdict.speed.candidate_median_s, "steps_measured": verdict.speed.pairs,
             "flops_per_step": None, "mfu": None, "peak_memory_bytes": None,
             # device bytes measured with the change in its verification: a memory gate can compare them
-            "live_peak_bytes": verdict.memory.candidate_median_bytes if verdict.memory else None,
+            "live_peak_bytes": round(verdict.memory.candidate_median_bytes) if verdict.memory else None,
             "padding_waste": None})
     return summary
