@@ -113,6 +113,9 @@ def run_cli(argv: list[str] | None = None) -> int:
 
 
 def main() -> NoReturn:
+    from tpu_agent.interrupts import keep_swallowed_interrupts
+
+    keep_swallowed_interrupts()
     code = run_cli()
     try:
         sys.stdout.flush()

@@ -132,6 +132,9 @@ def main(argv: list[str] | None = None) -> None:
     else:
         sys.path[0] = script_dir
     sys.argv = [script, *argv[1:]]
+    from tpu_agent.interrupts import keep_swallowed_interrupts
+
+    keep_swallowed_interrupts()
     session = _profile_session(script, argv[1:])
     trial = _trial_session()
     plan = envvars.PLAN.pop()
