@@ -451,7 +451,8 @@ QUICK_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_exp
 def run_in_subprocess(part: str, samples: int, shard: tuple[int, int]) -> Summary:
     """One part ("forward" or "gradients") of one shard in a fresh process compiling with
     QUICK_COMPILE_FLAGS (XLA reads its flags once per process, before its first compile)."""
-    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {QUICK_COMPILE_FLAGS}".strip()}
+    flags = os.environ.get("XLA_FLAGS", "")
+    env = {**os.environ, "XLA_FLAGS": flags if QUICK_COMPILE_FLAGS in flags else f"{flags} {QUICK_COMPILE_FLAGS}".strip()}
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--part", part, str(samples),
                            f"{shard[0]}/{shard[1]}"], capture_output=True, text=True, env=env, timeout=1800)
     if proc.returncode != 0:

@@ -1,7 +1,9 @@
-"""Longest tests first, so that two xdist workers finish together instead of one waiting on a late long test.
+"""Longest tests first, so that two xdist workers finish together instead of one waiting on a late long test;
+and every test measured to take SLOW_S or more is marked `slow`, so that `-m "not slow"` stays a quick pass.
 
-tests/durations.json holds each slow test's call time from an earlier run (`bash scripts/test.sh
---store-durations` rewrites it); tests missing from it keep their collection order, after the known ones.
+tests/durations.json holds each test's call time from an earlier run when it took KEEP_OVER_S or more
+(`bash scripts/test.sh --store-durations` rewrites it); tests missing from it keep their collection order,
+after the known ones.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import pytest
 
 FILE = Path(__file__).resolve().parents[1] / "durations.json"
 KEEP_OVER_S = 2.0  # shorter tests change nothing in the balance
+SLOW_S = 6.0  # a test measured this long (or marked by hand) is left out of the quick pass
 
 
 def load() -> dict[str, float]:
@@ -23,8 +26,12 @@ def load() -> dict[str, float]:
 
 
 def longest_first(items: list[pytest.Item]) -> None:
+    """Sort by the recorded times, and mark the slow ones (before `-m` deselects by mark)."""
     known = load()
     items.sort(key=lambda item: -known.get(item.nodeid, 0.0))  # stable: the rest keep their order
+    for item in items:
+        if known.get(item.nodeid, 0.0) >= SLOW_S:
+            item.add_marker(pytest.mark.slow)
 
 
 class Recorder:
