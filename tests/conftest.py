@@ -7,7 +7,9 @@ import them from conftest (tests/test_sharding.py).
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
+import warnings
 
 import pytest
 
@@ -45,6 +47,27 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects by mark
 def pytest_collection_modifyitems(config, items):
+    from support.durations import mark_slow
+
+    mark_slow(items)
+
+
+@pytest.hookimpl(tryfirst=True)  # after every modifyitems reordering, before xdist sends the order it runs in
+def pytest_collection_finish(session):
     from support.durations import longest_first
 
-    longest_first(items)
+    longest_first(session.items)
+
+
+@pytest.fixture(autouse=True)
+def ctrl_c_reaches_the_processes_a_test_starts(request):
+    """The processes a test starts inherit its worker's Ctrl-C disposition, and a terminal's job gets the
+    default one. Some code run in-process leaves SIGINT ignored in its xdist worker; the Ctrl-C tests that ran
+    after it then saw the tool sleep on (fresh-clone suites, 2026-12-02). Restored before each test, and the
+    test that changed it is named in the warnings summary."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        warnings.warn(f"{request.node.nodeid} left SIGINT set to {signal.getsignal(signal.SIGINT)!r}; restored")
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -25,13 +25,19 @@ def load() -> dict[str, float]:
         return {}
 
 
-def longest_first(items: list[pytest.Item]) -> None:
-    """Sort by the recorded times, and mark the slow ones (before `-m` deselects by mark)."""
+def mark_slow(items: list[pytest.Item]) -> None:
+    """Before `-m "not slow"` deselects by mark: every test measured at SLOW_S or more is slow."""
     known = load()
-    items.sort(key=lambda item: -known.get(item.nodeid, 0.0))  # stable: the rest keep their order
     for item in items:
         if known.get(item.nodeid, 0.0) >= SLOW_S:
             item.add_marker(pytest.mark.slow)
+
+
+def longest_first(items: list[pytest.Item]) -> None:
+    """After every reordering of the collection (pytest groups tests by their module-scoped fixtures), before
+    xdist reads the order: its load scheduling then deals the long tests out first, in turn to each worker."""
+    known = load()
+    items.sort(key=lambda item: -known.get(item.nodeid, 0.0))  # stable: the rest keep their order
 
 
 class Recorder:
