@@ -123,8 +123,7 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
         runner.close()
 
     # verify the best plans in fresh processes; ablate the first verified one
-    phase = "verification"
-    result.enter(phase, t_start)
+    result.enter("verification", t_start)
     try:
         if options.verify == 0 and not result.interrupted:
             console.print("[bold]verify[/bold]: none (--verify 0): the trials' figures are search measurements, "
@@ -141,16 +140,15 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
                 # verified: kept as it stands if the ablation is interrupted
                 result.best, result.summary = verdict, summary_of(profile, verdict)
                 if options.objective != "memory" and not verdict.estimate_note:
-                    phase = "ablation"
-                    result.enter(phase, t_start)
+                    result.enter("ablation", t_start)
                     verdict = settle(verdict, runner, options, baseline_batch, profile, console, result.verdicts)
-                    phase = "verification"
-                    result.enter(phase, t_start)
+                    result.enter("verification", t_start)
                 if verdict.accepted:
                     result.best, result.summary = verdict, summary_of(profile, verdict)
                     break
                 result.best, result.summary = None, summary_of(profile, None)  # its gain needed what was left out
     except KeyboardInterrupt:
+        phase = result.phase  # the phase tune.json says was running
         result.interrupted, result.interrupted_during = True, phase
         kept = f"; the verified plan stands ({result.best.plan.describe()})" if result.best else ""
         console.print(f"[yellow]interrupted during the {phase}: {len(result.verdicts)} finished verification(s) "

@@ -22,22 +22,22 @@ GRAD_SAMPLES = 1
 SHARDS = 2
 
 
-@pytest.mark.parametrize("shard", range(SHARDS), ids=lambda k: f"shard{k}of{SHARDS}")
-def test_op_db_float32_forward_floor(shard: int):
-    summary = op_db_check.run_in_subprocess("forward", FORWARD_SAMPLES, (shard, SHARDS))
-    tested = summary.tested
-    assert len(tested) > 500 // SHARDS, "op_db shrank: is the harness still reading PyTorch's op_db?"
-    failures = sorted(r.name for r in tested if not r.ok)
-    print(op_db_check.report("forward", summary.results))
-    assert summary.pass_rate >= FORWARD_FLOOR, f"forward {summary.pass_rate:.1%} < {FORWARD_FLOOR:.0%}; failing: {failures}"
+# part: (samples per op, floor, fewest OpInfos a shard tests, what a shortfall says)
+PARTS = {
+    "forward": (FORWARD_SAMPLES, FORWARD_FLOOR, 500 // SHARDS, "op_db shrank: is the harness still reading PyTorch's op_db?"),
+    "gradients": (GRAD_SAMPLES, GRAD_FLOOR, 400 // SHARDS,
+                  "fewer OpInfos with gradients than expected: is the gradient worker running?"),
+}
 
 
 @pytest.mark.parametrize("shard", range(SHARDS), ids=lambda k: f"shard{k}of{SHARDS}")
-def test_op_db_float32_gradient_floor(shard: int):
-    summary = op_db_check.run_in_subprocess("gradients", GRAD_SAMPLES, (shard, SHARDS))
-    grad_tested = summary.grad_tested
-    assert len(grad_tested) > 400 // SHARDS, "fewer OpInfos with gradients than expected: is the gradient worker running?"
-    grad_failures = sorted(r.name for r in grad_tested if not r.ok)
-    print(op_db_check.report("gradients", summary.grad_results))
-    assert summary.grad_pass_rate >= GRAD_FLOOR, (
-        f"gradients {summary.grad_pass_rate:.1%} < {GRAD_FLOOR:.0%}; failing: {grad_failures}")
+@pytest.mark.parametrize("part", list(PARTS))
+def test_op_db_float32_floor(part: str, shard: int):
+    samples, floor, fewest, shrank = PARTS[part]
+    summary = op_db_check.run_in_subprocess(part, samples, (shard, SHARDS))
+    results = summary.results if part == "forward" else summary.grad_results
+    tested = [r for r in results if r.samples or r.error]
+    assert len(tested) > fewest, shrank
+    rate = summary.pass_rate if part == "forward" else summary.grad_pass_rate
+    print(op_db_check.report(part, results))
+    assert rate >= floor, f"{part} {rate:.1%} < {floor:.0%}; failing: {sorted(r.name for r in tested if not r.ok)}"
