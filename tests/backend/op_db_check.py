@@ -443,16 +443,10 @@ def report(label: str, results: list[OpResult]) -> str:
     return f"op_db float32 {label}: {passed}/{len(tested)} ops fully pass ({_rate(results):.1%})"
 
 
-# What a suite run needs of XLA: these checks test lowerings, not speed, and LLVM's optimisations would
-# make compiling each op's programs (nearly all of the check's time) 2-3x slower.
-QUICK_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-
-
 def run_in_subprocess(part: str, samples: int, shard: tuple[int, int]) -> Summary:
-    """One part ("forward" or "gradients") of one shard in a fresh process compiling with
-    QUICK_COMPILE_FLAGS (XLA reads its flags once per process, before its first compile)."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    env = {**os.environ, "XLA_FLAGS": flags if QUICK_COMPILE_FLAGS in flags else f"{flags} {QUICK_COMPILE_FLAGS}".strip()}
+    """One part ("forward" or "gradients") of one shard in a fresh process; it inherits the suite's
+    XLA_FLAGS (tests/conftest.py: QUICK_COMPILE_FLAGS), which XLA reads once per process."""
+    env = dict(os.environ)
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--part", part, str(samples),
                            f"{shard[0]}/{shard[1]}"], capture_output=True, text=True, env=env, timeout=1800)
     if proc.returncode != 0:

@@ -2,8 +2,7 @@
 
 The check is split into interleaved shards (every SHARDS-th OpInfo), forward and gradients apart, so that the
 suite's two workers share it instead of one worker running it for minutes at the end; each part runs in a
-process of its own whose XLA compiles without LLVM's optimisations (op_db_check.QUICK_COMPILE_FLAGS: the same
-arithmetic, compiled 2-3x faster).
+process of its own, which compiles with the suite's quick XLA flags (tests/conftest.py: QUICK_COMPILE_FLAGS).
 """
 
 from __future__ import annotations
