@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections import namedtuple
 
 import torch
@@ -14,8 +15,24 @@ from .state import RNG
 _DeviceProperties = namedtuple("_DeviceProperties", "name total_memory generation platform mxu peak_bf16_flops")
 
 
+_claimed = False
+
+
+def claim() -> None:
+    """The tool's child (`tpu-agent run|profile|tune`) says this process runs on tpu, before the script starts."""
+    global _claimed
+    _claimed = True
+
+
 def is_available() -> bool:
-    return True
+    """Whether code that takes "the accelerator, if there is one" should take tpu: Trainer and Accelerate ask
+    `torch.accelerator.is_available()`, which asks this. Yes in the tool's child and once this process has run
+    an op on tpu (the dispatcher is imported at the first); no in a plain-python process that never named tpu,
+    so installing the tool changes nothing for a CPU script."""
+    return _claimed or _DISPATCH in sys.modules
+
+
+_DISPATCH = __name__.rpartition(".")[0] + ".dispatch"
 
 
 def is_initialized() -> bool:

@@ -160,9 +160,9 @@ def test_pinned_batches_move_to_tpu_non_blocking():
 
 def test_accelerator_semantics_are_those_of_one_tpu_device():
     assert torch.accelerator.current_accelerator() == torch.device("tpu")
+    x = torch.ones(3, device="tpu") * 2  # available once used (not before, in a plain-python process)
     assert torch.accelerator.is_available() and torch.accelerator.device_count() == 1
     assert torch.accelerator.current_device_index() == 0
-    x = torch.ones(3, device="tpu") * 2
     torch.accelerator.synchronize()
     torch.accelerator.synchronize("tpu")
     assert x.sum().item() == 6.0

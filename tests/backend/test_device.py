@@ -46,6 +46,7 @@ def test_bundled_device_stands_aside_when_torch_tpu_is_installed(tmp_path):
 
 
 def test_accelerator_api():
+    torch.ones(1, device="tpu")  # available once used (not before, in a plain-python process)
     assert torch.accelerator.is_available()
     assert torch.accelerator.current_accelerator().type == "tpu"
     assert torch.accelerator.device_count() == 1
@@ -54,6 +55,7 @@ def test_accelerator_api():
 
 
 def test_torch_tpu_module(monkeypatch):
+    torch.ones(1, device="tpu")
     assert torch.tpu.is_available() and torch.tpu.device_count() == 1
     torch.tpu.synchronize()
     monkeypatch.setenv("TPU_AGENT_GENERATION", "v6e")

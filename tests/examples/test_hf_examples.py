@@ -60,12 +60,20 @@ def test_in_the_tools_child_both_pick_tpu(tmp_path):
     assert proc.stdout.strip() == "trainer=tpu accelerate=tpu"
 
 
-@pytest.mark.xfail(strict=True, reason="the device presents itself as torch.accelerator's current accelerator in "
-                   "every process that imports torch, so plain python's Trainer and Accelerate pick tpu")
 def test_under_plain_python_with_the_tool_installed_both_pick_the_cpu(tmp_path):
     proc = run_python(str(probe(tmp_path)), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "trainer=cpu accelerate=cpu"
+
+
+def test_under_plain_python_a_script_that_used_tpu_finds_it_available(tmp_path):
+    """The device is not hidden from a script that names it: after its first tpu tensor, tpu is the accelerator."""
+    path = tmp_path / "named.py"
+    path.write_text("import torch\nprint(torch.accelerator.is_available(), torch.tpu.is_available())\n"
+                    "torch.ones(1, device='tpu')\nprint(torch.accelerator.is_available(), torch.tpu.is_available())\n")
+    proc = run_python(str(path), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["False", "False", "True", "True"]
 
 
 def _compare(cpu: dict, tpu: dict, steps) -> None:

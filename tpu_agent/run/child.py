@@ -144,6 +144,9 @@ def main(argv: list[str] | None = None) -> None:
     # our device, after sys.path is the script's, exactly as for plain python.
     import torch  # noqa: F401
 
+    from tpu_agent.backend import module as device_module
+
+    device_module.claim()  # Trainer, Accelerate and torch.accelerator take tpu here (not under plain python)
     if mapped is not None:  # before the profiler's hooks: its step-1 FLOP count runs under the map
         from tpu_agent.run import device_map
 
