@@ -3,12 +3,12 @@ written."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
-from support.paths import EXAMPLES
 from support.claude import FakeClient, message, use
 from tpu_agent import pipeline as tune
 from tpu_agent.config import TuneOptions
@@ -17,11 +17,35 @@ from tpu_agent.report import markdown as report
 
 pytestmark = pytest.mark.slow  # whole tunes or every example, end to end
 
+# A small MLP whose hidden width (a model size) is one off: the tune's dozen processes start quickly (the bundled
+# odd_shapes CNN took 100-160 s for the same checks).
+SCRIPT = textwrap.dedent("""\
+    import argparse
+    import torch
+    import torch.nn.functional as F
+    HIDDEN = 63
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 4)).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(31, 32, generator=g).to("tpu")
+    y = torch.randint(0, 4, (31,), generator=g).to("tpu")
+    for step in range(args.steps):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        print(f"step={step} loss={loss.item():.6f}")
+""")
+
 PROPOSAL = {"proposals": [{
-    "title": "Pad the convolution channels and run the step as fused XLA graphs",
-    "actions": [{"kind": "pad_dim", "knob": "odd_shapes.py:21:7", "choices": {"new": [128]}},
+    "title": "Pad the hidden width and run the step as fused XLA graphs",
+    "actions": [{"kind": "pad_dim", "knob": "mlp63.py:4:9", "choices": {"new": [64]}},
                 {"kind": "compile", "choices": {"mode": ["fused"]}}],
-    "reason": "127 channels leave vector lanes empty; op-by-op dispatch of many small ops",
+    "reason": "63 columns leave vector lanes empty; op-by-op dispatch of many small ops",
     "playbook": "pad-matmul-dims",
 }]}
 
@@ -38,20 +62,22 @@ def test_fake_claude_drives_a_full_tune_to_a_verification(tmp_path: Path, monkey
 
     monkeypatch.setattr(tune, "make_proposer", make_proposer)
     monkeypatch.chdir(tmp_path)
-    # WIDE's channels are the model's (a model change): searched only with allow=model, so Claude is shown that knob
+    script = tmp_path / "mlp63.py"
+    script.write_text(SCRIPT)
+    # HIDDEN is the model's width (a model change): searched only with allow=model, so Claude is shown that knob
     # verify=1: Claude's best plan goes through a verification (what is checked), not the next two as well
     settings = TuneOptions(trials=2, steps=5, warmup=2, storage=f"sqlite:///{tmp_path / 's.db'}", study="c",
                            allow=["model"], verify=1)
-    result = tune.run(EXAMPLES / "odd_shapes.py", [], settings, console=Console(quiet=True), proposer="claude",
+    result = tune.run(script, [], settings, console=Console(quiet=True), proposer="claude",
                       runs_root=tmp_path / ".tpu-agent" / "runs")
-    files = report.write_all(result, EXAMPLES / "odd_shapes.py")
+    files = report.write_all(result, script)
 
     assert result.proposer == "claude"
     assert [c.proposer for c in result.candidates] == ["claude"]
     # Claude's plan went through the search to a verification in fresh processes. Whether it clears the bar is
     # timing on a shared 2-core machine (once 1.136x, CI 1.015-1.337: not accepted): not asserted here.
     assert result.verdicts and result.verdicts[0].speed is not None and result.verdicts[0].speed.pairs >= 5
-    proposed = {("pad_dim", "WIDE", 128), ("compile", None, "fused")}  # every change measured is Claude's
+    proposed = {("pad_dim", "HIDDEN", 64), ("compile", None, "fused")}  # every change measured is Claude's
     measured = {(a.kind, getattr(a, "name", None), getattr(a, "new", getattr(a, "mode", None)))
                 for plan in [*(t.plan for t in result.trials), *(v.plan for v in result.verdicts)] for a in plan.actions}
     assert measured and measured <= proposed, measured
