@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Set up, then run the test suite on two workers (pytest-xdist; the suite is sized for a 2-core machine).
-# Tests start longest first (tests/durations.json; `--store-durations` rewrites it), dealt in turn to the
-# two workers, so both finish together. Extra arguments go to pytest (`-n 0` runs it in one process,
+# Tests are dealt longest first (tests/durations.json; `--store-durations` rewrites it) into one share per
+# worker; an idle worker steals the other's short tail (`--dist worksteal`), so both finish together. Extra arguments go to pytest (`-n 0` runs it in one process,
 # `-m "not slow"` is the quick pass).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest -q -n 2 --dist load tests "$@"
+exec .venv/bin/python -m pytest -q -n 2 --dist worksteal tests "$@"

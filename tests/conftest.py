@@ -59,7 +59,8 @@ def pytest_collection_modifyitems(config, items):
 def pytest_collection_finish(session):
     from support.durations import longest_first
 
-    longest_first(session.items)
+    worker = getattr(session.config, "workerinput", None)  # xdist's scheduler reads the workers' order
+    longest_first(session.items, int(worker["workercount"]) if worker else 1)
 
 
 @pytest.fixture(autouse=True)
