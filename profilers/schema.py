@@ -332,6 +332,32 @@ class Files(BaseModel):
     plot: str | None = None
 
 
+class ModuleSize(BaseModel):
+    """Modules of one class built with the same sizes, read from the built modules (measured, not parsed)."""
+
+    kind: str = Field(description="the class: Embedding, Linear, or a class of the script")
+    sizes: dict[str, int | list[int]] = Field(description="its size attributes as built, e.g. "
+                                              "{'num_embeddings': 50257, 'embedding_dim': 64}")
+    count: int = Field(description="modules of this class built with these sizes")
+    paths: list[str] = Field(default_factory=list, description="their paths in the model, the first few")
+
+    def values(self) -> set[int]:
+        return {v for size in self.sizes.values() for v in (size if isinstance(size, list) else [size])}
+
+    def describe(self) -> str:
+        args = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
+        more = f" (+{self.count - len(self.paths)} more)" if self.count > len(self.paths) else ""
+        return f"{self.kind}({args}) x{self.count}: {', '.join(self.paths)}{more}"
+
+
+class BuiltModules(BaseModel):
+    """The constructor sizes of the modules in the models the script ran on tpu: what a knob's value sizes."""
+
+    models: list[str] = Field(description="each model's class, in the order first called")
+    sizes: list[ModuleSize] = Field(default_factory=list, description="identical sizes grouped, in model order")
+    left_out: int = Field(0, description="groups past the limit, not listed")
+
+
 class Profile(BaseModel):
     schema_version: int = SCHEMA_VERSION
     status: Literal["complete", "stopped", "failed"] = Field(
@@ -353,6 +379,8 @@ class Profile(BaseModel):
     memory: Memory = Field(default_factory=Memory)
     parameters: int | None = Field(None, description="measured: elements of the parameters the optimizers update "
                                    "(each counted at its first step); None: no optimizer step")
+    modules: BuiltModules | None = Field(None, description="the modules built, with their sizes (read at each "
+                                         "model's first call on tpu); None: no model was called on tpu")
     executables: list[Executable] = Field(default_factory=list)
     hot_ops: list[HotOp] = Field(default_factory=list)
     padding: Padding | None = None

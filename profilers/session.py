@@ -131,6 +131,7 @@ class Session:
         self._launches_at_start: tuple[float, int] | None = None  # launch totals when a timed step began
         self._timed_step = False  # the step under way waits for every launch (host/device split)
         self._time_executables_was: bool | None = None  # modes.time_executables before the profiler flipped it
+        self.modules = None  # a modules.ModuleWatch: the sizes of the modules built
 
     # ------------------------------------------------------------------ set-up
 
@@ -146,6 +147,10 @@ class Session:
         self._set_mode(torch)
         jax.monitoring.register_event_duration_secs_listener(self._on_jax_event)
         self._remove_listener = steps.add_step_listener(self._on_step)
+        from .modules import ModuleWatch
+
+        self.modules = ModuleWatch()
+        self.modules.install()
         if self.settings.warmup == 0:
             self._start_trace()
         try:
@@ -339,6 +344,7 @@ class Session:
             from .build import build_profile, write_profile
 
             profile = build_profile(self.data, self.run, exit_code, error)
+            profile.modules = self.modules.report() if self.modules is not None else None
             write_profile(profile, self.run_dir / PROFILE_FILE)  # first without the plot: kept if plotting fails
             from .plot import step_plot
 
@@ -355,6 +361,8 @@ class Session:
     def _close_measurement(self) -> None:
         import jax
 
+        if self.modules is not None:
+            self.modules.uninstall()
         if self._remove_listener is not None:
             self._remove_listener()
             self._remove_listener = None
