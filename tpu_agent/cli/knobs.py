@@ -106,6 +106,11 @@ def render(report, console: Console) -> None:
             notes.append("pad with its group")
         if k.overridden:
             notes.append(k.overridden)
+        if k.unused:
+            notes.append(f"not searched: {k.unused}")
+        if k.modules:  # "Embedding(...) x1: transformer.wte" -> "Embedding transformer.wte"
+            shown = [f"{m.split('(')[0]} {m.split(': ', 1)[-1].split(', ')[0]}" for m in k.modules[:2]]
+            notes.append("sizes " + ", ".join(shown) + (f" (+{len(k.modules) - 2} more)" if len(k.modules) > 2 else ""))
         if k.derived:
             notes.append("also sets " + ", ".join(str(v) for v in k.derived))
         uses = k.uses[0] + (f" (+{len(k.uses) - 1} more)" if len(k.uses) > 1 else "")
@@ -114,7 +119,7 @@ def render(report, console: Console) -> None:
         if profiled:
             row += [_percent(k.flop_share) if k.matched_ops else "-", _percent(k.padding_waste)]
         row += [k.effect, uses, "; ".join(notes)]
-        style = "dim" if (not k.candidates or k.overridden or k.effect == "data") else None
+        style = "dim" if (not k.candidates or k.overridden or k.unused or k.effect == "data") else None
         table.add_row(*(escape(c) for c in row), style=style)
     console.print(table)
 

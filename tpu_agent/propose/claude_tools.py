@@ -205,6 +205,7 @@ def _tool_list_knobs(ctx: _Context, _args) -> list:
         out.append({"id": k.id, "name": k.name, "value": k.value, "aligned": k.candidates, "batch": k.batch,
                     "uses": k.uses[:3], **({"derived": k.derived} if k.derived else {}),
                     **({"group": k.group} if k.group else {}), **({"overridden": k.overridden} if k.overridden else {}),
+                    **({"sizes_modules": k.modules[:3]} if k.modules else {}),
                     **{key: v for key, v in ranking.items() if v}})
     return out
 

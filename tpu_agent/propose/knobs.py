@@ -5,9 +5,12 @@ size argument: directly (`nn.Linear(1023, 10)`), through a name
 (`BATCH = 127` ... `torch.randn(BATCH, ...)`), an attribute (`args.batch_size`,
 `cfg.d_model`), an argparse default or a parameter default, or through a call
 to a function or class of the script whose parameter is a size
-(`MLP(784, 1000)` with `nn.Linear(d_in, d_hidden)` inside). Names are matched
-by identifier, not by scope: a cheap approximation that errs towards showing
-a knob; measurement decides whether padding it pays.
+(`MLP(784, 1000)` with `nn.Linear(d_in, d_hidden)` inside), a dict spread
+into one (`GPTConfig(**model_args)`), a dataclass field or a forwarded
+`**kwargs` (config_flow.py). Names are matched by identifier, not by scope: a
+cheap approximation that errs towards showing a knob; measurement decides
+whether padding it pays. A default the script always overrides is listed as
+overridden and never proposed.
 
 With a baseline Profile the knobs are matched by value against the dims of
 the hot ops (and of every dot/convolution in the padding report), and ranked
@@ -28,6 +31,10 @@ from pydantic import BaseModel, Field
 
 from tpu_agent.plan.actions import PadDim
 from tpu_agent.profilers.padding import round_up
+from tpu_agent.propose import config_flow
+from tpu_agent.propose.config_flow import Call, Flow
+from tpu_agent.propose.expressions import elements, evaluate, identifiers
+from tpu_agent.propose.knob_match import match_profile
 from tpu_agent.propose.size_args import (BATCH_NAME, DIM_KEYWORDS, FACTORIES, KEYWORD_ROLES, MODULE_DIMS, SIZE_METHODS,
                                          Effect, effect_of)
 
@@ -55,7 +62,12 @@ class Knob(BaseModel):
     effect: Effect = Field("model", description="what padding it changes: the architecture (model), the batch or "
                            "sequence length (training), or the shape of the user's data (data: never proposed)")
     effect_why: str = Field("", description="the use that decided its effect")
-    overridden: str | None = Field(None, description="why its value is not the one used, e.g. set on the command line")
+    overridden: str | None = Field(None, description="why its value is not the one used (set on the command line, "
+                                   "by every call that builds the object, again later): never proposed")
+    modules: list[str] = Field(default_factory=list, description="the modules the profile recorded built with its "
+                               "value, e.g. 'Embedding(num_embeddings=50257, embedding_dim=64) x1: transformer.wte'")
+    unused: str | None = Field(None, description="why it is never searched: with a profile that recorded the modules "
+                               "built, a model dim whose value sizes no module and appears in no op")
     group: str | None = Field(None, description="bare literals of one value in one function or class body: "
                               "usually one dim written twice (Conv2d(3, 16) then BatchNorm2d(16)), so padded together")
     matched_ops: int = Field(0, description="hot ops of the profile with this value among their dims")
@@ -124,14 +136,7 @@ class _Def:
     where: Where
     name: str
     options: tuple[str, ...] = ()
-
-
-@dataclass
-class _Call:
-    callee: str
-    method: bool
-    args: list[tuple[str | None, object]]  # (keyword or None, expression)
-    where: str
+    owner: str | None = None  # a parameter's callable, a field's class: who takes the default
 
 
 @dataclass
@@ -139,11 +144,13 @@ class _Scan:
     defs: list[_Def] = field(default_factory=list)
     # (expression, use, "file:line", literal ok, role: what the use sizes, see Role)
     sites: list[tuple[object, str, str, bool, str]] = field(default_factory=list)
-    calls: list[_Call] = field(default_factory=list)
+    calls: list[Call] = field(default_factory=list)
+    flow: Flow = field(default_factory=Flow)
     params: dict[str, list[str]] = field(default_factory=dict)  # local callable -> its parameters (no self)
     files: list[str] = field(default_factory=list)
     positions: dict[int, tuple[str, int, int, int, str]] = field(default_factory=dict)  # id(Integer) -> file, line, col, value, scope
     trees: list = field(default_factory=list)  # keeps the visited trees alive, so node ids stay unique
+    config_files: list[str] = field(default_factory=list)  # run by the script's configurator, from its arguments
 
 
 def _full_name(node) -> str:
@@ -188,12 +195,13 @@ class _Collector:
             def at(self, node) -> str:
                 return f"{Path(collector.rel).name}:{self.pos(node)[0]}"
 
-            def add_def(self, ident: str, node, where: Where, name: str, options=()) -> None:
+            def add_def(self, ident: str, node, where: Where, name: str, options=(), owner=None) -> None:
                 if isinstance(node, cst.Integer):
                     value = node.evaluated_value
                     if isinstance(value, int) and value >= 2:
                         line, col = self.pos(node)
-                        collector.scan.defs.append(_Def(ident, collector.rel, line, col, value, where, name, tuple(options)))
+                        collector.scan.defs.append(_Def(ident, collector.rel, line, col, value, where, name,
+                                                        tuple(options), owner))
 
             def visit_Integer(self, node):
                 value = node.evaluated_value
@@ -218,10 +226,11 @@ class _Collector:
                     collector.scan.params[self.scopes[-1][1]] = names
                 else:
                     collector.scan.params.setdefault(node.name.value, names)
+                self.scopes.append(("def", node.name.value))
+                owner = config_flow.callable_key(self.scopes)
                 for p in (*params, *node.params.kwonly_params):
                     if p.default is not None:
-                        self.add_def(p.name.value, p.default, "parameter", p.name.value)
-                self.scopes.append(("def", node.name.value))
+                        self.add_def(p.name.value, p.default, "parameter", p.name.value, owner=owner)
 
             def leave_FunctionDef(self, node):
                 self.scopes.pop()
@@ -234,7 +243,11 @@ class _Collector:
 
             def visit_AnnAssign(self, node):
                 if isinstance(node.target, cst.Name) and node.value is not None:
-                    self.add_def(node.target.value, node.value, "constant", node.target.value)
+                    owner = self.scopes[-1][1] if self.scopes and self.scopes[-1][0] == "class" else None
+                    if owner in collector.scan.flow.fields:  # a dataclass field: its __init__'s default
+                        self.add_def(node.target.value, node.value, "parameter", node.target.value, owner=owner)
+                    else:
+                        self.add_def(node.target.value, node.value, "constant", node.target.value)
 
             # calls
             def visit_Call(self, node):
@@ -287,12 +300,15 @@ class _Collector:
                     site(positional[1], "F.one_hot(num_classes)")
                 for kw, expr in keywords.items():
                     if kw in DIM_KEYWORDS and not (last in MODULE_DIMS and any(kw == k for _, k in MODULE_DIMS[last])):
-                        if kw == "size" and not full.startswith("torch."):
-                            continue
+                        if (kw == "size" and not full.startswith("torch.")) or full == "dict":
+                            continue  # dict(k=v): followed where it is spread (config_flow)
                         site(expr, f"{last}({kw}=)", role=KEYWORD_ROLES.get(kw, "model"))
-                if last and last not in MODULE_DIMS:
-                    args = [(None, e) for e in positional] + list(keywords.items())
-                    collector.scan.calls.append(_Call(last, isinstance(node.func, cst.Attribute), args, where))
+                spread = [a.value for a in node.args if a.star == "**"]
+                if last and (last not in MODULE_DIMS or spread):
+                    args = [(None, e, "") for e in positional] + [(k, e, "") for k, e in keywords.items()]
+                    collector.scan.calls.append(Call(last, isinstance(node.func, cst.Attribute), args, where, spread,
+                                                     any(a.star == "*" for a in node.args),
+                                                     config_flow.callable_key(self.scopes)))
 
             def argparse(self, node, positional, keywords):
                 options = tuple(s for s in (_string(e) for e in positional) if s and s.startswith("-"))
@@ -342,14 +358,18 @@ def _local_imports(module, path: Path, root: Path) -> list[Path]:
     return found
 
 
-def _scan_files(script: Path) -> _Scan:
+def _scan_files(script: Path, script_args: Sequence[str] = ()) -> _Scan:
     import libcst as cst
     from libcst.metadata import MetadataWrapper
 
     root = script.parent.resolve()
     scan = _Scan()
-    queue, seen = [script.resolve()], set()
-    while queue and len(seen) < MAX_FILES:
+    queue, seen, configs_read = [script.resolve()], set(), False
+    while (queue or (scan.flow.configurator and not configs_read)) and len(seen) < MAX_FILES:
+        if not queue:  # a nanoGPT-style configurator runs the config files given on the command line
+            queue, configs_read = config_flow.config_files(script, script_args), True
+            scan.config_files = [p.relative_to(root).as_posix() for p in queue]
+            continue
         path = queue.pop(0)
         if path in seen:
             continue
@@ -364,74 +384,15 @@ def _scan_files(script: Path) -> _Scan:
         scan.files.append(rel)
         wrapper = MetadataWrapper(module)
         scan.trees.append(wrapper)
+        wrapper.visit(config_flow.collector(scan.flow, rel))  # first: the visitor below asks which classes are records
         wrapper.visit(_Collector(scan, rel).visitor())
         queue.extend(_local_imports(module, path, root))
+    for cls, fields in scan.flow.fields.items():
+        scan.params.setdefault(cls, fields)  # a dataclass is called with its fields
     return scan
 
 
 # ------------------------------------------------------------------ analysis
-
-
-def _elements(expr) -> list:
-    import libcst as cst
-
-    if isinstance(expr, (cst.Tuple, cst.List)):
-        return [e.value for e in expr.elements if not isinstance(e, (cst.StarredElement,))]
-    return [expr]
-
-
-def _identifiers(expr) -> set[str]:
-    """Names and attribute names an expression reads (not the functions it calls)."""
-    import libcst as cst
-
-    found: set[str] = set()
-
-    class Names(cst.CSTVisitor):
-        def visit_Call(self, node):
-            for arg in node.args:
-                arg.value.visit(self)
-            if isinstance(node.func, cst.Attribute):
-                node.func.value.visit(self)
-            return False
-
-        def visit_Attribute(self, node):
-            found.add(node.attr.value)
-            return False
-
-        def visit_Name(self, node):
-            found.add(node.value)
-
-        def visit_Subscript(self, node):
-            return False  # x.shape[0], cfg["h"]: not a constant's own value
-
-    expr.visit(Names())
-    return found
-
-
-def _evaluate(expr, constants: dict[str, int]) -> int | None:
-    import libcst as cst
-
-    if isinstance(expr, cst.Integer):
-        value = expr.evaluated_value
-        return value if isinstance(value, int) else None
-    if isinstance(expr, cst.Name):
-        return constants.get(expr.value)
-    if isinstance(expr, cst.Attribute):
-        return constants.get(expr.attr.value)
-    if isinstance(expr, cst.BinaryOperation):
-        left, right = _evaluate(expr.left, constants), _evaluate(expr.right, constants)
-        if left is None or right is None:
-            return None
-        op = type(expr.operator).__name__
-        if op == "Add":
-            return left + right
-        if op == "Subtract":
-            return left - right
-        if op == "Multiply":
-            return left * right
-        if op == "FloorDivide" and right:
-            return left // right
-    return None
 
 
 @dataclass
@@ -444,30 +405,35 @@ class _Uses:
     literal_roles: dict[int, dict[str, str]] = field(default_factory=dict)
 
 
-def _analyse(scan: _Scan) -> _Uses:
+def _analyse(scan: _Scan, calls: Sequence[Call], unused: set[int]) -> _Uses:
+    """What each identifier and literal sizes, through `calls` (the expanded ones); defs in `unused` (ids of
+    overridden defaults) do not count as a name's value."""
     import libcst as cst
 
     result = _Uses()
     values: dict[str, set[int]] = {}
     for d in scan.defs:
-        values.setdefault(d.ident, set()).add(d.value)
+        if id(d) not in unused:
+            values.setdefault(d.ident, set()).add(d.value)
     constants = {k: next(iter(v)) for k, v in values.items() if len(v) == 1}
     literal_ids = result.literals
 
     def record(expr, use: str, where: str, literal_ok: bool = True, roles: dict[str, str] | None = None) -> bool:
         grew = False
         batch_use = "batch_size" in use
-        for element in _elements(expr):
+        for element in elements(expr):
             if isinstance(element, cst.Integer):
-                if literal_ok and id(element) not in literal_ids:
+                # A route through the script's callables says more than a bare keyword (`build(d_model=)`).
+                if literal_ok and (id(element) not in literal_ids or
+                                   " -> " in use and " -> " not in literal_ids[id(element)]):
                     literal_ids[id(element)] = f"{use} at {where}"
                     grew = True
                 if literal_ok:
                     for role, text in roles.items():
                         result.literal_roles.setdefault(id(element), {}).setdefault(role, text)
                 continue
-            idents = _identifiers(element)
-            value = None if isinstance(element, (cst.Name, cst.Attribute)) else _evaluate(element, constants)
+            idents = identifiers(element)
+            value = None if isinstance(element, (cst.Name, cst.Attribute)) else evaluate(element, constants)
             for ident in idents:
                 uses = result.uses.setdefault(ident, [])
                 text = f"{use} at {where}"
@@ -489,102 +455,79 @@ def _analyse(scan: _Scan) -> _Uses:
     # Calls to the script's own functions and classes: an argument is a dim when its parameter is one.
     for _ in range(6):
         grew = False
-        for call in scan.calls:
+        for call in calls:
             params = scan.params.get(call.callee)
             if not params:
                 continue
-            for index, (kw, expr) in enumerate(call.args):
+            for index, (kw, expr, via) in enumerate(call.args):
                 param = kw if kw is not None else (params[index] if index < len(params) else None)
                 if param is None or param not in params or param not in result.uses:
                     continue
                 first = result.uses[param][0].split(" at ")[0]
-                grew |= record(expr, f"{call.callee}({param}) -> {first}", call.where,
+                grew |= record(expr, f"{via}{call.callee}({param}) -> {first}", call.where,
                                roles=dict(result.roles.get(param, {})))
         if not grew:
             break
     return result
 
 
-def _dims(shape: str) -> set[int]:
-    return {int(d) for group in re.findall(r"\[([\d,\s]*)\]", shape) for d in group.replace(" ", "").split(",") if d}
-
-
-def _profile_ops(profile) -> list[tuple[set[int], float]]:
-    """(dims, share of the step's FLOPs) of every hot op, and of every dot/conv in the padding report not among them."""
-    ops = {(op.executable, op.instruction): (_dims(" ".join([op.shape, *op.operands])), op.share)
-           for op in profile.hot_ops}
-    total = profile.flops.per_step if profile.flops is not None and profile.flops.per_step else None
-    if profile.padding is not None and total:
-        for op in profile.padding.ops:
-            key = (op.executable, op.instruction)
-            if key not in ops:
-                ops[key] = (_dims(f"{op.lhs} {op.rhs}") | {op.m, op.k, op.n}, op.flops_per_step / total)
-    return list(ops.values())
-
-
-def _match_profile(knobs: list[Knob], profile) -> None:
-    ops = _profile_ops(profile)
-    padding = {d.size: d for d in profile.padding.dims} if profile.padding is not None else {}
-    for knob in knobs:
-        values = {knob.value, *knob.derived}
-        hits = [share for dims, share in ops if dims & values]
-        knob.matched_ops = len(hits)
-        knob.flop_share = min(1.0, sum(hits))
-        for v in sorted(values):
-            if v in padding:
-                knob.padded_to = padding[v].padded_to
-                knob.padding_waste = padding[v].share_of_padded_work
-                break
-
-
-def _overridden(options: Sequence[str], script_args: Sequence[str]) -> str | None:
-    for arg in script_args:
-        if arg == "--":
-            break
-        for opt in options:
-            if arg == opt or (opt.startswith("--") and arg.startswith(opt + "=")):
-                return f"{opt} is given on the command line: the default is not used"
-    return None
+def _overridden(d: _Def, scan: _Scan, calls: Sequence[Call], script_args: Sequence[str]) -> str | None:
+    """Why the value at `d` is not the one the run uses; None: it may be."""
+    if d.options:
+        return config_flow.overridden_command_line(d.options, script_args)
+    if d.where == "parameter":
+        return config_flow.overridden_default(d.owner, d.ident, calls, scan.params)
+    configs = {f: {name: lines[-1] for (g, name), lines in scan.flow.top.items() if g == f} for f in scan.config_files}
+    return config_flow.overridden_global(d.file, d.ident, d.line, scan.flow, script_args, configs)
 
 
 def discover(script: Path | str, *, profile=None, script_args: Sequence[str] = (), profile_path: str | None = None,
              note: str | None = None) -> KnobReport:
     """Scan `script` (and the local modules it imports) for knobs; rank them by a Profile when given."""
     script = Path(script)
-    scan = _scan_files(script)
-    uses = _analyse(scan)
+    scan = _scan_files(script, script_args)
+    calls = config_flow.expand(scan.calls, scan.flow, scan.params, [d.ident for d in scan.defs if d.options])
+    scan.sites[:0] = config_flow.spread_sites(calls, scan.params)  # first: the route says more than a keyword
+    overridden = {id(d): why for d in scan.defs if (why := _overridden(d, scan, calls, script_args))}
+    uses = _analyse(scan, calls, set(overridden))
     knobs: dict[tuple[str, int, int], Knob] = {}
+    sizing: set[str] = set()  # knobs that size a module or tensor directly (not only through view/reshape)
     for d in scan.defs:
         if d.ident not in uses.uses:
             continue
         knob = Knob(
             file=d.file, line=d.line, column=d.column, value=d.value, name=d.name, where=d.where,
             uses=uses.uses[d.ident][:MAX_USES], candidates=candidates_for(d.value), aligned_to=aligned_to(d.value),
-            derived=sorted(uses.derived.get(d.ident, set()) - {d.value}),
+            derived=sorted(uses.derived.get(d.ident, set()) - {d.value}) if id(d) not in overridden else [],
             batch=bool(BATCH_NAME.search(d.ident)) or d.ident in uses.batch,
-            overridden=_overridden(d.options, script_args) if d.options else None,
+            overridden=overridden.get(id(d)),
         )
         knob.effect, knob.effect_why = effect_of(d.ident, knob.batch, uses.roles.get(d.ident, {}))
         knobs.setdefault((d.file, d.line, d.column), knob)
+        sizing |= {knob.id} if "model" in uses.roles.get(d.ident, {}) else set()
     for node_id, use in uses.literals.items():
         if node_id not in scan.positions:
             continue  # a literal below 2 (a 1 in view(-1, 1)): nothing to pad
         file, line, column, value, scope = scan.positions[node_id]
-        keyword = re.match(r"[\w.]+\((\w+)=\) at ", use)  # GPT2Config(vocab_size=50257): named by its keyword
-        knob = Knob(file=file, line=line, column=column, value=value, name=keyword.group(1) if keyword else None,
+        # GPT2Config(vocab_size=50257), cfg['vocab_size'] = 50257: named by its keyword
+        keyword = re.match(r"[\w.]+\((\w+)=\) at |\w+\['(\w+)'\] -> ", use)
+        knob = Knob(file=file, line=line, column=column, value=value,
+                    name=(keyword.group(1) or keyword.group(2)) if keyword else None,
                     where="literal", uses=[use],
                     group=f"{file}:{scope}:{value}", candidates=candidates_for(value), aligned_to=aligned_to(value),
                     batch="batch_size" in use)
         knob.effect, knob.effect_why = effect_of(None, knob.batch, uses.literal_roles.get(node_id, {}))
         knobs.setdefault((file, line, column), knob)
+        sizing |= {knob.id} if "model" in uses.literal_roles.get(node_id, {}) else set()
     found = list(knobs.values())
     if profile is not None:
-        _match_profile(found, profile)
+        match_profile(found, profile, sizing)
     order = {f: i for i, f in enumerate(scan.files)}
 
     def rank(k: Knob):
         share = k.flop_share or 0.0
-        return (k.overridden is not None, not k.candidates, k.aligned_to >= 128, -share, -(k.padding_waste or 0.0),
+        unused = k.overridden is not None or k.unused is not None
+        return (unused, not k.candidates, k.aligned_to >= 128, -share, -(k.padding_waste or 0.0),
                 order.get(k.file, 0), k.line, k.column)
 
     found.sort(key=rank)

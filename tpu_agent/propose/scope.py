@@ -1,5 +1,6 @@
 """What the search may change: `exact` and `numerics` always; `model` and `training` when `--allow` opens them;
-the user's data never. Knobs and candidates outside are left out here, each with one line saying why."""
+the user's data never; a knob whose value the run does not use (overridden, or sizing nothing the profile saw)
+never. Knobs and candidates outside are left out here, each with one line saying why."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ def knobs_in_scope(knobs: Sequence[Knob], allow: Sequence[str]) -> tuple[list[Kn
     open_ = searched(allow)
     kept, out = [], []
     for k in knobs:
-        if k.effect in open_:
+        if k.effect != "data" and (k.overridden or k.unused):  # rewriting it changes nothing the run builds
+            out.append((k, f"{k.label}: not searched, {k.overridden or k.unused}"))
+        elif k.effect in open_:
             kept.append(k)
         elif k.effect == "data":
             out.append((k, f"{k.label}: not proposed, {k.effect_why} (the tuner never changes the data)"))
