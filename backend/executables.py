@@ -46,8 +46,9 @@ class Executable:
     source: str | None = None  # the user's file:line that first ran it, where known
     ops: tuple[str, ...] = ()  # the aten ops inside (fused graphs, compiled steps)
     calls: int = 0
-    time_s: float = 0.0
-    raw: Callable | None = None  # the traceable function (graphs: for the VJP of a compiled forward)  # host time of the calls (execution time when blocking)
+    time_s: float = 0.0  # host time of the calls (execution time when blocking)
+    raw: Callable | None = None  # the traceable function (graphs: for the VJP of a compiled forward)
+    compile_s: float | None = None  # seconds its compile took, where it was timed (fused graphs)
     id: int = field(default_factory=lambda: next(_ids))
 
     @functools.cached_property

@@ -244,6 +244,7 @@ class Recorder:
         t0 = time.perf_counter()
         _ = exe.compiled  # compile now, so its time is counted as compile time (jit reuses it)
         compile_time = time.perf_counter() - t0
+        exe.compile_s = compile_time
         STATS.compiles += 1
         if self.graphs:
             self.recompiles.append(Recompile(name, self.flushes, _shape_diff(self.last_inputs, inputs), compile_time))

@@ -14,6 +14,8 @@ from .lazy import RECORDER
 from .state import STATS
 from .tensor import TpuTensor
 
+h2d_watch = None  # the profiler's: called with each CPU tensor copied to the device (where batches arrive)
+
 
 def from_cpu(t: torch.Tensor):
     """A CPU tensor's value as a device array."""
@@ -23,6 +25,8 @@ def from_cpu(t: torch.Tensor):
     if t.is_neg():
         t = t.resolve_neg()
     t = t.contiguous()
+    if h2d_watch is not None:
+        h2d_watch(t)
     STATS.h2d_count += 1
     STATS.h2d_bytes += t.numel() * t.element_size()
     if t.dtype == torch.bfloat16:

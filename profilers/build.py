@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from tpu_agent.backend.generations import DEFAULT_GENERATION
 
-from . import analysis, flopcheck, hlo, peaks
+from . import analysis, flopcheck, hlo, peaks, shapes
 from .schema import (Device, Executable, Files, Flops, GraphBreaks, GraphBreakSite, Memory, Profile, Recompilation, Steps,
                      Transfers)
 
@@ -165,6 +165,11 @@ def build_profile(d: "Collected", run: "RunInfo", exit_code: int, error: str | N
     hot = _guarded(notes, "the hot ops", lambda: analysis.hot_ops(infos, flops_per_step, HOT_OPS), [])
     pad = _guarded(notes, "the padding report", lambda: analysis.padding_report(infos, pad_gen), None)
     recompiles = _guarded(notes, "the recompilations", lambda: _recompilations(RECORDER, d, s.warmup, ran), [])
+    recompiling = _guarded(notes, "the shapes that change", lambda: _recompiling(d, run, s.warmup, ran), None)
+    if pad is not None and recompiling is not None:
+        vary = shapes.varying_sizes(recompiling)
+        pad.varying_left_out = sorted({x.size for x in pad.dims if x.size in vary})
+        pad.dims = [x for x in pad.dims if x.size not in vary]
     breaks = _guarded(notes, "the graph breaks",
                       lambda: _graph_breaks(RECORDER, d, start, end, window_steps), GraphBreaks())
     window_stats = (start.stats if start else (0, 0, 0, 0), end.stats if end else (0, 0, 0, 0))
@@ -192,7 +197,7 @@ def build_profile(d: "Collected", run: "RunInfo", exit_code: int, error: str | N
         memory=memory,
         parameters=sum(trained.values()) if trained else None,
         executables=sorted(exe_rows, key=lambda r: -(r.flops * r.calls_per_step)),
-        hot_ops=hot, padding=pad, recompilations=recompiles, graph_breaks=breaks, transfers=transfers,
+        hot_ops=hot, padding=pad, recompilations=recompiles, recompiling=recompiling, graph_breaks=breaks, transfers=transfers,
         fallbacks=dict(STATS.fallbacks), target=target,
         files=Files(hlo_dir=str(hlo_dir) if hlo_dir else None,
                     xla_dump_dir=str(run.run_dir / "xla_dump") if s.xla_dump else None,
@@ -286,6 +291,12 @@ def _recompilations(recorder, d, warmup: int, ran) -> list[Recompilation]:
         rows.append(Recompilation(step=step, executable=exe.name, kind=exe.kind, shapes=shapes,
                                   reason="first compiled after warm-up (a new op signature)"))
     return rows
+
+
+def _recompiling(d, run, warmup: int, ran):
+    dims = shapes.batch_dims(d.batches) if d.batches is not None else []
+    progs = shapes.programs(ran, d.registered_steps, warmup)
+    return shapes.diagnose(d.steps, warmup, dims, progs, shapes.sources(run.script, d.batches, d.transfers))
 
 
 def _graph_breaks(recorder, d, start, end, steps: int) -> GraphBreaks:

@@ -270,6 +270,8 @@ class Padding(BaseModel):
     total_waste: Estimate = Field(description="FLOP-weighted share of dot/conv TPU work that is tile padding")
     dims: list[PaddingDim] = Field(default_factory=list, description="unaligned dim sizes, worst first")
     ops: list[PaddedOp] = Field(default_factory=list, description="every dot and convolution of the measured steps")
+    varying_left_out: list[int] = Field(default_factory=list, description="sizes that change from step to step "
+                                        "(see recompiling), left out of dims: padding them one by one fixes nothing")
 
 
 class Recompilation(BaseModel):
@@ -280,6 +282,47 @@ class Recompilation(BaseModel):
                               "graph; eager: the new executable's argument shapes")
     reason: str
     compile_s: float | None = None
+
+
+class VaryingDim(BaseModel):
+    """A dim of a batch tensor that took several sizes: the lengths a fix pads."""
+
+    tensor: str = Field(description="its path in the batch: ['input_ids'], [0]; '' for a bare tensor")
+    dim: int
+    sizes: list[int] = Field(description="the sizes seen, ascending")
+    by_batch: list[int] = Field(default_factory=list, description="its size in each batch, in order (first 200)")
+    dtype: str = ""
+    rows: list[int] = Field(default_factory=list, description="the batch sizes (dim 0) seen with it")
+    pad_value: float | None = Field(None, description="what fills the padded rows' last position")
+    pad_value_seen: bool = Field(False, description="True: observed in the batches; False: assumed from its name")
+
+
+class ProgramShapes(BaseModel):
+    """One program compiled for several input shapes (the same ops; eager: the same aten op)."""
+
+    program: str = Field(description="its first executable's name")
+    kind: str
+    shapes: int = Field(description="how many shapes it was compiled for")
+    varying: list[str] = Field(default_factory=list, description="'arg 0 dim 1: 17, 23, 31': the inputs' dims "
+                               "that differ between its shapes, with the sizes seen")
+    compile_s: float | None = Field(None, description="seconds compiling its shapes, where measured (fused graphs)")
+
+
+class Recompiling(BaseModel):
+    """Shapes that change from step to step, so that programs compile again and again."""
+
+    verdict: str = Field(description="one line: 'recompiling: 21 shapes of dim 1 in 30 steps, 62 % of the run "
+                         "compiling'")
+    steps: int
+    compiling_steps: int = Field(description="measured steps that compiled something")
+    compile_s: float = Field(description="seconds compiling, every step")
+    run_s: float = Field(description="seconds of every step together")
+    compile_share: float
+    batch_dims: list[VaryingDim] = Field(default_factory=list, description="batch dims that vary, where a "
+                                         "DataLoader yields the batches")
+    programs: list[ProgramShapes] = Field(default_factory=list)
+    sources: list[str] = Field(default_factory=list, description="where the lengths are made: the collate "
+                               "function, padding calls in the script, the line that copies the batch to the device")
 
 
 class GraphBreakSite(BaseModel):
@@ -385,6 +428,7 @@ class Profile(BaseModel):
     hot_ops: list[HotOp] = Field(default_factory=list)
     padding: Padding | None = None
     recompilations: list[Recompilation] = Field(default_factory=list)
+    recompiling: Recompiling | None = Field(None, description="set when shapes change from step to step")
     graph_breaks: GraphBreaks = Field(default_factory=GraphBreaks)
     transfers: Transfers | None = None
     fallbacks: dict[str, int] = Field(default_factory=dict, description="aten ops run on the CPU, with counts")

@@ -85,6 +85,8 @@ class Collected:
     device_stats: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     trace_dir: str | None = None
+    batches: object = None  # a batches.BatchWatch: every batch the script's loaders yielded
+    transfers: object = None  # a shapes.TransferWatch: the lines that copied tensors to the device
 
 
 def _stats_tuple():
@@ -145,6 +147,7 @@ class Session:
         from .flopcheck import TpuFlopCounter
 
         self._set_mode(torch)
+        self._watch_shapes()
         jax.monitoring.register_event_duration_secs_listener(self._on_jax_event)
         self._remove_listener = steps.add_step_listener(self._on_step)
         from .modules import ModuleWatch
@@ -179,6 +182,24 @@ class Session:
                     "compiled mode is not available in this backend (no torch.tpu.compile): profiled in fused mode")
             mode = "fused"
         tpu.set_eager_mode(tpu.EagerMode.DEFER_AND_FUSE if mode == "fused" else tpu.EagerMode.DEFER_NEVER)
+
+    def _watch_shapes(self) -> None:
+        """Batches as loaders yield them, copies to the device by line: where a changing length comes from."""
+        from tpu_agent.backend import transfer
+
+        from .batches import BatchWatch
+        from .shapes import TransferWatch
+
+        self.data.batches = BatchWatch(lambda: len(self.data.steps) + 1)
+        self.data.batches.install()
+        self.data.transfers = transfer.h2d_watch = TransferWatch()
+
+    def _unwatch_shapes(self) -> None:
+        from tpu_agent.backend import transfer
+
+        if self.data.batches is not None:
+            self.data.batches.uninstall()
+        transfer.h2d_watch = None
 
     # ------------------------------------------------------------------ hooks
 
@@ -366,6 +387,7 @@ class Session:
         if self._remove_listener is not None:
             self._remove_listener()
             self._remove_listener = None
+        self._unwatch_shapes()
         if self._time_executables_was is not None:
             from tpu_agent.backend import modes
 

@@ -81,7 +81,15 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
                           script=script)
     runner, baseline_losses, space = Runner(script, args, options, run_dir), {}, Space(candidates=[])
 
+    def note_script_failure() -> None:
+        """Said once: the script itself fails after its steps, so measurements stop there."""
+        if runner.script_failure is not None and result.script_failure is None:
+            steps, error = runner.script_failure
+            result.script_failure = f"the script fails after its step {steps}: {error}"
+            console.print(f"[yellow]{escape(result.script_failure)}; the steps before it are measured[/yellow]")
+
     def on_trial(record: TrialRecord):
+        note_script_failure()
         shown = f"{record.speedup:.3f}x" if record.speedup is not None else "-"
         log = f" (logs/trial-{record.number}.log)" if record.state == "failed" else ""
         console.print(f"  trial {record.number:3d} {record.state:9s} {shown:>8s}  {record.plan.describe()}"
@@ -132,6 +140,7 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
             console.print(f"[bold]verify[/bold]: {escape(plan.describe())} ({' + '.join(plan.effects())}; "
                           "fresh processes, interleaved pairs)")
             verdict = verify(plan, runner, options, baseline_batch, profile)
+            note_script_failure()
             result.verdicts.append(verdict)
             result.save(t_start)
             console.print(("  [green]accepted[/green]: " if verdict.accepted else "  [red]rejected[/red]: ")

@@ -77,7 +77,7 @@ def test_builtins_declare_numerics_as_their_actions_do():
 
 
 @pytest.mark.parametrize(("text", "field", "problem"), [
-    (GOOD.replace("kind: pad_dim", "kind: pad_batch"), "actions[0].kind", "unknown action kind 'pad_batch'"),
+    (GOOD.replace("kind: pad_dim", "kind: pad_everything"), "actions[0].kind", "unknown action kind 'pad_everything'"),
     (GOOD.replace("metric: padding_waste", "field: padding.totl_waste.value"), "applies_when[0]",
      "padding has no field 'totl_waste'"),
     (GOOD.replace("metric: padding_waste", "metric: paddingwaste"), "applies_when[0]", "unknown metric 'paddingwaste'"),

@@ -43,6 +43,7 @@ class FakeRunner:
         self.verifications = 0
         self.baseline = None
         self.last_baseline_steps: list[StepRecord] = []
+        self.script_failure = None
         self.measured: list[tuple[str, ...]] = []
 
     def _pairs(self, name, base, cand, pairs, report=None):

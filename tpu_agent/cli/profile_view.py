@@ -89,6 +89,14 @@ def _rows(p: Profile) -> list[tuple[str, Text | str]]:
         rows.append(("transfers", f"host->device {t.h2d_count} ({size(t.h2d_bytes)}), device->host {t.d2h_count} "
                                   f"({size(t.d2h_bytes)}); per measured step {t.h2d_count_per_step:.3g} h2d, "
                                   f"{t.d2h_count_per_step:.3g} d2h"))
+    if p.recompiling is not None:
+        r = p.recompiling
+        text = Text(r.verdict, style="bold yellow")
+        for d in r.batch_dims[:3]:
+            text.append(f"\n{d.tensor or 'batch'} dim {d.dim}: {len(d.sizes)} sizes, {d.sizes[0]}-{d.sizes[-1]}")
+        for where in r.sources[:4]:
+            text.append(f"\nmade at {where}")
+        rows.append(("shapes", text))
     if p.recompilations:
         first = p.recompilations[:3]
         desc = "; ".join(f"step {r.step}: {r.executable} ({r.reason}{', ' + ', '.join(r.shapes[:3]) if r.shapes else ''})"

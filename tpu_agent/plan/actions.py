@@ -131,6 +131,63 @@ class PadOps(_Action):
         applied.notes.append(f"matmul operands padded to multiples of {self.multiple}{only}")
 
 
+class PadBatch(_Action):
+    """Batches padded where they leave the DataLoader, along `dim`, to the smallest of a few lengths: the step then
+    compiles once per bucket instead of once per batch length. Each listed tensor is padded with its value (the
+    pad id, -100 for labels, 0 for a mask): the values the script's own collate pads with."""
+
+    group: ClassVar[Group] = "padding"
+    hint: ClassVar[str] = "{dim, buckets (ascending lengths), values ({tensor path: pad value})}"
+    kind: Literal["pad_batch"] = "pad_batch"
+    dim: int = Field(1, ge=1)
+    buckets: tuple[int, ...] = Field(description="ascending; a longer batch pads to a multiple of the last")
+    values: dict[str, float] = Field(description="the tensors padded, by their path in the batch, and their pad value")
+    masked: bool = Field(True, description="the pad values are the script's own, so the padded positions are left "
+                         "out of the loss as its own padding is (exact: verification holds the losses to the "
+                         "baseline's); false: they may count (training)")
+    effect: Literal["exact", "training"] = "exact"
+
+    effect_from: ClassVar = ("masked", lambda masked: "exact" if masked else "training")
+
+    @field_validator("buckets")
+    @classmethod
+    def _ascending(cls, buckets):
+        if not buckets or any(b < 1 for b in buckets) or list(buckets) != sorted(set(buckets)):
+            raise ValueError("pad_batch buckets must be ascending positive lengths")
+        return tuple(buckets)
+
+    @model_validator(mode="after")
+    def _has_values(self):
+        if not self.values:
+            raise ValueError("pad_batch needs at least one tensor to pad")
+        return self
+
+    def target(self, length: int) -> int:
+        """The length a batch of `length` is padded to."""
+        for b in self.buckets:
+            if length <= b:
+                return b
+        last = self.buckets[-1]
+        return -(-length // last) * last
+
+    def describe(self) -> str:
+        how = f"to {self.buckets[0]}" if len(self.buckets) == 1 else f"to buckets {list(self.buckets)}"
+        return f"batch dim {self.dim} padded {how} ({', '.join(self.values)})"
+
+    def instruction(self) -> str:
+        if len(self.buckets) == 1:
+            return (f"fixed-length batches: pad dim {self.dim} to {self.buckets[0]} in the collate function "
+                    f"(tokenizer: `padding=\"max_length\", max_length={self.buckets[0]}`)")
+        return (f"bucketed batches: pad dim {self.dim} up to the next of {list(self.buckets)} in the collate "
+                "function (or `pad_to_multiple_of=` for even steps)")
+
+    def apply(self, applied: "Applied") -> None:
+        from tpu_agent.plan.batches import pad_batches
+
+        pad_batches(self)
+        applied.notes.append(f"{self.describe()}, as batches leave the DataLoader")
+
+
 class Mesh(_Action):
     """A device mesh over the available devices, e.g. {"data": 4} or {"data": 2, "model": 2}."""
 
@@ -249,7 +306,7 @@ class MatmulPrecision(_Action):
         applied.notes.append(f"matmul precision {self.precision}")
 
 
-ACTION_CLASSES: tuple[type[_Action], ...] = (PadDim, PadOps, Mesh, ShardRule, BatchSharding, Compile, MatmulPrecision)
+ACTION_CLASSES: tuple[type[_Action], ...] = (PadDim, PadOps, PadBatch, Mesh, ShardRule, BatchSharding, Compile, MatmulPrecision)
 Action = Annotated[Union[ACTION_CLASSES], Field(discriminator="kind")]  # noqa: UP007 - a tuple of classes
 ACTION_MODELS: dict[str, type[_Action]] = {cls.model_fields["kind"].default: cls for cls in ACTION_CLASSES}
 ACTION_KINDS: tuple[str, ...] = tuple(ACTION_MODELS)

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tpu_agent.profilers.schema import Profile
 from tpu_agent.propose.candidates import Evidence
+from tpu_agent.propose import buckets
 
 
 # ------------------------------------------------------------------ metrics and variables
@@ -50,6 +51,11 @@ METRICS: dict[str, tuple[str, Callable[[Profile], Any]]] = {
     "recompilations_after_warmup": ("recompilations in measured steps (after warm-up)",
                                     lambda p: sum(1 for r in p.recompilations
                                                   if r.step is not None and r.step > p.settings.warmup)),
+    "recompiling_steps": ("measured steps that compiled again because shapes changed (0: shapes settle)",
+                          lambda p: p.recompiling.compiling_steps if p.recompiling else 0),
+    "bucketable_lengths": ("1 when the batches' changing length can be padded where they leave the loader (every "
+                           "tensor with that length has a known pad value), else 0",
+                           lambda p: 1 if buckets.pad_values(p) else 0),
     "devices": ("devices the profile ran on (simulated ones included)", _devices),
     "executables_per_step": ("XLA executables run per measured step",
                              lambda p: sum(e.calls_per_step for e in p.executables)),
@@ -74,6 +80,14 @@ VARIABLES: dict[str, tuple[str, Callable[[Profile], Any], Any]] = {
     "$devices": ("devices available", _devices, 2),
     "$sublanes": ("rows of a 32-bit TPU tile", lambda p: 8, 8),
     "$batch_multiple": ("8 rows per tile times the data-parallel degree", lambda p: 8 * max(1, _devices(p)), 16),
+    "$length_dim": ("the batch dim whose length changes", lambda p: (buckets.main_dim(p).dim if buckets.main_dim(p)
+                                                                    else 1), 1),
+    "$length_pads": ("the batch tensors with that length, and their pad values",
+                     buckets.pad_values, {"['input_ids']": 0.0, "['labels']": -100.0}),
+    "$length_buckets": ("bucket lengths to try: one fixed length, the best 2 and 4 for the lengths seen",
+                        buckets.bucket_choices, [(64,), (32, 64)]),
+    "$length_pads_seen": ("whether the pad values were seen in the script's own batches (not assumed)",
+                          buckets.pads_seen, True),
     # filled in per playbook from its own targets.dims (offline.py); a list of sizes
     "$dims": ("the sizes of the unaligned dims the playbook's targets.dims selects", lambda p: [], [1000]),
 }

@@ -205,6 +205,8 @@ def _match(pb: Playbook, profile: Profile, knobs: list[Knob], dot_share: float,
         gain = sum(d.share_of_padded_work for d in dims or []) * dot_share
     elif pb.rank.gain == "host_share":  # measured: what taking Python off the step could save at most
         gain = METRICS["host_share"][1](profile)
+    elif pb.rank.gain == "compile_share":  # measured: the run's time spent compiling shapes again
+        gain = profile.recompiling.compile_share if profile.recompiling else 0.0
     else:
         gain = pb.rank.value
     lead = evidence[0].what if evidence else "always applies"

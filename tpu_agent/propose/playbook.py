@@ -151,7 +151,8 @@ class ActionSpec(BaseModel):
 
     kind: str
     fixed: dict[str, Any] = Field(default_factory=dict)
-    choices: dict[str, list[Any] | Generator] = Field(default_factory=dict)
+    choices: dict[str, list[Any] | Generator | str] = Field(default_factory=dict, description=(
+        "per field: a list of values, a generator, or a $variable whose value is the list"))
 
     @field_validator("kind")
     @classmethod
@@ -166,6 +167,8 @@ class ActionSpec(BaseModel):
         if not isinstance(choices, dict):
             return choices
         for name, value in choices.items():
+            if isinstance(value, str) and value.startswith("$"):
+                continue  # a variable holding the list (checked against the known ones with the rest)
             if not isinstance(value, (list, dict)):
                 raise ValueError(f"choices.{name} must be a list of values or a generator "
                                  "({round_up_to: [...]}, {for_head_dim: N} or {knob_aligned: true}), "
@@ -182,9 +185,10 @@ class Rank(BaseModel):
 
     tier: int = Field(2, ge=1, le=3, description="1: the padding report or a measured bottleneck points at it; "
                       "2: other profile evidence; 3: generic")
-    gain: Literal["dim_waste", "total_waste", "host_share", "fixed"] = Field(
+    gain: Literal["dim_waste", "total_waste", "host_share", "compile_share", "fixed"] = Field(
         "fixed", description="dim_waste: the matched dims' share of padded work; total_waste: the report's total; "
-        "host_share: the measured host share of the step (host_device); fixed: `value` (an assumed share of the step)")
+        "host_share: the measured host share of the step (host_device); compile_share: the measured share of the "
+        "run spent compiling again (recompiling); fixed: `value` (an assumed share of the step)")
     value: float = Field(0.0, ge=0, le=1)
     confidence: float = Field(0.5, gt=0, le=1, description="how much of the estimated gain a trial tends to keep")
 
@@ -237,7 +241,7 @@ def check_playbook(pb: Playbook) -> list[tuple[str, str]]:
                                      "from the matched knob; set only `new`"))
                 elif name in spec.fixed and name in spec.choices:
                     problems.append((f"{where}.{part}.{name}", "set in both fixed and choices"))
-        for value in _walk([spec.fixed, [c for c in spec.choices.values() if isinstance(c, list)],
+        for value in _walk([spec.fixed, [c for c in spec.choices.values() if isinstance(c, (list, str))],
                             [c.round_up_to for c in spec.choices.values() if isinstance(c, Generator)]]):
             if isinstance(value, str) and value.startswith("$") and value not in VARIABLES:
                 problems.append((where, f"unknown variable {value!r} (known: {', '.join(VARIABLES)})"))

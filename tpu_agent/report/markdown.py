@@ -96,6 +96,8 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
         lines += ["", f"*Interrupted during the {result.interrupted_during or 'search'}; the study keeps every finished "
                   "trial (`--resume` continues).*"]
 
+    if result.script_failure:
+        lines += ["", f"*Note: {result.script_failure}. Trials and verification measure the steps before it.*"]
     lines += ["", "### Verification", "", "| change | result | speed | numerics |", "|---|---|---|---|"]
     for v in result.verdicts:
         num = v.numerics.reason if v.numerics else "-"

@@ -31,6 +31,8 @@ class TuneResult(BaseModel):
     proposer_notes: list[str] = Field(default_factory=list)
     candidates: list[Candidate] = Field(default_factory=list)
     left_out: list[str] = Field(default_factory=list, description="knobs and candidates out of the search's classes, why")
+    script_failure: str | None = Field(None, description="the unchanged script's own failure after its steps (a "
+                                       "checkpoint reload at its end, say): the steps before it were measured")
     trials: list[TrialRecord] = Field(default_factory=list)
     verdicts: list[Verdict] = Field(default_factory=list)
     best: Verdict | None = None

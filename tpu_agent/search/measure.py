@@ -23,17 +23,32 @@ def batch_size(plan: Plan, baseline_batch: int | None) -> int | None:
 MIN_STEADY = 3  # pairs without compilation a speedup needs; with fewer, every pair counts
 
 
+def keeps_compiling(steps: list[StepRecord]) -> bool:
+    """A process still compiling in more than a third of its later steps (shapes that change every batch), not
+    one whose first timed steps finished compiling: its compiles are its steady state, and leaving them out
+    would time it without its main cost."""
+    if not steps:
+        return False
+    middle = sorted(s.step for s in steps)[len(steps) // 2]
+    late = [s for s in steps if s.step >= middle]
+    return 3 * sum(s.compiled for s in late) > len(late)
+
+
 def steady(a: list[StepRecord], b: list[StepRecord]) -> tuple[list[StepRecord], list[StepRecord]]:
     """The pairs in which neither process compiled (warm-up can end before XLA's last compile), or all of them
-    when fewer than MIN_STEADY are left."""
+    when fewer than MIN_STEADY are left or a side keeps compiling."""
     kept = [(x, y) for x, y in zip(a, b) if not (x.compiled or y.compiled)]
-    if len(kept) < MIN_STEADY:
+    if len(kept) < MIN_STEADY or keeps_compiling(a) or keeps_compiling(b):
         return a, b
     return [x for x, _ in kept], [y for _, y in kept]
 
 
-def interleave(step_a, step_b, pairs: int, report=None) -> tuple[list[StepRecord], list[StepRecord]]:
-    """A B A B ... for `pairs` pairs; when the script's own step count ends a side, the pairs so far (>= 5)."""
+MIN_PAIRS_AT_END = 5  # pairs a script that ends early must have given for them to count
+
+
+def interleave(step_a, step_b, pairs: int, report=None, ends_script=None) -> tuple[list[StepRecord], list[StepRecord]]:
+    """A B A B ... for `pairs` pairs; when the script's own end stops a side (its step count, or its own failure
+    after its steps: `ends_script`), the pairs so far (at least MIN_PAIRS_AT_END)."""
     a: list[StepRecord] = []
     b: list[StepRecord] = []
     for i in range(pairs):
@@ -41,7 +56,8 @@ def interleave(step_a, step_b, pairs: int, report=None) -> tuple[list[StepRecord
             first = step_a()
             second = step_b()
         except TrialFailed as exc:
-            if exc.kind != "too_few_steps" or len(b) < 5:
+            at_end = exc.kind == "too_few_steps" or (ends_script is not None and ends_script(exc))
+            if not at_end or len(b) < MIN_PAIRS_AT_END:
                 raise
             break
         a.append(first)
@@ -61,6 +77,7 @@ class Runner:
         self.baseline_count = 0
         self.verifications = 0
         self.last_baseline_steps: list[StepRecord] = []
+        self.script_failure: tuple[int, str] | None = None  # (steps, error): the unchanged script fails after them
         self._names: dict[str, int] = {}
 
     def _baseline(self) -> TrialProcess:
@@ -104,7 +121,7 @@ class Runner:
             try:
                 return base.step()
             except TrialFailed as exc:
-                if exc.kind != "too_few_steps":
+                if exc.kind != "too_few_steps" and not self._script_ends(exc, baseline=True):
                     raise
                 base = self._baseline()  # the script ran out of steps: a fresh warm baseline
                 return base.step()
@@ -112,22 +129,37 @@ class Runner:
         cand = self.candidate(plan, name)
         try:
             self._warm(cand)
-            a, b = interleave(baseline_step, cand.step, pairs, report)
+            a, b = interleave(baseline_step, cand.step, pairs, report, ends_script=self._script_ends)
             return a, b, cand
         finally:
             cand.stop()
 
+    def _script_ends(self, exc: TrialFailed, baseline: bool = False) -> bool:
+        """Whether a crash is the script's own end: the unchanged script failed after all of its steps (a
+        checkpoint reload that fails, say), and a plan's process failed after the same steps. Measured steps
+        before it count; the failure is reported once (`script_failure`)."""
+        if exc.kind != "crashed" or exc.steps is None or exc.steps <= self.options.warmup:
+            return False
+        if baseline and self.script_failure is None:
+            self.script_failure = (exc.steps, exc.message.splitlines()[0][:300])
+        return self.script_failure is not None and self.script_failure[0] == exc.steps
+
     def measure_plans(self, without: Plan, plan: Plan, name: str, pairs: int):
-        """Two fresh plan processes stepped in turns: (steps of `without`, steps of `plan`)."""
+        """Two fresh plan processes stepped in turns, in rounds of --steps pairs: (steps of `without`, of `plan`)."""
         self.close()
-        a_proc, b_proc = self.candidate(without, f"{name}-without"), self.candidate(plan, f"{name}-with")
-        try:
-            self._warm(a_proc)
-            self._warm(b_proc)
-            return interleave(a_proc.step, b_proc.step, pairs)
-        finally:
-            a_proc.stop()
-            b_proc.stop()
+        a: list[StepRecord] = []
+        b: list[StepRecord] = []
+        for _ in range(-(-pairs // self.options.steps)):
+            a_proc, b_proc = self.candidate(without, f"{name}-without"), self.candidate(plan, f"{name}-with")
+            try:
+                self._warm(a_proc)
+                self._warm(b_proc)
+                ra, rb = interleave(a_proc.step, b_proc.step, self.options.steps, ends_script=self._script_ends)
+            finally:
+                a_proc.stop()
+                b_proc.stop()
+            a, b = a + ra, b + rb
+        return a, b
 
     def _warm(self, proc: TrialProcess) -> None:
         proc.start()

@@ -20,9 +20,9 @@ from tpu_agent.config import TuneOptions
 from tpu_agent.errors import InputError
 from tpu_agent.plan.actions import Plan
 from tpu_agent.propose.base import Candidate, ProposalRound, TrialOutcome
-from tpu_agent.search.measure import MIN_STEADY, Runner, batch_size, losses_of, median
+from tpu_agent.search.measure import Runner, batch_size, losses_of, median, steady
 from tpu_agent.search.trials import TrialFailed
-from tpu_agent.verify.stats import check_numerics, median_ci
+from tpu_agent.verify.stats import check_plan_numerics, median_ci
 
 STUDY_DB = "studies.db"
 _COMPLETE = optuna.trial.TrialState.COMPLETE
@@ -358,9 +358,9 @@ def search(study: optuna.Study, space: Space, runner: Runner, options: TuneOptio
         def report(i, a, b):
             if a[-1].compiled or b[-1].compiled:  # a compiling step says nothing of the steady state: not judged
                 return
-            steady = steady_ratios(a, b, scale)
-            k, running = len(steady) - 1, median(steady)
-            reported[k] = steady[-1] if per_pair else running
+            kept = steady_ratios(a, b, scale)
+            k, running = len(kept) - 1, median(kept)
+            reported[k] = kept[-1] if per_pair else running
             trial.report(reported[k], k)
             # Clearly slow: slower than the baseline, and the pruner says so (under the median of earlier trials at
             # this point, or worse than the best trial by a signed-rank test).
@@ -384,15 +384,14 @@ def search(study: optuna.Study, space: Space, runner: Runner, options: TuneOptio
         for s in runner.baseline.steps if runner.baseline else a:
             if s.loss is not None:
                 baseline_losses.setdefault(s.step, s.loss)
-        ratios = steady_ratios(a, b, scale)
+        steady_a, steady_b = steady(a, b)  # compiling throughout: all pairs, said in the trial's attributes
+        ratios = [scale * x.wall_s / y.wall_s for x, y in zip(steady_a, steady_b)]
         compiling = len(a) - len(ratios)
-        if len(ratios) < MIN_STEADY:  # compiling throughout: all pairs, said in the trial's attributes
-            ratios = [scale * x.wall_s / y.wall_s for x, y in zip(a, b)]
         speed = median(ratios)
         # Numerics already in the search: the candidate's losses against the baseline's at the same steps.
         pairs_ = [(baseline_losses[s.step], s.loss) for s in cand.steps if s.loss is not None and s.step in baseline_losses]
-        numerics = check_numerics([p[0] for p in pairs_], [p[1] for p in pairs_],
-                                  preserves_numerics=plan.preserves_numerics, loss_tol=options.loss_tol) if pairs_ else None
+        numerics = check_plan_numerics(plan, [p[0] for p in pairs_], [p[1] for p in pairs_], options)[0] \
+            if pairs_ else None
         mem_a = median([s.device_bytes for s in a])
         mem_b = median([s.device_bytes for s in b])
         memory_ratio = (mem_b / mem_a) if mem_a else None

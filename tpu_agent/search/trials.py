@@ -29,10 +29,11 @@ FailureKind = Literal["crashed", "out_of_memory", "timed_out", "too_few_steps"]
 
 
 class TrialFailed(Exception):
-    def __init__(self, kind: FailureKind, message: str):
+    def __init__(self, kind: FailureKind, message: str, steps: int | None = None):
         super().__init__(f"{kind}: {message}")
         self.kind = kind
         self.message = message
+        self.steps = steps  # the steps the script finished before it ended, where it said
 
 
 class TrialProcess:
@@ -112,7 +113,7 @@ class TrialProcess:
         end = record if isinstance(record, Ended) else Ended(status=1, error=f"unexpected {record.event!r} message")
         error = end.error or f"the script ended after {end.steps} steps"
         kind = "too_few_steps" if end.status == 0 else _kind(error, self._tail())
-        raise TrialFailed(kind, error if kind != "crashed" else f"{error}\n{self._tail()}")
+        raise TrialFailed(kind, error if kind != "crashed" else f"{error}\n{self._tail()}", steps=end.steps)
 
     def _fail_from_exit(self) -> None:
         code = self._finish_process()

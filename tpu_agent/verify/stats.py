@@ -309,3 +309,30 @@ def check_numerics(baseline_losses: Sequence[float], candidate_losses: Sequence[
     if preserves_numerics:
         return check_exact(baseline_losses, candidate_losses, rtol=rtol)
     return check_loss_tol(baseline_losses, candidate_losses, loss_tol=loss_tol, tail=tail)
+
+
+def check_plan_numerics(plan, baseline_losses: Sequence[float], candidate_losses: Sequence[float],
+                        options) -> tuple[NumericsCheck, object]:
+    """The check `plan` calls for, and the plan as its losses class it.
+
+    Batches padded with the script's own pad values are exact only when the losses say so: a script whose
+    loss counts the padded positions (no ignore index, no mask) trains on other numbers. Such a plan is held
+    to the loss tolerance as a change of training, when `--allow training` searches those.
+    """
+    from tpu_agent.plan.actions import PadBatch
+
+    numerics = check_numerics(baseline_losses, candidate_losses, preserves_numerics=plan.preserves_numerics,
+                              loss_tol=options.loss_tol)
+    masked = [a for a in plan.actions if isinstance(a, PadBatch) and a.masked]
+    if numerics.passed or numerics.kind != "exact" or not masked or numerics.steps == 0:
+        return numerics, plan
+    actions = [a.model_copy(update={"masked": False, "effect": "training"}) if a in masked else a
+               for a in plan.actions]
+    training = plan.model_copy(update={"actions": actions})
+    why = f"losses differ from the baseline's ({numerics.reason}): the padded positions count in the loss"
+    if "training" not in options.allow:
+        return numerics.model_copy(update={
+            "reason": f"{why}, so padding the batches changes training (searched with --allow training)"}), plan
+    check = check_numerics(baseline_losses, candidate_losses, preserves_numerics=training.preserves_numerics,
+                           loss_tol=options.loss_tol)
+    return check.model_copy(update={"reason": f"{why}; as a change of training: {check.reason}"}), training
