@@ -62,7 +62,7 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
     except KeyboardInterrupt:
         result.interrupted, result.interrupted_during = True, "baseline"
         console.print("[yellow]interrupted during the baseline: nothing was measured yet[/yellow]")
-        result.phase = "done"
+        result.enter("done", t_start)
         return result.save(t_start)
     result.baseline_profile, result.summary = str(profile_path), summary_of(profile, None)
     result.parameters = [profile.parameters, None]
@@ -80,6 +80,7 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
     agent = make_proposer(proposer, audit_dir=run_dir / "agent", model=model, token_budget=options.token_budget,
                           script=script)
     runner, baseline_losses, space = Runner(script, args, options, run_dir), {}, Space(candidates=[])
+    runner.fresh_baselines = profile.recompiling is not None  # each trial's baseline sees the batches from the start
 
     def note_script_failure() -> None:
         """Said once: the script itself fails after its steps, so measurements stop there."""
@@ -167,7 +168,7 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
         note_verdicts(study, result.verdicts, result.best)
     if result.best is not None and not result.interrupted:
         profile_plan(script, args, run_dir, options, result, profile, console, t_start)
-    result.phase = "done"
+    result.enter("done", t_start)
     return result.save(t_start)
 
 

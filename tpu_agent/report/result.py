@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from tpu_agent.config import TuneOptions
 from tpu_agent.propose.base import Candidate
@@ -41,7 +41,11 @@ class TuneResult(BaseModel):
     interrupted: bool = False
     interrupted_during: Literal["baseline", "search", "verification", "ablation", "profile"] | None = None
     duration_s: float = 0.0
+    phase_s: dict[str, float] = Field(default_factory=dict, description="measured: seconds spent in each phase "
+                                      "(baseline, search, verification, ablation, profile), where the tune's time went")
     summary: Summary | None = Field(None, description="for `tpu-agent diff`: the step time after the verified change")
+
+    _phase_began: float = PrivateAttr(0.0)
 
     def save(self, t_start: float) -> "TuneResult":
         """Write tune.json whole or not at all (a reader never sees half a file)."""
@@ -53,9 +57,17 @@ class TuneResult(BaseModel):
         return self
 
     def enter(self, phase: str, t_start: float) -> None:
-        """Record the phase that starts now, in tune.json, before its work begins."""
+        """Record the phase that starts now, in tune.json, before its work begins; the time since the last phase
+        began goes to that phase."""
+        self._charge(t_start)
         self.phase = phase
         self.save(t_start)
+
+    def _charge(self, t_start: float) -> None:
+        now = time.perf_counter() - t_start
+        if self.phase not in ("starting", "done"):
+            self.phase_s[self.phase] = round(self.phase_s.get(self.phase, 0.0) + now - self._phase_began, 3)
+        self._phase_began = now
 
 
 def summary_of(profile, verdict: Verdict | None, plan_profile=None) -> Summary:

@@ -78,6 +78,9 @@ class Runner:
         self.verifications = 0
         self.last_baseline_steps: list[StepRecord] = []
         self.script_failure: tuple[int, str] | None = None  # (steps, error): the unchanged script fails after them
+        # A baseline that compiles new shapes as they come stops compiling once it has seen them all: a warm one
+        # would be timed on later batches than the candidate. Set for such scripts: a fresh baseline per trial.
+        self.fresh_baselines = False
         self._names: dict[str, int] = {}
 
     def _baseline(self) -> TrialProcess:
@@ -111,7 +114,7 @@ class Runner:
 
     def measure(self, plan: Plan, name: str, pairs: int, report=None, fresh_baseline: bool = False):
         """(baseline steps, candidate steps, the candidate's process), interleaved."""
-        if fresh_baseline:
+        if fresh_baseline or self.fresh_baselines:
             self.close()
             self.last_baseline_steps = []
         base = self._baseline()

@@ -6,7 +6,7 @@ from pydantic import BaseModel, Field
 
 from tpu_agent.config import TuneOptions
 from tpu_agent.plan.actions import Plan
-from tpu_agent.search.measure import Runner, batch_size, steady
+from tpu_agent.search.measure import Runner, batch_size, keeps_compiling, steady
 from tpu_agent.search.trials import TrialFailed
 from tpu_agent.verify.stats import (MemoryEstimate, NumericsCheck, SpeedupEstimate, check_plan_numerics, memory_saving,
                                    speedup)
@@ -107,6 +107,12 @@ def verify(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: int
         estimate = sharding_estimate(profile, plan, options.target)
         estimate_note = ("time on simulated CPU devices is not a TPU's: the speed figure is measured here but "
                          "not claimed" + (f"; {estimate}" if estimate else ""))
+    if keeps_compiling(a):
+        compiled = sum(s.compiled for s in a)
+        speed = speed.model_copy(update={"reason": (
+            f"{speed.reason}; compiles included: the baseline compiled new shapes in {compiled} of its {len(a)} "
+            "measured steps, a cost that lasts while new lengths keep arriving (a long run that has seen every "
+            "length stops paying it)")})
     time_ok = speed.accepted and estimate_note is None
     memory_ok = memory is not None and memory.accepted
     wanted = {"time": time_ok, "memory": memory_ok, "both": time_ok or memory_ok}[options.objective]
