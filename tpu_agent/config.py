@@ -91,11 +91,6 @@ class TuneOptions(BaseModel):
         """Pairs for a verification or an ablation: noise on a shared host wants a fixed, ample sample."""
         return max(self.pairs, self.steps, 20)
 
-    @property
-    def verify_rounds(self) -> int:
-        """Fresh process pairs a verification runs, each the trials' length (--steps), for its verify_pairs."""
-        return -(-self.verify_pairs // self.steps)
-
     def runs_root(self) -> Path:
         return Path(self.output_dir) if self.output_dir else Path.cwd() / ".tpu-agent" / "runs"
 

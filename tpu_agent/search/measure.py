@@ -148,21 +148,16 @@ class Runner:
         return self.script_failure is not None and self.script_failure[0] == exc.steps
 
     def measure_plans(self, without: Plan, plan: Plan, name: str, pairs: int):
-        """Two fresh plan processes stepped in turns, in rounds of --steps pairs: (steps of `without`, of `plan`)."""
+        """Two fresh plan processes stepped in turns: (steps of `without`, steps of `plan`)."""
         self.close()
-        a: list[StepRecord] = []
-        b: list[StepRecord] = []
-        for _ in range(-(-pairs // self.options.steps)):
-            a_proc, b_proc = self.candidate(without, f"{name}-without"), self.candidate(plan, f"{name}-with")
-            try:
-                self._warm(a_proc)
-                self._warm(b_proc)
-                ra, rb = interleave(a_proc.step, b_proc.step, self.options.steps, ends_script=self._script_ends)
-            finally:
-                a_proc.stop()
-                b_proc.stop()
-            a, b = a + ra, b + rb
-        return a, b
+        a_proc, b_proc = self.candidate(without, f"{name}-without"), self.candidate(plan, f"{name}-with")
+        try:
+            self._warm(a_proc)
+            self._warm(b_proc)
+            return interleave(a_proc.step, b_proc.step, pairs, ends_script=self._script_ends)
+        finally:
+            a_proc.stop()
+            b_proc.stop()
 
     def _warm(self, proc: TrialProcess) -> None:
         proc.start()

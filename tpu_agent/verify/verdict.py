@@ -70,26 +70,18 @@ def sharding_estimate(profile, plan: Plan, target: str) -> str | None:
 
 def verify(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: int | None, profile=None) -> Verdict:
     """Fresh processes for both, interleaved pairs, CI on the speedup, the numerics check."""
-    # Rounds of `steps` pairs, each in a fresh baseline and candidate process: the length a trial measured,
-    # stopped the same way, as often as the verification's pairs need.
-    rounds = options.verify_rounds
-    runner.verifications += 1
-    a, b, aligned = [], [], []
-    for r in range(rounds):
-        name = f"verify-{runner.verifications}" + (f"-{r + 1}" if rounds > 1 else "")
-        try:
-            ra, rb, cand = runner.measure(plan, name, options.steps, fresh_baseline=True)
-        except TrialFailed as exc:
-            return Verdict(plan=plan, accepted=False, reason=f"verification run failed: {exc.kind}: {exc.message[:200]}")
-        finally:
-            runner.close()
-        a, b = a + ra, b + rb
-        by_step: dict[int, float] = {}
-        for s in runner.last_baseline_steps:  # every baseline process runs the same steps from step 1
-            if s.loss is not None:
-                by_step.setdefault(s.step, s.loss)
-        if not aligned:
-            aligned = [(by_step[s.step], s.loss) for s in cand.steps if s.loss is not None and s.step in by_step]
+    try:
+        runner.verifications += 1
+        a, b, cand = runner.measure(plan, f"verify-{runner.verifications}", options.verify_pairs, fresh_baseline=True)
+    except TrialFailed as exc:
+        return Verdict(plan=plan, accepted=False, reason=f"verification run failed: {exc.kind}: {exc.message[:200]}")
+    finally:
+        runner.close()
+    by_step: dict[int, float] = {}
+    for s in runner.last_baseline_steps:  # every baseline process runs the same steps from step 1
+        if s.loss is not None:
+            by_step.setdefault(s.step, s.loss)
+    aligned = [(by_step[s.step], s.loss) for s in cand.steps if s.loss is not None and s.step in by_step]
     numerics = None
     if aligned:
         numerics, plan = check_plan_numerics(plan, [x for x, _ in aligned], [y for _, y in aligned], options)
