@@ -135,6 +135,6 @@ class BatchWatch:
 def _padded_rows(found: list[tuple[str, torch.Tensor]]):
     """The rows an attention mask marks as padded at their end, when the batch has one."""
     for path, t in found:
-        if any(f"[{k!r}]" == path[-len(repr(k)) - 2:] for k in MASK_KEYS) and t.dim() == 2 and t.shape[1] > 0:
+        if path.endswith(tuple(f"[{k!r}]" for k in MASK_KEYS)) and t.dim() == 2 and t.shape[1] > 0:
             return t[:, -1] == 0
     return None
