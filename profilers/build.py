@@ -296,7 +296,8 @@ def _recompilations(recorder, d, warmup: int, ran) -> list[Recompilation]:
 def _recompiling(d, run, warmup: int, ran):
     dims = shapes.batch_dims(d.batches) if d.batches is not None else []
     progs = shapes.programs(ran, d.registered_steps, warmup)
-    return shapes.diagnose(d.steps, warmup, dims, progs, shapes.sources(run.script, d.batches, d.transfers))
+    return shapes.diagnose(d.steps, warmup, dims, progs, shapes.sources(run.script, d.batches, d.transfers),
+                           shapes.bounds(run.script))
 
 
 def _graph_breaks(recorder, d, start, end, steps: int) -> GraphBreaks:

@@ -308,6 +308,16 @@ class ProgramShapes(BaseModel):
     compile_s: float | None = Field(None, description="seconds compiling its shapes, where measured (fused graphs)")
 
 
+class DimBound(BaseModel):
+    """A dim the script declares dynamic, with bounds (`mark_dynamic(x, dim, min, max)`, torch._dynamo's or
+    TorchTPU's): the lengths it says may come, so buckets cover them."""
+
+    dim: int
+    min: int | None = None
+    max: int | None = None
+    source: str = Field(description="file:line of the call")
+
+
 class Recompiling(BaseModel):
     """Shapes that change from step to step, so that programs compile again and again."""
 
@@ -323,6 +333,7 @@ class Recompiling(BaseModel):
     programs: list[ProgramShapes] = Field(default_factory=list)
     sources: list[str] = Field(default_factory=list, description="where the lengths are made: the collate "
                                "function, padding calls in the script, the line that copies the batch to the device")
+    bounds: list[DimBound] = Field(default_factory=list, description="dims the script marks dynamic with bounds")
 
 
 class GraphBreakSite(BaseModel):

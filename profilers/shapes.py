@@ -16,7 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .batches import BatchWatch
-from .schema import ProgramShapes, Recompiling, Step, VaryingDim
+from .schema import DimBound, ProgramShapes, Recompiling, Step, VaryingDim
 
 # Calls that pad a batch to its own longest sequence (or bound its length): where a length is made.
 _PADDING_CALLS = ("pad_sequence", "DataCollatorWithPadding", "DataCollatorForSeq2Seq", "DataCollatorForLanguageModeling",
@@ -123,18 +123,10 @@ def sources(script: str, watch: BatchWatch | None, transfers: TransferWatch | No
 def _padding_calls(script: str) -> list[str]:
     """The script's calls that make a batch's length: a padding function or collator, `padding=True` or
     `"longest"` (a tokenizer), `mark_dynamic`."""
-    try:
-        text = Path(script).read_text(errors="replace")
-        tree = ast.parse(text)
-    except (OSError, SyntaxError, ValueError):
-        return []
-    lines = text.splitlines()
+    lines, calls = _calls(script)
     found = set()
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        func = node.func
-        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    for node in calls:
+        name = _name(node)
         pads = any(k.arg == "padding" and isinstance(k.value, ast.Constant) and k.value.value in (True, "longest")
                    for k in node.keywords)
         if name in _PADDING_CALLS or pads or any(k.arg == "pad_to_multiple_of" for k in node.keywords):
@@ -143,8 +135,47 @@ def _padding_calls(script: str) -> list[str]:
     return [f"{name}:{n}: {lines[n - 1].strip()[:80]}" for n in sorted(found)]
 
 
+def _calls(script: str):
+    """(the script's lines, its Call nodes), or ([], []) when it cannot be read or parsed."""
+    try:
+        text = Path(script).read_text(errors="replace")
+        tree = ast.parse(text)
+    except (OSError, SyntaxError, ValueError):
+        return [], []
+    return text.splitlines(), [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+
+
+def _name(call: ast.Call) -> str:
+    return call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+
+
+def _int_arg(call: ast.Call, position: int, *keywords: str) -> int | None:
+    node = next((k.value for k in call.keywords if k.arg in keywords), None)
+    if node is None and len(call.args) > position:
+        node = call.args[position]
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return node.value
+    return None
+
+
+def bounds(script: str) -> list[DimBound]:
+    """The script's `mark_dynamic(x, dim, min, max)` calls (keywords min=/max= too) with a literal dim: the
+    lengths it declares, honoured by the buckets proposed."""
+    _, calls = _calls(script)
+    out = []
+    for call in calls:
+        if _name(call) != "mark_dynamic":
+            continue
+        dim = _int_arg(call, 1, "index", "dim")
+        if dim is None:
+            continue
+        out.append(DimBound(dim=dim, min=_int_arg(call, 2, "min"), max=_int_arg(call, 3, "max"),
+                            source=f"{os.path.basename(script)}:{call.lineno}"))
+    return out
+
+
 def diagnose(steps: list[Step], warmup: int, dims: list[VaryingDim], progs: list[ProgramShapes],
-             found_sources: list[str]) -> Recompiling | None:
+             found_sources: list[str], declared: list[DimBound] = ()) -> Recompiling | None:
     """The verdict, when measured steps compile again and again (None: shapes settle after warm-up)."""
     measured = [s for s in steps if not s.warmup]
     compiling = [s for s in measured if s.compiled]
@@ -163,7 +194,7 @@ def diagnose(steps: list[Step], warmup: int, dims: list[VaryingDim], progs: list
                f"compiled), {share * 100:.0f} % of the run compiling")
     return Recompiling(verdict=verdict, steps=len(steps), compiling_steps=len(compiling), compile_s=compile_s,
                        run_s=run_s, compile_share=share, batch_dims=dims, programs=progs[:10],
-                       sources=found_sources)
+                       sources=found_sources, bounds=list(declared))
 
 
 def varying_sizes(rec: Recompiling | None) -> set[int]:

@@ -14,8 +14,8 @@ from tpu_agent.plan.actions import PadBatch, Plan
 from tpu_agent.plan.batches import pad_batch
 from tpu_agent.profilers import shapes
 from tpu_agent.profilers.batches import BatchWatch, describe_collate
-from tpu_agent.profilers.schema import Step
-from tpu_agent.propose.buckets import best_buckets
+from tpu_agent.profilers.schema import Profile, Step
+from tpu_agent.propose.buckets import best_buckets, bucket_choices
 
 
 def collate(batch):
@@ -121,6 +121,34 @@ def test_buckets_are_the_least_padding_of_any_choice_of_aligned_lengths(count):
     assert len(found) <= count and found[-1] == 96 and all(b % 8 == 0 for b in found)
     assert waste(found) == waste(best)
 
+
+
+MARKED = """\
+import torch
+torch._dynamo.mark_dynamic(ids, 1, min=8, max=200)
+mark_dynamic(x, 1, 4, 160)  # TorchTPU's positional form
+torch._dynamo.mark_dynamic(ids, 0)
+torch._dynamo.mark_dynamic(ids, dim)
+"""
+
+
+def test_mark_dynamic_bounds_are_read_and_the_last_bucket_covers_the_declared_max(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(MARKED)
+    declared = shapes.bounds(str(script))
+    assert [(b.dim, b.min, b.max, b.source) for b in declared] == [
+        (1, 8, 200, "train.py:2"), (1, 4, 160, "train.py:3"), (0, None, None, "train.py:4")]
+    watch = watched(DataLoader(sentences(), batch_size=4, collate_fn=collate))
+    dims = shapes.batch_dims(watch)
+    seen = max(max(d.sizes) for d in dims)
+    assert seen < 200  # the batches never reached the declared max
+    unbounded = shapes.diagnose(_steps([True] * 10), 1, dims, [], [])
+    bounded = shapes.diagnose(_steps([True] * 10), 1, dims, [], [], declared)
+    free = bucket_choices(Profile.model_construct(recompiling=unbounded))
+    covered = bucket_choices(Profile.model_construct(recompiling=bounded))
+    assert free[0] == (-(-seen // 8) * 8,)  # one fixed length: the longest seen, aligned
+    assert covered[0] == (200,) and all(c[-1] == 200 for c in covered)  # every choice covers the declared max
+    assert len(covered[-1]) > 1 and covered[-1][0] < 200  # more buckets still fit the lengths seen
 
 Pair = namedtuple("Pair", "ids labels")
 

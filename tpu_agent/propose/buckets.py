@@ -79,12 +79,22 @@ def pad_values(profile: Profile) -> dict[str, float]:
     return {d.tensor: d.pad_value for d in same}
 
 
+def declared_max(profile: Profile, dim: int) -> int | None:
+    """The largest `max` the script declares for `dim` with mark_dynamic (None: no bound declared)."""
+    found = [b.max for b in profile.recompiling.bounds if b.dim == dim and b.max is not None]
+    return max(found) if found else None
+
+
 def bucket_choices(profile: Profile) -> list[tuple[int, ...]]:
-    """One fixed length and the best 2 and 4 buckets for the lengths the profile saw."""
+    """One fixed length and the best 2 and 4 buckets for the lengths the profile saw, the last covering a max
+    the script declares (`mark_dynamic(x, dim, min, max)`)."""
     main = main_dim(profile)
     if main is None:
         return []
-    lengths = main.by_batch or main.sizes
+    lengths = list(main.by_batch or main.sizes)
+    bound = declared_max(profile, main.dim)
+    if bound is not None:  # the longest the script says may come: the last bucket covers it, seen or not
+        lengths.append(bound)
     multiple = tile_for(lengths)
     out: list[tuple[int, ...]] = []
     for count in BUCKET_COUNTS:

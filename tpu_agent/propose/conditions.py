@@ -84,7 +84,8 @@ VARIABLES: dict[str, tuple[str, Callable[[Profile], Any], Any]] = {
                                                                     else 1), 1),
     "$length_pads": ("the batch tensors with that length, and their pad values",
                      buckets.pad_values, {"['input_ids']": 0.0, "['labels']": -100.0}),
-    "$length_buckets": ("bucket lengths to try: one fixed length, the best 2 and 4 for the lengths seen",
+    "$length_buckets": ("bucket lengths to try: one fixed length, the best 2 and 4 for the lengths seen (and a "
+                        "max the script declares with mark_dynamic)",
                         buckets.bucket_choices, [(64,), (32, 64)]),
     "$length_pads_seen": ("whether the pad values were seen in the script's own batches (not assumed)",
                           buckets.pads_seen, True),
