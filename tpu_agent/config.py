@@ -46,9 +46,11 @@ class TuneOptions(BaseModel):
     trials: int = Field(20, ge=1, description="trials to run (measured configurations)")
     timeout: float | None = Field(None, gt=0, description="stop starting trials after this many seconds")
     trial_timeout: float = Field(600.0, gt=0, description="a trial step running longer is stopped and recorded as failed")
-    steps: int = Field(10, ge=5, description="interleaved baseline/candidate pairs per trial, after warm-up")
+    steps: int = Field(20, ge=5, description=(
+        "interleaved baseline/candidate pairs per trial, after warm-up; every measured process runs this length"))
     warmup: int = Field(2, ge=1, description="steps each process runs before it is timed (compilation)")
-    pairs: int = Field(5, ge=5, description="interleaved baseline/candidate pairs when verifying a gain")
+    pairs: int = Field(20, ge=5, description=(
+        "pairs a verification or an ablation measures, in rounds of --steps pairs, each in fresh processes"))
     verify: int = Field(3, ge=0, description=(
         "how many of the search's best plans are verified in fresh processes (0: search only, nothing verified)"))
     target: Target = Field("cpu", description="what to tune for: this machine, or a TPU generation (cost model)")
@@ -88,8 +90,15 @@ class TuneOptions(BaseModel):
 
     @property
     def verify_pairs(self) -> int:
-        """Pairs for a verification or an ablation: noise on a shared host wants a fixed, ample sample."""
-        return max(self.pairs, self.steps, 20)
+        """Pairs for a verification or an ablation: noise on a shared host wants an ample sample (20 pairs
+        pass a real 15 % gain every time; 10, about 92 % of the time)."""
+        return max(self.pairs, self.steps)
+
+    @property
+    def verify_rounds(self) -> int:
+        """Fresh process pairs a verification or an ablation runs, each the trials' length (--steps): a script
+        is measured over the same steps whether a trial or a verification runs it."""
+        return -(-self.verify_pairs // self.steps)
 
     def runs_root(self) -> Path:
         return Path(self.output_dir) if self.output_dir else Path.cwd() / ".tpu-agent" / "runs"

@@ -57,6 +57,7 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
     # run + profile: the unchanged script, its knobs
     console.print(f"[bold]baseline[/bold]: profiling {script.name} ({options.warmup} warm-up + {options.steps} steps)")
     result.enter("baseline", t_start)
+    began = time.perf_counter()
     try:
         profile, profile_path = profile_for_tune(script, args, run_dir, options)
     except KeyboardInterrupt:
@@ -65,6 +66,8 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
         result.enter("done", t_start)
         return result.save(t_start)
     result.baseline_profile, result.summary = str(profile_path), summary_of(profile, None)
+    console.print(f"  {time.perf_counter() - began:.1f} s, of which {profile.steps.compile_s:.1f} s compiling "
+                  f"({profile.steps.compiles} programs)")
     result.parameters = [profile.parameters, None]
     result.baseline_mode = profile.mode_used
     every_knob = knob_finder.discover(script, profile=profile, script_args=args, profile_path=str(profile_path)).knobs

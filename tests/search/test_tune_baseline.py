@@ -50,7 +50,7 @@ def test_a_baseline_hanging_before_its_first_step_times_out(tmp_path: Path):
 
 
 def test_ctrl_c_during_the_baseline_stops_the_tune(tmp_path: Path):
-    # The script's third step never ends: the baseline (2 warm-up + 10 steps) cannot finish before the Ctrl-C,
+    # The script's third step never ends: the baseline (2 warm-up + 20 steps) cannot finish before the Ctrl-C,
     # however loaded the machine, and the interrupt is sent only once the tool says the baseline is running
     # and the script has finished a step.
     (tmp_path / "stuck.py").write_text(STUCK_AT_STEP_3)
@@ -71,4 +71,4 @@ def test_piped_output_is_not_wrapped_at_80_columns(tmp_path: Path):
     (tmp_path / name).write_text("raise SystemExit(4)\n")
     proc = tune(tmp_path, name)
     assert proc.returncode == 1
-    assert f"baseline: profiling {name} (2 warm-up + 10 steps)" in proc.stdout.splitlines(), proc.stdout
+    assert f"baseline: profiling {name} (2 warm-up + 20 steps)" in proc.stdout.splitlines(), proc.stdout

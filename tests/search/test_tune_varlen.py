@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow  # a whole tune, end to end
 
 def small_varlen(project: Path) -> Path:
     """examples/varlen_lm.py with a smaller model and batches of 2 (the longest of two sentences of 8-128 tokens:
-    a new length almost every step, through the verification's 21 steps too): the same collate, the same loop."""
+    a new length almost every step, through the verification's 6 steps too): the same collate, the same loop."""
     source = (EXAMPLES / "varlen_lm.py").read_text()
     for name, value in {"N_LAYERS": 1, "D_MODEL": 32, "VOCAB": 128, "MAX_LEN": 128, "BATCH": 2}.items():
         source, n = re.subn(rf"^{name} = \d+$", f"{name} = {value}", source, flags=re.M)
@@ -35,7 +35,7 @@ def small_varlen(project: Path) -> Path:
 def test_a_variable_length_lm_is_diagnosed_and_its_batches_padded_to_a_fixed_length_verified_exact(tmp_path):
     small_varlen(tmp_path)
     proc = run_tool("tune", "varlen.py", "--trials", "1", "--candidates", "1", "--verify", "1", "--steps", "5",
-                    "--warmup", "1", "--", "--steps", "40", cwd=tmp_path, env=clean_env(), timeout=600)
+                    "--pairs", "5", "--warmup", "1", "--", "--steps", "40", cwd=tmp_path, env=clean_env(), timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = (tmp_path / ".tpu-agent" / "runs").iterdir()
     tune = json.loads((run_dir / "tune.json").read_text())

@@ -119,18 +119,23 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
         lines += [f"- {line}" for line in result.left_out]
 
     lines += ["", f"### Trials (study `{result.study}`)", "",
-              "| # | state | speedup in search | memory | plan | note |", "|---|---|---|---|---|---|"]
+              "| # | state | speedup in search | memory | start-up + warm-up | trial | plan | note |",
+              "|---|---|---|---|---|---|---|---|"]
     for t in result.trials:
         sp = f"{t.speedup:.3f}x" if t.speedup is not None else "-"
         mem = f"{t.memory_ratio:.2f}x" if t.memory_ratio is not None else "-"
+        warm = f"{t.warmup_s:.1f} s" if t.warmup_s is not None else "-"
         state = f"{t.state} (earlier run)" if t.earlier else t.state
-        lines.append(f"| {t.number} | {state} | {sp} | {mem} | {t.plan.describe()} | {t.reason[:80]} |")
+        lines.append(f"| {t.number} | {state} | {sp} | {mem} | {warm} | {t.duration_s:.1f} s | {t.plan.describe()} "
+                     f"| {t.reason[:80]} |")
     lines += ["", "Search speedups are single-trial medians against a warm baseline, for ranking only; only the "
                   "verification figures above are claims."]
     for name in ("trials.png", "gain_per_action.png"):
         if name in files:
             lines += ["", f"![{name}]({name})"]
-    lines += ["", f"<sub>tpu-agent, {result.duration_s / 60:.1f} min, {len(result.trials)} trials</sub>", ""]
+    phases = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in result.phase_s.items() if seconds >= 0.5)
+    lines += ["", f"<sub>tpu-agent, {result.duration_s / 60:.1f} min, {len(result.trials)} trials"
+                  + (f" ({phases})" if phases else "") + "</sub>", ""]
     return "\n".join(lines)
 
 

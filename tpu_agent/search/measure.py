@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from tpu_agent import envvars
@@ -34,11 +35,12 @@ def keeps_compiling(steps: list[StepRecord]) -> bool:
     return 3 * sum(s.compiled for s in late) > len(late)
 
 
-def steady(a: list[StepRecord], b: list[StepRecord]) -> tuple[list[StepRecord], list[StepRecord]]:
+def steady(a: list[StepRecord], b: list[StepRecord], least: int = MIN_STEADY) -> tuple[list[StepRecord],
+                                                                                     list[StepRecord]]:
     """The pairs in which neither process compiled (warm-up can end before XLA's last compile), or all of them
-    when fewer than MIN_STEADY are left or a side keeps compiling."""
+    when fewer than `least` are left (an interval needs its minimum of pairs) or a side keeps compiling."""
     kept = [(x, y) for x, y in zip(a, b) if not (x.compiled or y.compiled)]
-    if len(kept) < MIN_STEADY or keeps_compiling(a) or keeps_compiling(b):
+    if len(kept) < least or keeps_compiling(a) or keeps_compiling(b):
         return a, b
     return [x for x, _ in kept], [y for _, y in kept]
 
@@ -148,21 +150,29 @@ class Runner:
         return self.script_failure is not None and self.script_failure[0] == exc.steps
 
     def measure_plans(self, without: Plan, plan: Plan, name: str, pairs: int):
-        """Two fresh plan processes stepped in turns: (steps of `without`, steps of `plan`)."""
+        """Two fresh plan processes stepped in turns, in rounds of --steps pairs (each round fresh processes, the
+        trials' length): (steps of `without`, steps of `plan`)."""
         self.close()
-        a_proc, b_proc = self.candidate(without, f"{name}-without"), self.candidate(plan, f"{name}-with")
-        try:
-            self._warm(a_proc)
-            self._warm(b_proc)
-            return interleave(a_proc.step, b_proc.step, pairs, ends_script=self._script_ends)
-        finally:
-            a_proc.stop()
-            b_proc.stop()
+        a: list[StepRecord] = []
+        b: list[StepRecord] = []
+        for _ in range(-(-pairs // self.options.steps)):
+            a_proc, b_proc = self.candidate(without, f"{name}-without"), self.candidate(plan, f"{name}-with")
+            try:
+                self._warm(a_proc)
+                self._warm(b_proc)
+                ra, rb = interleave(a_proc.step, b_proc.step, self.options.steps, ends_script=self._script_ends)
+            finally:
+                a_proc.stop()
+                b_proc.stop()
+            a, b = a + ra, b + rb
+        return a, b
 
     def _warm(self, proc: TrialProcess) -> None:
+        t0 = time.perf_counter()
         proc.start()
         for _ in range(self.options.warmup):
             proc.step()
+        proc.warm_s = time.perf_counter() - t0
 
     def close(self) -> None:
         if self.baseline is not None:

@@ -43,6 +43,7 @@ class TrialRecord(BaseModel):
     memory_ratio: float | None = None
     reason: str = ""
     duration_s: float = 0.0
+    warmup_s: float | None = None  # the candidate's start-up and warm-up steps (imports, compiles)
     earlier: bool = False  # recorded by an earlier run of the study (--resume)
 
     def outcome(self) -> TrialOutcome:
@@ -381,6 +382,7 @@ def search(study: optuna.Study, space: Space, runner: Runner, options: TuneOptio
             # A memory limit, not an accident: a completed, infeasible trial that TPE learns to steer away from.
             trial.set_constraint(OUT_OF_MEMORY, 1.0)
             return _finish(trial, failed, objective=0.0, reported=reported)
+        warm_s = getattr(cand, "warm_s", None)  # a measuring double may not time its warm-up
         for s in runner.baseline.steps if runner.baseline else a:
             if s.loss is not None:
                 baseline_losses.setdefault(s.step, s.loss)
@@ -403,6 +405,7 @@ def search(study: optuna.Study, space: Space, runner: Runner, options: TuneOptio
         trial.set_user_attr("compiling_pairs", compiling)  # left out of the speedup (unless fewer than 3 remained)
         trial.set_user_attr("per_sample", per_sample)
         trial.set_user_attr("memory_ratio", memory_ratio)
+        trial.set_user_attr("warmup_s", warm_s)
         if numerics is not None:
             trial.set_constraint(NUMERICS, numerics_margin(numerics))
             trial.set_user_attr("numerics", numerics.reason)
@@ -410,12 +413,13 @@ def search(study: optuna.Study, space: Space, runner: Runner, options: TuneOptio
             # Objective 0 as well as infeasible: optuna-dashboard's best trial (the storage's) ignores constraints.
             return _finish(trial, TrialRecord(number=trial.number, plan=plan, state="numerics", value=0.0,
                                               speedup=speed, memory_ratio=memory_ratio,
-                                              duration_s=time.perf_counter() - t0, reason=numerics.reason),
+                                              duration_s=time.perf_counter() - t0, warmup_s=warm_s,
+                                              reason=numerics.reason),
                            reported=reported)
         trial.set_user_attr("candidate_losses", losses_of(b))
         record = TrialRecord(number=trial.number, plan=plan, state="complete", value=value, speedup=speed,
                              memory_ratio=memory_ratio, duration_s=time.perf_counter() - t0,
-                             reason="; ".join(cand.notes))
+                             warmup_s=warm_s, reason="; ".join(cand.notes))
         return _finish(trial, record, reported=reported)
 
     def _finish(trial, record: TrialRecord, fail: bool = False, objective: float | None = None,

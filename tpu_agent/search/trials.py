@@ -48,6 +48,7 @@ class TrialProcess:
         self.proc: subprocess.Popen | None = None
         self.notes: list[str] = []
         self.steps: list[StepRecord] = []
+        self.warm_s: float | None = None  # start-up and warm-up (imports, compiles), set by Runner._warm
         self._buffer = b""
 
     def start(self) -> None:

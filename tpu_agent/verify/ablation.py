@@ -14,7 +14,7 @@ from tpu_agent.config import TuneOptions
 from tpu_agent.plan.actions import Plan
 from tpu_agent.search.measure import Runner, batch_size, steady
 from tpu_agent.search.trials import TrialFailed
-from tpu_agent.verify.stats import speedup
+from tpu_agent.verify.stats import MIN_PAIRS, speedup
 from tpu_agent.verify.verdict import Attribution, Verdict, verify
 
 __all__ = ["attribute", "settle"]
@@ -42,7 +42,7 @@ def attribute(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: 
             continue
         before, after = batch_size(without, baseline_batch), batch_size(plan, baseline_batch)
         per_sample = baseline_batch is not None and before != after
-        steady_a, steady_b = steady(a, b)  # pairs in which a process compiled say nothing of the steady state
+        steady_a, steady_b = steady(a, b, least=MIN_PAIRS)  # pairs in which a process compiled tell nothing steady
         speed = speedup([s.wall_s for s in steady_a], [s.wall_s for s in steady_b], min_gain=options.min_gain,
                         seed=options.seed,
                         baseline_batch=before if per_sample else None, candidate_batch=after if per_sample else None)

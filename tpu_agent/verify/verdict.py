@@ -8,8 +8,8 @@ from tpu_agent.config import TuneOptions
 from tpu_agent.plan.actions import Plan
 from tpu_agent.search.measure import Runner, batch_size, keeps_compiling, steady
 from tpu_agent.search.trials import TrialFailed
-from tpu_agent.verify.stats import (MemoryEstimate, NumericsCheck, SpeedupEstimate, check_plan_numerics, memory_saving,
-                                   speedup)
+from tpu_agent.verify.stats import (MIN_PAIRS, MemoryEstimate, NumericsCheck, SpeedupEstimate, check_plan_numerics,
+                                   memory_saving, speedup)
 
 
 class Attribution(BaseModel):
@@ -70,24 +70,32 @@ def sharding_estimate(profile, plan: Plan, target: str) -> str | None:
 
 def verify(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: int | None, profile=None) -> Verdict:
     """Fresh processes for both, interleaved pairs, CI on the speedup, the numerics check."""
-    try:
-        runner.verifications += 1
-        a, b, cand = runner.measure(plan, f"verify-{runner.verifications}", options.verify_pairs, fresh_baseline=True)
-    except TrialFailed as exc:
-        return Verdict(plan=plan, accepted=False, reason=f"verification run failed: {exc.kind}: {exc.message[:200]}")
-    finally:
-        runner.close()
-    by_step: dict[int, float] = {}
-    for s in runner.last_baseline_steps:  # every baseline process runs the same steps from step 1
-        if s.loss is not None:
-            by_step.setdefault(s.step, s.loss)
-    aligned = [(by_step[s.step], s.loss) for s in cand.steps if s.loss is not None and s.step in by_step]
+    # Rounds of `steps` pairs, each in a fresh baseline and candidate process: the length a trial measured,
+    # stopped the same way, as often as the verification's pairs need.
+    rounds = options.verify_rounds
+    runner.verifications += 1
+    a, b, aligned = [], [], []
+    for r in range(rounds):
+        name = f"verify-{runner.verifications}" + (f"-{r + 1}" if rounds > 1 else "")
+        try:
+            ra, rb, cand = runner.measure(plan, name, options.steps, fresh_baseline=True)
+        except TrialFailed as exc:
+            return Verdict(plan=plan, accepted=False, reason=f"verification run failed: {exc.kind}: {exc.message[:200]}")
+        finally:
+            runner.close()
+        a, b = a + ra, b + rb
+        if not aligned:  # the losses of one round: every baseline and candidate process runs steps from step 1
+            by_step: dict[int, float] = {}
+            for s in runner.last_baseline_steps:
+                if s.loss is not None:
+                    by_step.setdefault(s.step, s.loss)
+            aligned = [(by_step[s.step], s.loss) for s in cand.steps if s.loss is not None and s.step in by_step]
     numerics = None
     if aligned:
         numerics, plan = check_plan_numerics(plan, [x for x, _ in aligned], [y for _, y in aligned], options)
     cand_batch = batch_size(plan, baseline_batch)
     per_sample = baseline_batch is not None and cand_batch != baseline_batch
-    steady_a, steady_b = steady(a, b)  # pairs in which a process compiled say nothing of the steady state
+    steady_a, steady_b = steady(a, b, least=MIN_PAIRS)  # pairs in which a process compiled tell nothing steady
     speed = speedup([s.wall_s for s in steady_a], [s.wall_s for s in steady_b], min_gain=options.min_gain,
                     seed=options.seed,
                     baseline_batch=baseline_batch if per_sample else None,
