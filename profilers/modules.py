@@ -53,6 +53,7 @@ class ModuleWatch:
     def __init__(self) -> None:
         self.models: list[str] = []
         self.groups: dict[tuple[str, tuple], list] = {}  # (class, sizes) -> [count, paths]
+        self.experts: dict[tuple[str, str, int], list] = {}  # (class, implementation, experts) -> [count, paths]
         self.boundaries = 0
         self._seen: set[int] = set()
         self._hook = None
@@ -95,6 +96,7 @@ class ModuleWatch:
         self.models.append(type(getattr(model, "_orig_mod", model)).__name__)
         for name, module in model.named_modules():
             self._seen.add(id(module))
+            self._record_experts(name, module)
             sizes = sizes_of(module)
             if not sizes:
                 continue
@@ -103,9 +105,23 @@ class ModuleWatch:
             if len(group[1]) < MAX_PATHS:
                 group[1].append(_path(name))
 
+    def _record_experts(self, name: str, module) -> None:
+        """A Hugging Face MoE experts module (transformers' `use_experts_implementation` sets `has_gate` on it),
+        with the implementation its config runs: "eager" is a loop over the experts hit, data-dependent."""
+        own = module.__dict__
+        implementation = getattr(own.get("config"), "_experts_implementation", None)
+        if "has_gate" not in own or not isinstance(implementation, str):
+            return
+        experts = own.get("num_experts")
+        key = (type(module).__name__, implementation, experts if isinstance(experts, int) else 0)
+        group = self.experts.setdefault(key, [0, []])
+        group[0] += 1
+        if len(group[1]) < MAX_PATHS:
+            group[1].append(_path(name))
+
     def report(self):
         """The BuiltModules for profile.json; None when no model was called on tpu."""
-        from .schema import BuiltModules, ModuleSize
+        from .schema import BuiltModules, ExpertsModules, ModuleSize
 
         if not self.models:
             return None
@@ -113,4 +129,7 @@ class ModuleWatch:
         sizes = [ModuleSize(kind=kind, sizes={k: list(v) if isinstance(v, tuple) else v for k, v in attrs},
                             count=count, paths=paths)
                  for (kind, attrs), (count, paths) in groups[:MAX_GROUPS]]
-        return BuiltModules(models=self.models, sizes=sizes, left_out=max(0, len(groups) - MAX_GROUPS))
+        experts = [ExpertsModules(kind=kind, implementation=impl, experts=n, count=count, paths=paths)
+                   for (kind, impl, n), (count, paths) in self.experts.items()]
+        return BuiltModules(models=self.models, sizes=sizes, left_out=max(0, len(groups) - MAX_GROUPS),
+                            experts=experts)

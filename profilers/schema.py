@@ -404,12 +404,25 @@ class ModuleSize(BaseModel):
         return f"{self.kind}({args}) x{self.count}: {', '.join(self.paths)}{more}"
 
 
+class ExpertsModules(BaseModel):
+    """Hugging Face MoE experts modules of one class, with the implementation their config runs."""
+
+    kind: str
+    implementation: str = Field(description="eager: a Python loop over the experts hit, each with a token count "
+                                "that changes every step (a new XLA program per count); grouped_mm, batched_mm: "
+                                "static shapes")
+    experts: int = Field(description="experts per module (0: not read)")
+    count: int
+    paths: list[str] = Field(default_factory=list)
+
+
 class BuiltModules(BaseModel):
     """The constructor sizes of the modules in the models the script ran on tpu: what a knob's value sizes."""
 
     models: list[str] = Field(description="each model's class, in the order first called")
     sizes: list[ModuleSize] = Field(default_factory=list, description="identical sizes grouped, in model order")
     left_out: int = Field(0, description="groups past the limit, not listed")
+    experts: list[ExpertsModules] = Field(default_factory=list, description="Hugging Face MoE experts modules")
 
 
 class Profile(BaseModel):

@@ -27,7 +27,7 @@ from tpu_agent.propose.playbook import (
 
 BUILTIN_IDS = {
     "pad-matmul-dims", "pad-batch", "pad-vocab", "attention-head-dim", "pad-ops", "compiled-step",
-    "data-parallel", "fsdp", "tensor-parallel-mlp", "bf16-matmul", "static-shapes",
+    "data-parallel", "fsdp", "tensor-parallel-mlp", "bf16-matmul", "static-shapes", "bucket-lengths", "moe-experts",
 }
 
 GOOD = """\

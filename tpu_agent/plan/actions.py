@@ -306,7 +306,34 @@ class MatmulPrecision(_Action):
         applied.notes.append(f"matmul precision {self.precision}")
 
 
-ACTION_CLASSES: tuple[type[_Action], ...] = (PadDim, PadOps, PadBatch, Mesh, ShardRule, BatchSharding, Compile, MatmulPrecision)
+class ExpertsImplementation(_Action):
+    """A Hugging Face MoE's experts computed with static shapes instead of a Python loop over the experts hit:
+    the loop's `torch.where` gives each expert a token count that changes every step, so on XLA each count is
+    a new program. `grouped_mm` sorts the tokens by expert and multiplies in one grouped matmul; `batched_mm`
+    gathers each token's expert weights. No token is dropped (not capacity padding, which would be a change of
+    the model): the same math, summed in another order."""
+
+    group: ClassVar[Group] = "execution"
+    hint: ClassVar[str] = "{implementation: grouped_mm|batched_mm}"
+    kind: Literal["experts_implementation"] = "experts_implementation"
+    implementation: Literal["grouped_mm", "batched_mm"]
+    effect: Literal["numerics"] = "numerics"
+
+    def describe(self) -> str:
+        return f"MoE experts as {self.implementation} (static shapes, no expert loop)"
+
+    def instruction(self) -> str:
+        return (f"`model.set_experts_implementation(\"{self.implementation}\")` after building the model, or "
+                f"`experts_implementation=\"{self.implementation}\"` in its config or `from_pretrained`")
+
+    def apply(self, applied: "Applied") -> None:
+        from tpu_agent.plan.experts import use_experts_implementation
+
+        use_experts_implementation(self.implementation, applied)
+
+
+ACTION_CLASSES: tuple[type[_Action], ...] = (PadDim, PadOps, PadBatch, Mesh, ShardRule, BatchSharding, Compile,
+                                             MatmulPrecision, ExpertsImplementation)
 Action = Annotated[Union[ACTION_CLASSES], Field(discriminator="kind")]  # noqa: UP007 - a tuple of classes
 ACTION_MODELS: dict[str, type[_Action]] = {cls.model_fields["kind"].default: cls for cls in ACTION_CLASSES}
 ACTION_KINDS: tuple[str, ...] = tuple(ACTION_MODELS)

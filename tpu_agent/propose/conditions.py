@@ -56,6 +56,10 @@ METRICS: dict[str, tuple[str, Callable[[Profile], Any]]] = {
     "bucketable_lengths": ("1 when the batches' changing length can be padded where they leave the loader (every "
                            "tensor with that length has a known pad value), else 0",
                            lambda p: 1 if buckets.pad_values(p) else 0),
+    "experts_loops": ("Hugging Face MoE experts modules run as the loop over the experts hit (data-dependent "
+                      "token counts per expert: a new program per count on XLA)",
+                      lambda p: sum(e.count for e in p.modules.experts if e.implementation == "eager")
+                      if p.modules else 0),
     "devices": ("devices the profile ran on (simulated ones included)", _devices),
     "executables_per_step": ("XLA executables run per measured step",
                              lambda p: sum(e.calls_per_step for e in p.executables)),

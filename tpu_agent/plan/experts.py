@@ -1,0 +1,42 @@
+"""Switches a Hugging Face MoE model's experts to a static-shape implementation: the `experts_implementation`
+action at run time.
+
+The script builds its model; a global forward pre-hook meets each model at its first call and, when its
+config runs the experts as the Python loop (`"eager"`), asks the model itself to switch
+(`PreTrainedModel.set_experts_implementation`), the API a user would call. Models that cannot switch are
+left as they are and said so in the trial's notes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def loops_over_experts(config) -> bool:
+    """Whether a (sub)config runs its experts as the loop over the experts hit."""
+    return getattr(config, "_experts_implementation", None) == "eager"
+
+
+def use_experts_implementation(implementation: str, applied):
+    """Installs the hook; returns its handle (the child keeps it for the run)."""
+    seen: set[int] = set()
+
+    def switch(module, _args):
+        if id(module) in seen:  # after its first call, a module costs a set lookup
+            return None
+        seen.add(id(module))
+        if not hasattr(module, "set_experts_implementation"):
+            return None
+        seen.update(id(m) for m in module.modules())  # its submodels are switched with it
+        config = getattr(module, "config", None)
+        if not loops_over_experts(config):
+            return None
+        try:
+            module.set_experts_implementation(implementation)
+        except (ValueError, RuntimeError, ImportError) as exc:  # the model cannot switch: it runs as written
+            applied.notes.append(f"{type(module).__name__} kept its experts loop: {str(exc).splitlines()[0][:160]}")
+            return None
+        applied.notes.append(f"{type(module).__name__}: MoE experts as {implementation} (was the expert loop)")
+        return None
+
+    return torch.nn.modules.module.register_module_forward_pre_hook(switch)
