@@ -102,3 +102,4 @@ def test_verification_leaves_out_pairs_in_which_the_candidate_compiled():
     verdict = verify(Plan(actions=[Compile(mode="fused")]), FakeRunner(compiling=4), TuneSettings(seed=0), None)
     assert verdict.accepted and abs(verdict.speed.speedup - 1 / 0.9) < 0.03
     assert verdict.speed.pairs == 16  # 20 pairs, 4 compiling
+    assert "4 of 20 pairs left out: a process compiled in them" in verdict.reason  # said, not hidden

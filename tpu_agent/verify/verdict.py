@@ -107,6 +107,9 @@ def verify(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: int
         estimate = sharding_estimate(profile, plan, options.target)
         estimate_note = ("time on simulated CPU devices is not a TPU's: the speed figure is measured here but "
                          "not claimed" + (f"; {estimate}" if estimate else ""))
+    if len(steady_a) < len(a):  # said, so that a gain measured without the baseline's compiles is read as such
+        speed = speed.model_copy(update={"reason": (
+            f"{speed.reason}; {len(a) - len(steady_a)} of {len(a)} pairs left out: a process compiled in them")})
     if keeps_compiling(a):
         compiled = sum(s.compiled for s in a)
         speed = speed.model_copy(update={"reason": (
