@@ -32,6 +32,7 @@ from .capture import (Capture, RebasedViews, autocast_state, compiling, constant
 from .launch import launch
 from .lazy import RECORDER
 from .steps import step_boundary
+from .transfer import materialize
 
 _HYPERPARAMETERS = (int, float, bool, tuple)
 STALE = object()  # a replay found a storage it reads gone: capture again
@@ -105,7 +106,8 @@ class Plan:
         drawn = [None]  # the base key of this call's draws
         for kind, value in self.provenance:
             if kind == "arg":
-                array = get_path(args, value).jax()
+                # fused work may still be pending on it (a model that ran as written, its grads unrun)
+                array = materialize(get_path(args, value))
                 wanted = self.shardings[len(inputs)]
                 if wanted is not None and array.sharding != wanted:
                     array = jax.device_put(array, wanted)  # as the step's sharding hook placed it
