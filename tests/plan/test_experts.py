@@ -25,7 +25,7 @@ def _train(switch_to: str | None) -> tuple[list[float], list[int], object, Appli
     """Fused steps of the experts-loop model: (losses, programs compiled per step, the model, what was applied)."""
     model, optimizer, inputs = hf_models.build("qwen3_moe_loop", "eager", "tpu")
     applied = Applied()
-    handle = use_experts_implementation(switch_to, applied) if switch_to else None
+    remove = use_experts_implementation(switch_to, applied) if switch_to else None
     losses, compiles = [], []
     try:
         with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
@@ -38,8 +38,8 @@ def _train(switch_to: str | None) -> tuple[list[float], list[int], object, Appli
                 losses.append(loss.item())
                 compiles.append(STATS.compiles - before)
     finally:
-        if handle is not None:
-            handle.remove()  # the hook is process-wide: other tests here build the loop model too
+        if remove is not None:
+            remove()  # gone after the first step already; said again in case a step failed before it
     return losses, compiles, model, applied
 
 

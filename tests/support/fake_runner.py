@@ -60,7 +60,7 @@ class FakeRunner:
         self.last_baseline_steps = base.steps
         return a, b, cand
 
-    def measure_plans(self, without, plan, name, pairs):
+    def measure_plans(self, without, plan, name, pairs=20):  # the default settings' verification: 20 pairs
         return self._pairs(name, _Proc(without, self.rng, self.factors), _Proc(plan, self.rng, self.factors), pairs)
 
     def close(self):

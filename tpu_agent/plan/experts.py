@@ -18,18 +18,22 @@ def loops_over_experts(config) -> bool:
 
 
 def use_experts_implementation(implementation: str, applied):
-    """Installs the hook; returns its handle (the child keeps it for the run)."""
+    """Installs the hook until the step boundary after the first model (the second boundary at the latest),
+    so measured steps pay nothing; returns a function that removes it early."""
+    from tpu_agent.backend import steps
+
     seen: set[int] = set()
+    state = {"models": 0, "boundaries": 0}
 
     def switch(module, _args):
-        if id(module) in seen:  # after its first call, a module costs a set lookup
+        if id(module) in seen:
             return None
         seen.add(id(module))
         if not hasattr(module, "set_experts_implementation"):
             return None
         seen.update(id(m) for m in module.modules())  # its submodels are switched with it
-        config = getattr(module, "config", None)
-        if not loops_over_experts(config):
+        state["models"] += 1
+        if not loops_over_experts(getattr(module, "config", None)):
             return None
         try:
             module.set_experts_implementation(implementation)
@@ -39,4 +43,18 @@ def use_experts_implementation(implementation: str, applied):
         applied.notes.append(f"{type(module).__name__}: MoE experts as {implementation} (was the expert loop)")
         return None
 
-    return torch.nn.modules.module.register_module_forward_pre_hook(switch)
+    def remove() -> None:
+        if state.get("removed"):
+            return
+        state["removed"] = True
+        handle.remove()
+        stop_listening()
+
+    def on_step(_source: str) -> None:
+        state["boundaries"] += 1
+        if state["models"] or state["boundaries"] >= 2:
+            remove()
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(switch)
+    stop_listening = steps.add_step_listener(on_step)
+    return remove

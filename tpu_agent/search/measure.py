@@ -149,13 +149,13 @@ class Runner:
             self.script_failure = (exc.steps, exc.message.splitlines()[0][:300])
         return self.script_failure is not None and self.script_failure[0] == exc.steps
 
-    def measure_plans(self, without: Plan, plan: Plan, name: str, pairs: int):
-        """Two fresh plan processes stepped in turns, in rounds of --steps pairs (each round fresh processes, the
-        trials' length): (steps of `without`, steps of `plan`)."""
+    def measure_plans(self, without: Plan, plan: Plan, name: str):
+        """Two fresh plan processes stepped in turns, in a verification's rounds of --steps pairs (each round fresh
+        processes, the trials' length): (steps of `without`, steps of `plan`)."""
         self.close()
         a: list[StepRecord] = []
         b: list[StepRecord] = []
-        for _ in range(-(-pairs // self.options.steps)):
+        for _ in range(self.options.verify_rounds):
             a_proc, b_proc = self.candidate(without, f"{name}-without"), self.candidate(plan, f"{name}-with")
             try:
                 self._warm(a_proc)

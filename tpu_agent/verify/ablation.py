@@ -35,7 +35,7 @@ def attribute(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: 
         effect = actions[0].effect
         try:
             name = "ablate-" + unit.replace(" (", "-").rstrip(")")  # ablate-padding-model
-            a, b = runner.measure_plans(without, plan, name, options.verify_pairs)
+            a, b = runner.measure_plans(without, plan, name)
         except TrialFailed as exc:
             out.append(Attribution(group=unit, effect=effect, actions=text, without=without.describe(),
                                    reason=f"not measured: {exc.kind}: {exc.message[:160]}"))
