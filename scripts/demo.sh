@@ -8,7 +8,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 TPU_AGENT=.venv/bin/tpu-agent
 
-MAIN_JOB=(tune examples/odd_shapes.py --trials 20 --offline)
+# The example runs 20 steps by default; each measured process needs 2 warm-up + 20 (--steps), so it gets 60
+# and no baseline process runs out of steps mid-trial.
+MAIN_JOB=(tune examples/odd_shapes.py --trials 20 --offline -- --steps 60)
 
 echo "== tpu-agent doctor"
 "$TPU_AGENT" doctor
