@@ -213,3 +213,30 @@ def test_knobs_command_bad_inputs(tmp_path: Path) -> None:
     assert "not a tpu-agent profile: bad.json" in one_error_line(proc)
     missing = run_tool("knobs", "nope.py", cwd=tmp_path)
     assert missing.returncode == 2 and one_error_line(missing) == "error: script not found: nope.py"
+
+
+def test_a_size_inside_a_dataset_class_shapes_the_data_not_the_model(tmp_path: Path) -> None:
+    # The Trainer example's RandomTokens(64): its n reaches torch.randint's size inside a Dataset, so the
+    # tuner must call it a change to the data (never made), not a model change `--allow model` would search.
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import Dataset
+
+        class Tokens(Dataset):
+            def __init__(self, n):
+                self.ids = torch.randint(0, 512, (n, 32))
+
+        class Net(nn.Module):
+            def __init__(self, width):
+                super().__init__()
+                self.table = torch.zeros(width, 8)
+
+        data = Tokens(64)
+        net = Net(48)
+        """))
+    knobs = {k.value: k for k in discover(script).knobs}
+    assert knobs[64].effect == "data", knobs[64].effect_why
+    assert "Tokens" in knobs[64].effect_why or "randint" in knobs[64].effect_why
+    assert knobs[48].effect == "model", knobs[48].effect_why

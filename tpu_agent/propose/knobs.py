@@ -35,7 +35,7 @@ from tpu_agent.propose import config_flow
 from tpu_agent.propose.config_flow import Call, Flow
 from tpu_agent.propose.expressions import elements, evaluate, identifiers
 from tpu_agent.propose.knob_match import match_profile
-from tpu_agent.propose.size_args import (BATCH_NAME, DIM_KEYWORDS, FACTORIES, KEYWORD_ROLES, MODULE_DIMS, SIZE_METHODS,
+from tpu_agent.propose.size_args import (BATCH_NAME, DATA_BASES, DIM_KEYWORDS, FACTORIES, KEYWORD_ROLES, MODULE_DIMS, SIZE_METHODS,
                                          Effect, effect_of)
 
 MULTIPLES = (8, 128, 256)  # sublane rows, lanes / v4-v5 MXU edge, v6e-v7 MXU edge
@@ -151,6 +151,7 @@ class _Scan:
     positions: dict[int, tuple[str, int, int, int, str]] = field(default_factory=dict)  # id(Integer) -> file, line, col, value, scope
     trees: list = field(default_factory=list)  # keeps the visited trees alive, so node ids stay unique
     config_files: list[str] = field(default_factory=list)  # run by the script's configurator, from its arguments
+    data_classes: set[str] = field(default_factory=set)  # the script's Dataset/Sampler subclasses
 
 
 def _full_name(node) -> str:
@@ -212,6 +213,8 @@ class _Collector:
             # scopes
             def visit_ClassDef(self, node):
                 self.scopes.append(("class", node.name.value))
+                if any(_full_name(b.value).rsplit(".", 1)[-1] in DATA_BASES for b in node.bases):
+                    collector.scan.data_classes.add(node.name.value)
 
             def leave_ClassDef(self, node):
                 self.scopes.pop()
@@ -257,11 +260,13 @@ class _Collector:
                 keywords = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
                 where = self.at(node)
 
-                in_class = any(kind == "class" for kind, _ in self.scopes)
+                classes = [name for kind, name in self.scopes if kind == "class"]
+                in_model = bool(classes) and not collector.scan.data_classes.intersection(classes)
 
                 def site(expr, use, literal_ok=True, role=None):
-                    # a tensor made outside any class is data (inputs, labels); inside one, part of the model
-                    collector.scan.sites.append((expr, use, where, literal_ok, role or ("model" if in_class else "data")))
+                    # a tensor made outside any class, or in a Dataset's, is data (inputs, labels); inside any
+                    # other class, part of the model
+                    collector.scan.sites.append((expr, use, where, literal_ok, role or ("model" if in_model else "data")))
 
                 if last == "add_argument":
                     self.argparse(node, positional, keywords)

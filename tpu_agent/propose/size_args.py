@@ -45,6 +45,8 @@ DIM_KEYWORDS = {
     "n_embd", "d_ff", "intermediate_size", "num_features", "seq_len", "max_seq_len", "block_size", "n_positions",
     "max_position_embeddings", "num_heads", "n_head", "nhead", "size",
 }
+# Base classes whose subclasses hold data: a size inside one shapes the data, not the model.
+DATA_BASES = {"Dataset", "IterableDataset", "TensorDataset", "Sampler", "BatchSampler"}
 BATCH_NAME = re.compile(r"(^|_)(batch|batch_?size|bs)$", re.I)
 
 # What a keyword's value sizes when it is not a model dim: the batch, or the sequence (both training choices).
