@@ -19,6 +19,7 @@ from rich.markup import escape
 
 from tpu_agent.config import TuneOptions
 from tpu_agent.errors import TpuAgentError
+from tpu_agent.measure.runner import Runner
 from tpu_agent.paths import ignore_tool_dir, new_run_dir
 from tpu_agent.profilers.schema import Profile
 from tpu_agent.propose import knobs as knob_finder
@@ -27,7 +28,6 @@ from tpu_agent.propose.playbook import load_playbooks
 from tpu_agent.propose.scope import candidates_in_scope, knobs_in_scope
 from tpu_agent.report.result import TuneResult, summary_of
 from tpu_agent.run.tune_profile import profile_for_tune
-from tpu_agent.search.measure import Runner
 from tpu_agent.search.progress import TrialProgress
 from tpu_agent.search.study import (Space, TrialRecord, build_space, dashboard_command, earlier_records, note_verdicts,
                                     open_study, ranked_plans, redact, search, storage_url)

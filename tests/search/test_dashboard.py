@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from support.search_table import FAST, OOM, ROUNDS, run, space
+from tpu_agent.measure.stats import speedup
 from tpu_agent.search.study import dashboard_command, note_verdicts
-from tpu_agent.verify.stats import speedup
 from tpu_agent.verify.verdict import Verdict
 
 optuna_dashboard = pytest.importorskip("optuna_dashboard")  # the test extra installs it (scripts/setup.sh)

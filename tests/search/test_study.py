@@ -88,7 +88,7 @@ def test_a_unit_measured_again_gets_its_own_workspace_and_log(tmp_path):
     """The smaller plan's ablation measures `ablate-padding-model` a second time: a new workspace, not an error."""
     from tpu_agent.config import TuneOptions
     from tpu_agent.plan.actions import PadDim, Plan
-    from tpu_agent.search.measure import Runner
+    from tpu_agent.measure.runner import Runner
 
     (tmp_path / "train.py").write_text("WIDTH = 63\n")
     plan = Plan(actions=[PadDim(file="train.py", line=1, column=8, old=63, new=64, name="WIDTH")])

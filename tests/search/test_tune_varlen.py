@@ -13,9 +13,9 @@ import pytest
 from support.paths import EXAMPLES
 from support.processes import clean_env, run_tool
 from tpu_agent.config import TuneOptions
+from tpu_agent.measure.runner import Runner
 from tpu_agent.plan.actions import Plan
 from tpu_agent.profilers.schema import Profile
-from tpu_agent.search.measure import Runner
 
 pytestmark = pytest.mark.slow  # a whole tune, end to end
 

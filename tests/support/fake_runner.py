@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import random
 
+from tpu_agent.measure.runner import interleave
+from tpu_agent.measure.trials import StepRecord
 from tpu_agent.plan.actions import Plan, unit_of
-from tpu_agent.search.measure import interleave
-from tpu_agent.search.trials import StepRecord
 
 # Step time factor of each unit of actions (plan.actions.unit_of) on a 10 ms baseline step; others: 1.
 FACTORS = {"padding": 0.8, "execution": 0.9, "precision (numerics)": 1.2}

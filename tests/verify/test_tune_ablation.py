@@ -6,11 +6,11 @@ from rich.console import Console
 
 from support.fake_runner import FACTORS, FakeRunner
 from tpu_agent.config import TuneOptions as TuneSettings
+from tpu_agent.measure.stats import speedup
 from tpu_agent.plan.actions import Compile, MatmulPrecision, PadDim, PadOps, Plan
 from tpu_agent.report import markdown as report
 from tpu_agent.verify import ablation
 from tpu_agent.verify.ablation import settle
-from tpu_agent.verify.stats import speedup
 from tpu_agent.verify.verdict import Attribution, Verdict, verify
 
 PAD = PadDim(file="t.py", line=3, column=8, old=63, new=64, name="WIDTH")

@@ -18,11 +18,12 @@ from pydantic import BaseModel
 
 from tpu_agent.config import TuneOptions
 from tpu_agent.errors import InputError
+from tpu_agent.measure.numerics import check_plan_numerics
+from tpu_agent.measure.runner import Runner, batch_size, losses_of, median, steady
+from tpu_agent.measure.stats import median_ci
+from tpu_agent.measure.trials import TrialFailed
 from tpu_agent.plan.actions import Plan
 from tpu_agent.propose.base import Candidate, ProposalRound, TrialOutcome
-from tpu_agent.search.measure import Runner, batch_size, losses_of, median, steady
-from tpu_agent.search.trials import TrialFailed
-from tpu_agent.verify.stats import check_plan_numerics, median_ci
 
 STUDY_DB = "studies.db"
 _COMPLETE = optuna.trial.TrialState.COMPLETE

@@ -11,10 +11,10 @@ is said, with its figures, and the smaller plan is verified again.
 from __future__ import annotations
 
 from tpu_agent.config import TuneOptions
+from tpu_agent.measure.runner import Runner, batch_size, steady
+from tpu_agent.measure.stats import MIN_PAIRS, speedup
+from tpu_agent.measure.trials import TrialFailed
 from tpu_agent.plan.actions import Plan
-from tpu_agent.search.measure import Runner, batch_size, steady
-from tpu_agent.search.trials import TrialFailed
-from tpu_agent.verify.stats import MIN_PAIRS, speedup
 from tpu_agent.verify.verdict import Attribution, Verdict, verify
 
 __all__ = ["attribute", "settle"]

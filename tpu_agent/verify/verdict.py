@@ -5,11 +5,11 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from tpu_agent.config import TuneOptions
+from tpu_agent.measure.numerics import NumericsCheck, check_plan_numerics
+from tpu_agent.measure.runner import Runner, batch_size, keeps_compiling, steady
+from tpu_agent.measure.stats import MIN_PAIRS, MemoryEstimate, SpeedupEstimate, memory_saving, speedup
+from tpu_agent.measure.trials import TrialFailed
 from tpu_agent.plan.actions import Plan
-from tpu_agent.search.measure import Runner, batch_size, keeps_compiling, steady
-from tpu_agent.search.trials import TrialFailed
-from tpu_agent.verify.stats import (MIN_PAIRS, MemoryEstimate, NumericsCheck, SpeedupEstimate, check_plan_numerics,
-                                   memory_saving, speedup)
 
 
 class Attribution(BaseModel):

@@ -2,7 +2,7 @@
 
 `TrialProcess` runs the user's script (or a rewritten copy) with a plan in a
 child process (started by the one launcher, `run.launch`) that stops at every
-step boundary and reports the step (`run.messages`). `search.measure` steps
+step boundary and reports the step (`run.messages`). `measure.runner` steps
 two of them in alternation (A B A B ...). A crash, an out-of-memory error
 or a step that hangs past its timeout ends the trial with a reason, never the
 tool.

@@ -8,7 +8,7 @@ from pathlib import Path
 from tpu_agent import envvars
 from tpu_agent.config import TuneOptions
 from tpu_agent.plan.actions import PadDim, Plan
-from tpu_agent.search.trials import StepRecord, TrialFailed, TrialProcess
+from tpu_agent.measure.trials import StepRecord, TrialFailed, TrialProcess
 
 
 def batch_size(plan: Plan, baseline_batch: int | None) -> int | None:

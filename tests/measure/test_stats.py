@@ -1,4 +1,4 @@
-"""Verification statistics on synthetic, realistically noisy timings (no processes, no clocks)."""
+"""Paired statistics on synthetic, realistically noisy timings (no processes, no clocks)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from tpu_agent.verify.stats import (
-    check_exact,
-    check_loss_tol,
-    check_numerics,
-    memory_saving,
-    speedup,
-)
+from tpu_agent.measure.stats import memory_saving, speedup
 
 
 def noisy_pairs(seed: int, pairs: int, true_speedup: float, jitter: float = 0.03,
@@ -64,7 +58,7 @@ def test_aa_false_pass_rate() -> None:
 
 def test_interval_holds_its_level() -> None:
     """The true median ratio (1) falls below the 95 % lower bound about 2.5 % of the time, not more."""
-    from tpu_agent.verify.stats import bootstrap_median_ci, median_ci
+    from tpu_agent.measure.stats import bootstrap_median_ci, median_ci
 
     rng = np.random.default_rng(0)
     trials, below, below_bootstrap_only = 1500, 0, 0
@@ -106,7 +100,7 @@ def test_gain_below_min_gain_is_not_accepted() -> None:
 
 
 def test_bootstrap_is_seeded() -> None:
-    from tpu_agent.verify.stats import bootstrap_median_ci
+    from tpu_agent.measure.stats import bootstrap_median_ci
 
     a, b = noisy_pairs(7, 9, 1.1)
     assert speedup(a, b, seed=1) == speedup(a, b, seed=1)
@@ -116,7 +110,7 @@ def test_bootstrap_is_seeded() -> None:
 
 
 def test_order_statistic_interval() -> None:
-    from tpu_agent.verify.stats import order_statistic_median_ci
+    from tpu_agent.measure.stats import order_statistic_median_ci
 
     x = np.arange(1.0, 6.0)  # n = 5: even the full range is short of 95 %, so it is the range
     assert order_statistic_median_ci(x) == (1.0, 5.0)
@@ -192,47 +186,3 @@ def test_memory_real_saving_passes() -> None:
     assert r.accepted
     assert r.saving == pytest.approx(0.5, abs=0.03)
     assert r.ci_low > 0.03
-
-
-# ------------------------------------------------------------------ numerics
-
-
-def test_exact_accepts_float32_noise_and_rejects_a_real_change() -> None:
-    base = [2.31, 2.29, 2.25, 2.2, 2.1]
-    noise = [x * (1 + 3e-7 * (-1) ** i) for i, x in enumerate(base)]
-    ok = check_exact(base, noise)
-    assert ok.passed and ok.max_rel_diff < 1e-6
-    changed = base[:3] + [base[3] * (1 + 5e-5)] + base[4:]
-    bad = check_exact(base, changed)
-    assert not bad.passed
-    assert bad.worst_step == 3
-    assert "beyond" in bad.reason
-
-
-def test_exact_rejects_different_step_counts_and_nan() -> None:
-    assert not check_exact([1.0, 2.0], [1.0]).passed
-    nan = check_exact([1.0, 2.0], [1.0, math.nan])
-    assert not nan.passed and nan.worst_step == 1
-
-
-def test_loss_tol() -> None:
-    base = [2.3, 2.0, 1.8, 1.6, 1.5, 1.4]
-    slightly_worse = [x * 1.01 for x in base]
-    assert check_loss_tol(base, slightly_worse).passed
-    better = [x * 0.8 for x in base]
-    assert check_loss_tol(base, better).passed
-    worse = [x * 1.05 for x in base]
-    r = check_loss_tol(base, worse)
-    assert not r.passed and "worse than" in r.reason
-    assert r.tail == 3 and r.baseline_final == pytest.approx(1.5)
-    assert check_loss_tol(base, worse, loss_tol=0.06).passed
-    assert not check_loss_tol(base, base[:-1] + [math.inf]).passed
-
-
-def test_check_numerics_picks_the_check_from_the_plan() -> None:
-    base = [2.0, 1.9, 1.8]
-    cand = [2.0, 1.9, 1.81]
-    assert check_numerics(base, cand, preserves_numerics=True).kind == "exact"
-    assert not check_numerics(base, cand, preserves_numerics=True).passed
-    r = check_numerics(base, cand, preserves_numerics=False)
-    assert r.kind == "loss_tol" and r.passed
