@@ -15,12 +15,10 @@ later steps replay.
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-ENV = "TPU_AGENT_COMPILE_STEPS"
+from tpu_agent import envvars
 
 
 class _State:
@@ -54,7 +52,7 @@ def compile_steps(on: bool = True) -> None:
 
 
 def enable_from_environment() -> None:
-    if os.environ.get(ENV, "") == "1":
+    if envvars.COMPILE_STEPS.value:
         compile_steps(True)
 
 

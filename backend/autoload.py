@@ -7,8 +7,9 @@ imported on the first op, not here.
 from __future__ import annotations
 
 import importlib.util
-import os
 import warnings
+
+from tpu_agent import envvars
 
 
 def torch_tpu_present() -> bool:
@@ -17,9 +18,9 @@ def torch_tpu_present() -> bool:
 
 
 def autoload() -> None:
-    if os.environ.get("TPU_AGENT_DEVICE", "") == "off":
+    if envvars.DEVICE.get() == "off":
         return
-    if torch_tpu_present() and os.environ.get("TPU_AGENT_DEVICE", "") != "bundled":
+    if torch_tpu_present() and envvars.DEVICE.get() != "bundled":
         return
     try:
         from .device import register

@@ -6,8 +6,9 @@ Figures are per chip, from Google Cloud's TPU system-architecture pages
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+
+from tpu_agent import envvars
 
 GiB = 1 << 30
 
@@ -31,12 +32,12 @@ GENERATIONS = {
     "v6e": Generation("v6e", 918e12, 32 * GiB, 1.64e12, 256, _DOCS + "v6e"),
     "v7x": Generation("v7x", 2307e12, 192 * GiB, 7.37e12, 256, _DOCS + "tpu7x"),
 }
-DEFAULT_GENERATION = "v5e"
+DEFAULT_GENERATION = envvars.GENERATION.default
 
 
 def current_generation() -> Generation:
     """The generation set by `TPU_AGENT_GENERATION` (default v5e)."""
-    name = os.environ.get("TPU_AGENT_GENERATION", DEFAULT_GENERATION).lower()
+    name = envvars.GENERATION.value.lower()
     if name == "v7":
         name = "v7x"
     if name not in GENERATIONS:

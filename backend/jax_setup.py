@@ -13,31 +13,29 @@ from __future__ import annotations
 
 import os
 
+from tpu_agent import envvars
+
 OFF = {"off", "0", "none", "false"}
 
 
 def configure_environment() -> None:
     """Environment for XLA; cheap (no JAX import), so it runs when the package loads."""
-    count = os.environ.get("TPU_AGENT_DEVICES", "")
-    if count:
-        if not count.isdigit() or int(count) < 1:
-            raise ValueError(f"TPU_AGENT_DEVICES={count!r} must be a positive integer")
+    count = envvars.DEVICES.value  # None when unset; ValueError unless a positive integer
+    if count is not None:
         flags = os.environ.get("XLA_FLAGS", "")
         if "xla_force_host_platform_device_count" not in flags:
             os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
 
 
 def compilation_cache_dir() -> str | None:
-    """`$TPU_AGENT_XLA_CACHE`, else `xla/` in the tool's cache directory (the profiler's rule), or
+    """`$TPU_AGENT_XLA_CACHE`, else `xla/` in the tool's cache directory (`envvars.cache_dir()`), or
     None when turned off."""
-    value = os.environ.get("TPU_AGENT_XLA_CACHE", "").strip()
+    value = (envvars.XLA_CACHE.get() or "").strip()
     if value.lower() in OFF:
         return None
     if value:
         return value
-    base = os.environ.get("TPU_AGENT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "tpu-agent")
-    return os.path.join(base, "xla")
+    return str(envvars.cache_dir() / "xla")
 
 
 def configure() -> None:

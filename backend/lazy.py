@@ -13,7 +13,6 @@ The same recorder captures a whole step for `torch.compile` (see compile.py).
 
 from __future__ import annotations
 
-import os
 import time
 import weakref
 from dataclasses import dataclass
@@ -21,6 +20,8 @@ from typing import Callable
 
 import jax
 import numpy as np
+
+from tpu_agent import envvars
 
 from . import executables, mesh
 from .launch import launch
@@ -90,7 +91,7 @@ BREAK_REASONS = (DATA_DEPENDENT, HOST_READ, SIZE_LIMIT)
 
 # A loop with no sync point (forward and backward with no optimizer step or read) would
 # grow one pending graph without bound, and compile a bigger one at every flush.
-MAX_GRAPH_OPS = int(os.environ.get("TPU_AGENT_MAX_GRAPH_OPS", "") or 10_000)
+MAX_GRAPH_OPS = envvars.MAX_GRAPH_OPS.value
 
 
 @dataclass

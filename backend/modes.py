@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import enum
-import os
 import sys
+
+from tpu_agent import envvars
 
 
 class EagerMode(enum.Enum):
@@ -20,7 +21,7 @@ class Precision(enum.Enum):
 
 
 def _initial_mode() -> EagerMode:
-    if os.environ.get("TORCH_TPU_DEFER_AND_FUSE", "") == "1":
+    if envvars.DEFER_AND_FUSE.value:
         return EagerMode.DEFER_AND_FUSE
     return EagerMode.DEFER_NEVER
 
@@ -65,7 +66,7 @@ def set_eager_mode(mode: EagerMode) -> _Switch:
 
 # Wait for every executable to finish so its recorded time is execution time, not
 # dispatch time (the profiler turns this on for its per-executable table).
-time_executables = os.environ.get("TPU_AGENT_TIME_EXECUTABLES", "") == "1"
+time_executables = envvars.TIME_EXECUTABLES.value
 
 
 # XLA's CPU client deadlocks when two programs with collectives over simulated devices

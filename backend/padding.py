@@ -15,9 +15,9 @@ the copies padding costs are paid only where the tiles are badly filled.
 
 from __future__ import annotations
 
-import os
-
 import jax.numpy as jnp
+
+from tpu_agent import envvars
 
 
 def parse(text: str) -> tuple[int, frozenset[int]]:
@@ -32,7 +32,7 @@ def parse(text: str) -> tuple[int, frozenset[int]]:
         raise ValueError(f"TPU_AGENT_PAD_OPS={text!r}: expected MULTIPLE or MULTIPLE:SIZE,SIZE (integers)") from None
 
 
-_multiple, _sizes = parse(os.environ.get("TPU_AGENT_PAD_OPS", ""))
+_multiple, _sizes = parse(envvars.PAD_OPS.get() or "")
 
 
 def multiple() -> int:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import dataclass, field
+
+from tpu_agent import envvars
 
 
 @dataclass
@@ -78,4 +79,4 @@ RNG = Rng()
 
 
 def cpu_fallback_enabled() -> bool:
-    return os.environ.get("TPU_AGENT_CPU_FALLBACK", "") == "1"
+    return envvars.CPU_FALLBACK.value

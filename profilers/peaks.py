@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from tpu_agent.backend.generations import GENERATIONS, Generation
+from tpu_agent.envvars import cache_dir  # the one rule; the calibrations live there
 
 from .schema import Peak
 
@@ -48,20 +49,6 @@ def machine_key(platform_name: str, device_kind: str, device_count: int) -> str:
     import jax
 
     return f"{platform_name}|{device_kind}|{_cpu_model()}|{os.cpu_count()} cpus|jax {jax.__version__}|{device_count} devices"
-
-
-def cache_dir() -> Path:
-    """`$TPU_AGENT_CACHE_DIR`, else `$XDG_CACHE_HOME/tpu-agent`, else `~/.cache/tpu-agent`.
-
-    (The profiler sits below the application: it reads this variable itself, as the backend reads its
-    own; `tpu_agent.envvars` declares it with the others.)
-    """
-    override = os.environ.get("TPU_AGENT_CACHE_DIR")
-    if override:
-        return Path(override).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "tpu-agent"
 
 
 def _cache_path() -> Path:

@@ -1,5 +1,6 @@
 """tpu_agent's modules (and the profiler's) import one another without a circle; the profiler stays below the
-application; every TPU_AGENT_* variable is declared in tpu_agent.envvars.
+application; every TPU_AGENT_* variable is declared in tpu_agent.envvars and read only through it (the device's
+and the profiler's modules included).
 
 Function-level imports count (a lazy import is still a dependence); imports under `if TYPE_CHECKING:` do not
 run and do not count; a package `__init__` importing its own children (re-exports) is fine.
@@ -16,7 +17,7 @@ from support.paths import REPO
 ROOTS = {"tpu_agent": REPO / "tpu_agent", "tpu_agent.profilers": REPO / "profilers"}
 APPLICATION = ("tpu_agent.cli", "tpu_agent.run", "tpu_agent.plan", "tpu_agent.propose", "tpu_agent.search",
                "tpu_agent.verify", "tpu_agent.report", "tpu_agent.pipeline", "tpu_agent.config", "tpu_agent.paths",
-               "tpu_agent.envvars", "tpu_agent.errors")
+               "tpu_agent.errors")  # not tpu_agent.envvars: the settings' declarations sit below the profiler too
 
 
 def _modules() -> dict[str, Path]:
@@ -130,3 +131,114 @@ def test_every_tpu_agent_variable_is_declared_once():
             used |= set(re.findall(r"\bTPU_AGENT_[A-Z_]*[A-Z]\b", path.read_text()))
     assert used <= envvars.NAMES, sorted(used - envvars.NAMES)
     assert len({v.name for v in envvars.ALL}) == len(envvars.ALL)
+
+
+# ---------------------------------------------------------------- settings are read through their declarations
+
+DECLARATIONS = REPO / "tpu_agent" / "envvars.py"
+_TPU_AGENT_NAME = "TPU_AGENT_?"  # `os.environ.get(envvars.X.name)`: a declared variable read past its getter
+
+
+def _environ_reads(source: str) -> list[str]:
+    """The TPU_AGENT_* names `source` reads from the process environment directly: `os.environ[...]` (not a
+    write), `os.environ.get/pop/setdefault(...)`, `os.getenv(...)`, `... in os.environ`; the name given as a
+    literal, as a module-level constant holding one, or as a declaration's `.name`."""
+    tree = ast.parse(source)
+    constants = {target.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+                 and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+                 for target in node.targets if isinstance(target, ast.Name)}
+
+    def environ(node) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "environ" and getattr(node.value, "id", None) == "os"
+                or isinstance(node, ast.Name) and node.id == "environ")
+
+    def named(node) -> str | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+        elif isinstance(node, ast.Name):
+            text = constants.get(node.id, "")
+        elif (isinstance(node, ast.Attribute) and node.attr == "name" and isinstance(node.value, ast.Attribute)
+              and getattr(node.value.value, "id", None) == "envvars"):
+            text = _TPU_AGENT_NAME
+        else:
+            return None
+        return text if text.startswith("TPU_AGENT_") else None
+
+    keys = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and environ(node.value):
+            keys.append(node.slice)
+        elif isinstance(node, ast.Call) and node.args:
+            func = node.func
+            if (isinstance(func, ast.Attribute) and func.attr in ("get", "pop", "setdefault") and environ(func.value)
+                    or isinstance(func, ast.Attribute) and func.attr == "getenv" and getattr(func.value, "id", None) == "os"
+                    or isinstance(func, ast.Name) and func.id == "getenv"):
+                keys.append(node.args[0])
+        elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops) \
+                and any(environ(c) for c in node.comparators):
+            keys.append(node.left)
+    return [name for name in map(named, keys) if name]
+
+
+def test_the_reader_finds_direct_reads():
+    source = """
+import os
+from os import environ, getenv
+ENV = "TPU_AGENT_COMPILE_STEPS"
+a = os.environ.get("TPU_AGENT_PAD_OPS", "")
+b = os.environ[ENV]
+c = os.getenv("TPU_AGENT_DEVICES") or getenv("TPU_AGENT_DEVICE")
+d = "TPU_AGENT_PLAN" in os.environ or environ.pop("TPU_AGENT_TRIAL", None)
+e = os.environ.get(envvars.DEVICES.name)
+os.environ["TPU_AGENT_DEVICES"] = "2"
+f = os.environ.get("XLA_FLAGS", "") + dict(os.environ).get("HOME", "")
+"""
+    assert sorted(_environ_reads(source)) == sorted([
+        "TPU_AGENT_PAD_OPS", "TPU_AGENT_COMPILE_STEPS", "TPU_AGENT_DEVICES", "TPU_AGENT_DEVICE", "TPU_AGENT_PLAN",
+        "TPU_AGENT_TRIAL", _TPU_AGENT_NAME])
+
+
+def test_no_module_reads_a_tpu_agent_variable_past_its_declaration():
+    """The device and the profiler included: `envvars.PAD_OPS.get()`, `envvars.DEVICES.value`, never
+    `os.environ.get("TPU_AGENT_PAD_OPS")`."""
+    found = {}
+    paths = [p for folder in ("tpu_agent", "profilers", "backend") for p in (REPO / folder).rglob("*.py")]
+    assert len(paths) > 100
+    for path in paths:
+        if path != DECLARATIONS:
+            reads = _environ_reads(path.read_text())
+            if reads:
+                found[str(path.relative_to(REPO))] = reads
+    assert found == {}
+
+
+def test_the_declarations_sit_below_everything():
+    """envvars imports the standard library only, so the device and the profiler can read their settings there;
+    it is the one module of the tool they import."""
+    import sys
+
+    tree = ast.parse(DECLARATIONS.read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+    assert {m for m in imported if m.split(".")[0] not in sys.stdlib_module_names and m != "__future__"} == set()
+    below = {"tpu_agent.backend", "tpu_agent.profilers", "tpu_agent.playbooks", "tpu_agent.envvars"}
+    wrong = {}
+    for folder, package in (("backend", "tpu_agent.backend"), ("profilers", "tpu_agent.profilers")):
+        for path in (REPO / folder).rglob("*.py"):
+            here = ".".join([package, *path.relative_to(REPO / folder).parent.parts])
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    targets = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    base = node.module or ""
+                    if node.level:
+                        parts = here.split(".")[: len(here.split(".")) - node.level + 1]
+                        base = ".".join(parts + ([base] if base else []))
+                    targets = [f"{base}.{a.name}" if base == "tpu_agent" else base for a in node.names]
+                else:
+                    continue
+                for target in targets:
+                    if (target == "tpu_agent" or target.startswith("tpu_agent.")) and not any(
+                            target == b or target.startswith(b + ".") for b in below):
+                        wrong.setdefault(str(path.relative_to(REPO)), []).append(target)
+    assert wrong == {}

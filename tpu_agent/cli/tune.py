@@ -114,8 +114,7 @@ def tune(
 
 def check_before_the_baseline(script: Path, opts, proposer: str) -> None:
     """What would fail after minutes of measuring fails now, one line each (exit 2)."""
-    import os
-
+    from tpu_agent import envvars
     from tpu_agent.errors import InputError
     from tpu_agent.plan.patch import uncommitted_sources
     from tpu_agent.propose.playbook import PlaybookError, load_playbooks
@@ -132,7 +131,7 @@ def check_before_the_baseline(script: Path, opts, proposer: str) -> None:
         if dirty:
             raise InputError(f"--apply: {', '.join(dirty[:5])} {'has' if len(dirty) == 1 else 'have'} uncommitted "
                              "changes; commit them or pass --force")
-    if proposer == "claude" and not os.environ.get("ANTHROPIC_API_KEY"):
+    if proposer == "claude" and not envvars.ANTHROPIC_API_KEY.get():
         raise InputError("--proposer claude needs ANTHROPIC_API_KEY in the environment "
                          "(or use --proposer offline)")
 

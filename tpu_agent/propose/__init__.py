@@ -9,9 +9,9 @@ base.py) answers `propose(profile, knobs, playbooks, results, round)` with a
 
 from __future__ import annotations
 
-import os
 from typing import Any, Mapping
 
+from tpu_agent import envvars
 from tpu_agent.errors import InputError
 from tpu_agent.propose.base import ProposalRound, Proposer, TokenUsage, TrialOutcome
 from tpu_agent.propose.candidates import ActionTemplate, Candidate, Evidence
@@ -36,7 +36,6 @@ def __getattr__(name: str):
 def choose_proposer(requested: str = "auto", offline: bool = False,
                     env: Mapping[str, str] | None = None) -> tuple[str, str]:
     """(offline | claude, why): `--offline` wins; `auto` means Claude exactly when ANTHROPIC_API_KEY is set."""
-    env = os.environ if env is None else env
     if requested not in PROPOSERS:
         raise InputError(f"unknown proposer {requested!r} (choose from {', '.join(PROPOSERS)})")
     if offline:
@@ -47,7 +46,7 @@ def choose_proposer(requested: str = "auto", offline: bool = False,
         return "offline", "--proposer offline"
     if requested == "claude":
         return "claude", "--proposer claude"
-    if env.get("ANTHROPIC_API_KEY"):
+    if envvars.ANTHROPIC_API_KEY.get(env):
         return "claude", "ANTHROPIC_API_KEY is set (use --offline to keep to the playbooks)"
     return "offline", "no ANTHROPIC_API_KEY in the environment"
 

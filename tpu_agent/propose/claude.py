@@ -18,13 +18,13 @@ written for audit is scrubbed of it.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
+from tpu_agent import envvars
 from tpu_agent.profilers.schema import Profile
 from tpu_agent.propose.base import ProposalRound, Proposer, TokenUsage, TrialOutcome
 from tpu_agent.propose.claude_tools import (  # noqa: F401 - SUBMIT_TOOL re-exported
@@ -43,7 +43,7 @@ from tpu_agent.propose.playbook import Playbook, builtin_playbooks
 
 DEFAULT_MODEL = "claude-sonnet-5"
 DEFAULT_TOKEN_BUDGET = 200_000
-KEY_ENV = "ANTHROPIC_API_KEY"
+KEY_ENV = envvars.ANTHROPIC_API_KEY.name
 
 
 # ------------------------------------------------------------------ the loop
@@ -54,7 +54,7 @@ class ApiFailure(Exception):
 
 
 def _secret() -> str | None:
-    key = os.environ.get(KEY_ENV)
+    key = envvars.ANTHROPIC_API_KEY.get()
     return key if key and len(key) >= 8 else None
 
 
@@ -106,7 +106,7 @@ class ClaudeProposer(Proposer):
 
     def _get_client(self):
         if self._client is None:
-            if not os.environ.get(KEY_ENV):
+            if not envvars.ANTHROPIC_API_KEY.get():
                 raise ApiFailure(f"{KEY_ENV} is not set")
             import anthropic
 

@@ -13,7 +13,7 @@ import platform
 import sys
 from pathlib import Path
 
-from tpu_agent import __version__
+from tpu_agent import __version__, envvars
 from tpu_agent.errors import one_line
 from tpu_agent.paths import cache_dir, runs_dir
 from tpu_agent.profilers.schema import Environment, JaxDevice
@@ -105,7 +105,7 @@ def collect_environment(cwd: Path | None = None, calibrate: bool = False) -> Env
         jax_default_backend=jax_backend,
         jax_devices=jax_devices,
         torch_tpu_importable=_importable("torch_tpu"),
-        anthropic_api_key_set=bool(os.environ.get("ANTHROPIC_API_KEY")),
+        anthropic_api_key_set=bool(envvars.ANTHROPIC_API_KEY.get()),
         cache_dir=str(cache_dir()),
         runs_dir=str(runs_dir(cwd)),
         peak_flops_per_s=peak,
