@@ -1,4 +1,4 @@
-"""The backend's modules depend in one direction (the order the README's Layout gives)."""
+"""The backend's modules depend in one direction (the order docs/layout.md gives)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _imports(path: Path) -> set[str]:
 
 def test_every_backend_module_is_placed():
     modules = {p.stem for p in BACKEND.glob("*.py")} | {"ops"}
-    assert modules <= set(ORDER), f"add to ORDER (and the README's Layout): {sorted(modules - set(ORDER))}"
+    assert modules <= set(ORDER), f"add to ORDER (and docs/layout.md): {sorted(modules - set(ORDER))}"
 
 
 def test_backend_imports_go_one_way():
