@@ -37,7 +37,8 @@ from tpu_agent.measure.trials import StepRecord, TrialFailed
 from tpu_agent.propose import knobs as knob_finder
 from tpu_agent.propose.playbook import load_playbooks
 from tpu_agent.run.tune_profile import profile_for_tune
-from tpu_agent.search.study import build_space, open_study, ranked_plans, search, steady_ratios
+from tpu_agent.search.space import build_space
+from tpu_agent.search.study import open_study, ranked_plans, search, steady_ratios
 from tpu_agent.verify.verdict import verify
 
 ROOT = Path(__file__).resolve().parent.parent

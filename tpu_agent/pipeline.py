@@ -29,8 +29,10 @@ from tpu_agent.propose.scope import candidates_in_scope, knobs_in_scope
 from tpu_agent.report.result import TuneResult, summary_of
 from tpu_agent.run.tune_profile import profile_for_tune
 from tpu_agent.search.progress import TrialProgress
-from tpu_agent.search.study import (Space, TrialRecord, build_space, dashboard_command, earlier_records, note_verdicts,
-                                    open_study, ranked_plans, redact, search, storage_url)
+from tpu_agent.search.records import TrialRecord
+from tpu_agent.search.space import Space, build_space
+from tpu_agent.search.study import (dashboard_command, earlier_records, note_verdicts, open_study, ranked_plans, redact,
+                                    search, storage_url)
 from tpu_agent.verify.ablation import settle
 from tpu_agent.verify.verdict import verify
 

@@ -68,7 +68,7 @@ def test_two_candidates_of_one_single_kind_become_one_choice():
     with both sets of options, never two choices TPE could combine into an invalid plan."""
     from tpu_agent.propose.base import ProposalRound
     from tpu_agent.propose.candidates import ActionTemplate, Candidate
-    from tpu_agent.search.study import build_space
+    from tpu_agent.search.space import build_space
 
     def cand(id_, template):
         return Candidate(id=id_, title=id_, proposer="offline", preserves_numerics=True, actions=[template])

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field, PrivateAttr
 from tpu_agent.config import TuneOptions
 from tpu_agent.propose.base import Candidate
 from tpu_agent.report.summary import Summary, from_profile
-from tpu_agent.search.study import TrialRecord
+from tpu_agent.search.records import TrialRecord
 from tpu_agent.verify.verdict import Verdict
 
 

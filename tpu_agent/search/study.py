@@ -10,11 +10,9 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import optuna
-from pydantic import BaseModel
 
 from tpu_agent.config import TuneOptions
 from tpu_agent.errors import InputError
@@ -23,80 +21,12 @@ from tpu_agent.measure.runner import Runner, batch_size, losses_of, median, stea
 from tpu_agent.measure.stats import median_ci
 from tpu_agent.measure.trials import TrialFailed
 from tpu_agent.plan.actions import Plan
-from tpu_agent.propose.base import Candidate, ProposalRound, TrialOutcome
+from tpu_agent.search.records import TrialRecord
+from tpu_agent.search.space import OFF, Space
 
 STUDY_DB = "studies.db"
 _COMPLETE = optuna.trial.TrialState.COMPLETE
 _PRUNED = optuna.trial.TrialState.PRUNED
-OFF = "off"
-
-# complete: measured; numerics: measured, losses off; repeated: a plan measured before, not run again
-TrialState = Literal["complete", "numerics", "failed", "pruned", "invalid", "repeated"]
-_OUTCOME = {"complete": "measured", "numerics": "rejected", "repeated": "measured"}
-
-
-class TrialRecord(BaseModel):
-    number: int
-    plan: Plan
-    state: TrialState
-    value: float | None = None
-    speedup: float | None = None
-    memory_ratio: float | None = None
-    reason: str = ""
-    duration_s: float = 0.0
-    warmup_s: float | None = None  # the candidate's start-up and warm-up steps (imports, compiles)
-    earlier: bool = False  # recorded by an earlier run of the study (--resume)
-
-    def outcome(self) -> TrialOutcome:
-        """The trial as the proposers read it."""
-        return TrialOutcome(number=self.number, actions=[a.model_dump(mode="json") for a in self.plan.actions],
-                            status=_OUTCOME.get(self.state, self.state), speedup=self.speedup,
-                            loss_ok=self.state != "numerics", note=self.reason or None)
-
-
-@dataclass
-class Space:
-    """The candidates whose options span the search, with their option lists."""
-
-    candidates: list[Candidate]
-    options: dict[str, list[tuple]] = field(default_factory=dict)
-
-    def plan_for(self, picks: dict[str, str]) -> Plan:
-        actions = []
-        for cand in self.candidates:
-            pick = picks.get(cand.id, OFF)
-            if pick != OFF:
-                actions.extend(self.options[cand.id][int(pick)])
-        return Plan(actions=actions)
-
-
-def build_space(round_: ProposalRound, limit: int, previous: Space | None = None) -> Space:
-    """The top candidates (and their options) that the search will combine; earlier rounds' stay."""
-    chosen = list(previous.candidates) if previous else []
-    options = dict(previous.options) if previous else {}
-    limit += len(chosen)
-    for cand in round_.candidates:
-        if cand.id in options:
-            continue
-        try:
-            opts = cand.options()
-        except ValueError:
-            continue
-        if not opts:
-            continue
-        # A plan holds at most one action of a single kind (one pad_ops, one compile): a candidate that would
-        # add a second one is another option of the same choice, not a choice TPE could combine into invalid plans.
-        singles = {a.kind for opt in opts for a in opt if type(a).single}
-        twin = next((c for c in chosen if singles & {a.kind for opt in options[c.id] for a in opt if type(a).single}),
-                    None)
-        if twin is not None:
-            options[twin.id] = options[twin.id] + [o for o in opts if o not in options[twin.id]]
-            continue
-        chosen.append(cand)
-        options[cand.id] = opts
-        if len(chosen) >= limit:
-            break
-    return Space(candidates=chosen, options=options)
 
 
 def storage_url(options: TuneOptions, runs_root: Path) -> str:
