@@ -23,7 +23,7 @@ from .programs import call_jax, new_program, run_program
 from .registry import LOWERINGS, Lowering
 from .source import user_frame
 from .state import RNG, STATS, cpu_fallback_enabled
-from .tensor import DEVICE, TpuTensor
+from .tensor import DEVICE, TpuTensor, install_dispatcher
 from .transfer import from_cpu, materialize, to_cpu
 from .views import chain_entry
 
@@ -730,3 +730,4 @@ def _enable_foreach_optimizers() -> None:
 
 
 _enable_foreach_optimizers()  # here, on the first op: `import torch` must not load JAX
+install_dispatcher(dispatch)  # every op on a TpuTensor comes here from now on

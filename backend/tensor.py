@@ -160,10 +160,16 @@ class TpuTensor(torch.Tensor):
 
 
 def _dispatch(func, args, kwargs):
-    """The device's one entry point. dispatch.py builds tensors of this class, so it is
-    imported here on the first op (the one import against the direction of dependence)."""
-    global _dispatch
-    from .dispatch import dispatch
+    """The device's one entry point, until dispatch.py installs the real one (`install_dispatcher`).
 
+    dispatch.py builds tensors of this class, so this module cannot import it: the
+    dispatcher registers itself when it loads. It loads before any tensor can reach
+    here: every first op on `tpu` (a factory, an allocation, a copy from the CPU)
+    enters through the device's kernels (device.py), which import dispatch.py."""
+    raise RuntimeError(f"{func}: the tpu dispatcher is not loaded (import tpu_agent.backend.dispatch first)")
+
+
+def install_dispatcher(dispatch) -> None:
+    """Route every op on a `TpuTensor` to `dispatch(func, args, kwargs)` (called by dispatch.py on import)."""
+    global _dispatch
     _dispatch = dispatch
-    return dispatch(func, args, kwargs)
