@@ -32,13 +32,14 @@ import optuna
 
 from tpu_agent import pipeline
 from tpu_agent.config import TuneOptions
-from tpu_agent.measure.runner import MIN_STEADY, Runner, median
+from tpu_agent.measure.compare import MIN_STEADY, median, steady_ratios
+from tpu_agent.measure.runner import Runner
 from tpu_agent.measure.trials import StepRecord, TrialFailed
 from tpu_agent.propose import knobs as knob_finder
 from tpu_agent.propose.playbook import load_playbooks
 from tpu_agent.run.tune_profile import profile_for_tune
 from tpu_agent.search.space import build_space
-from tpu_agent.search.study import open_study, ranked_plans, search, steady_ratios
+from tpu_agent.search.study import open_study, ranked_plans, search
 from tpu_agent.verify.verdict import verify
 
 ROOT = Path(__file__).resolve().parent.parent

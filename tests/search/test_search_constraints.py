@@ -8,7 +8,8 @@ import pytest
 
 from support.search_table import COMPILES, FAST, OOM, ROUNDS, SLOW, SOMEWHAT, run, space
 from tpu_agent.config import TuneOptions
-from tpu_agent.search.study import NUMERICS, OUT_OF_MEMORY, feasible, open_study, ranked_plans
+from tpu_agent.search.objective import NUMERICS, OUT_OF_MEMORY
+from tpu_agent.search.study import feasible, open_study, ranked_plans
 
 
 def test_failed_numerics_and_out_of_memory_are_infeasible_trials_with_their_attributes(tmp_path):

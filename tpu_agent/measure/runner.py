@@ -7,43 +7,8 @@ from pathlib import Path
 
 from tpu_agent import envvars
 from tpu_agent.config import TuneOptions
-from tpu_agent.plan.actions import PadDim, Plan
 from tpu_agent.measure.trials import StepRecord, TrialFailed, TrialProcess
-
-
-def batch_size(plan: Plan, baseline_batch: int | None) -> int | None:
-    """The candidate's batch when a PadDim changes the batch literal (time is then per sample)."""
-    if baseline_batch is None:
-        return None
-    for action in plan.of(PadDim):
-        if action.batch or (action.name and "batch" in action.name.lower()):  # the name: plans before `batch`
-            return action.new
-    return baseline_batch
-
-
-MIN_STEADY = 3  # pairs without compilation a speedup needs; with fewer, every pair counts
-
-
-def keeps_compiling(steps: list[StepRecord]) -> bool:
-    """A process still compiling in more than a third of its later steps (shapes that change every batch), not
-    one whose first timed steps finished compiling: its compiles are its steady state, and leaving them out
-    would time it without its main cost."""
-    if not steps:
-        return False
-    middle = sorted(s.step for s in steps)[len(steps) // 2]
-    late = [s for s in steps if s.step >= middle]
-    return 3 * sum(s.compiled for s in late) > len(late)
-
-
-def steady(a: list[StepRecord], b: list[StepRecord], least: int = MIN_STEADY) -> tuple[list[StepRecord],
-                                                                                     list[StepRecord]]:
-    """The pairs in which neither process compiled (warm-up can end before XLA's last compile), or all of them
-    when fewer than `least` are left (an interval needs its minimum of pairs) or a side keeps compiling."""
-    kept = [(x, y) for x, y in zip(a, b) if not (x.compiled or y.compiled)]
-    if len(kept) < least or keeps_compiling(a) or keeps_compiling(b):
-        return a, b
-    return [x for x, _ in kept], [y for _, y in kept]
-
+from tpu_agent.plan.actions import PadDim, Plan
 
 MIN_PAIRS_AT_END = 5  # pairs a script that ends early must have given for them to count
 
@@ -180,11 +145,3 @@ class Runner:
             self.baseline.stop()
             self.baseline = None
 
-
-def losses_of(steps: list[StepRecord]) -> list[float]:
-    return [s.loss for s in steps if s.loss is not None]
-
-
-def median(values: list[float]) -> float:
-    """The upper median, as the search has always taken it (no interpolation)."""
-    return sorted(values)[len(values) // 2]

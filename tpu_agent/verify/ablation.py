@@ -11,8 +11,8 @@ is said, with its figures, and the smaller plan is verified again.
 from __future__ import annotations
 
 from tpu_agent.config import TuneOptions
-from tpu_agent.measure.runner import Runner, batch_size, steady
-from tpu_agent.measure.stats import MIN_PAIRS, speedup
+from tpu_agent.measure.compare import Comparison
+from tpu_agent.measure.runner import Runner
 from tpu_agent.measure.trials import TrialFailed
 from tpu_agent.plan.actions import Plan
 from tpu_agent.verify.verdict import Attribution, Verdict, verify
@@ -40,12 +40,7 @@ def attribute(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: 
             out.append(Attribution(group=unit, effect=effect, actions=text, without=without.describe(),
                                    reason=f"not measured: {exc.kind}: {exc.message[:160]}"))
             continue
-        before, after = batch_size(without, baseline_batch), batch_size(plan, baseline_batch)
-        per_sample = baseline_batch is not None and before != after
-        steady_a, steady_b = steady(a, b, least=MIN_PAIRS)  # pairs in which a process compiled tell nothing steady
-        speed = speedup([s.wall_s for s in steady_a], [s.wall_s for s in steady_b], min_gain=options.min_gain,
-                        seed=options.seed,
-                        baseline_batch=before if per_sample else None, candidate_batch=after if per_sample else None)
+        speed = Comparison(a, b, plan, options, baseline_batch, without=without).speedup()
         out.append(Attribution(group=unit, effect=effect, actions=text, without=without.describe(), speed=speed,
                                reason=speed.reason))
     return out

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from tpu_agent.config import TuneOptions
-from tpu_agent.measure.numerics import NumericsCheck, check_plan_numerics
-from tpu_agent.measure.runner import Runner, batch_size, keeps_compiling, steady
-from tpu_agent.measure.stats import MIN_PAIRS, MemoryEstimate, SpeedupEstimate, memory_saving, speedup
+from tpu_agent.measure.compare import Comparison, aligned_losses, losses_by_step
+from tpu_agent.measure.numerics import NumericsCheck
+from tpu_agent.measure.runner import Runner
+from tpu_agent.measure.stats import MemoryEstimate, SpeedupEstimate
 from tpu_agent.measure.trials import TrialFailed
 from tpu_agent.plan.actions import Plan
 
@@ -74,7 +75,7 @@ def verify(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: int
     # stopped the same way, as often as the verification's pairs need.
     rounds = options.verify_rounds
     runner.verifications += 1
-    a, b, aligned = [], [], []
+    a, b, losses = [], [], []
     for r in range(rounds):
         name = f"verify-{runner.verifications}" + (f"-{r + 1}" if rounds > 1 else "")
         try:
@@ -84,38 +85,19 @@ def verify(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: int
         finally:
             runner.close()
         a, b = a + ra, b + rb
-        if not aligned:  # the losses of one round: every baseline and candidate process runs steps from step 1
-            by_step: dict[int, float] = {}
-            for s in runner.last_baseline_steps:
-                if s.loss is not None:
-                    by_step.setdefault(s.step, s.loss)
-            aligned = [(by_step[s.step], s.loss) for s in cand.steps if s.loss is not None and s.step in by_step]
-    numerics = None
-    if aligned:
-        numerics, plan = check_plan_numerics(plan, [x for x, _ in aligned], [y for _, y in aligned], options)
-    cand_batch = batch_size(plan, baseline_batch)
-    per_sample = baseline_batch is not None and cand_batch != baseline_batch
-    steady_a, steady_b = steady(a, b, least=MIN_PAIRS)  # pairs in which a process compiled tell nothing steady
-    speed = speedup([s.wall_s for s in steady_a], [s.wall_s for s in steady_b], min_gain=options.min_gain,
-                    seed=options.seed,
-                    baseline_batch=baseline_batch if per_sample else None,
-                    candidate_batch=cand_batch if per_sample else None)
-    memory = memory_saving([s.device_bytes for s in a], [s.device_bytes for s in b], min_gain=options.min_gain,
-                           seed=options.seed) if all(s.device_bytes for s in a + b) else None
+        if not losses:  # the losses of one round: every baseline and candidate process runs steps from step 1
+            losses = aligned_losses(losses_by_step(runner.last_baseline_steps), cand.steps)
+    compared = Comparison(a, b, plan, options, baseline_batch, losses=losses)
+    numerics, plan = compared.numerics()
+    speed, memory = compared.speedup(), compared.memory()
+    notes = compared.compiling_notes()  # said, so that a gain measured without compiles (or with them) reads so
+    if notes:
+        speed = speed.model_copy(update={"reason": "; ".join([speed.reason, *notes])})
     estimate_note = None
     if simulated_devices_only(plan):
         estimate = sharding_estimate(profile, plan, options.target)
         estimate_note = ("time on simulated CPU devices is not a TPU's: the speed figure is measured here but "
                          "not claimed" + (f"; {estimate}" if estimate else ""))
-    if len(steady_a) < len(a):  # said, so that a gain measured without the baseline's compiles is read as such
-        speed = speed.model_copy(update={"reason": (
-            f"{speed.reason}; {len(a) - len(steady_a)} of {len(a)} pairs left out: a process compiled in them")})
-    if keeps_compiling(a):
-        compiled = sum(s.compiled for s in a)
-        speed = speed.model_copy(update={"reason": (
-            f"{speed.reason}; compiles included: the baseline compiled new shapes in {compiled} of its {len(a)} "
-            "measured steps, a cost that lasts while new lengths keep arriving (a long run that has seen every "
-            "length stops paying it)")})
     time_ok = speed.accepted and estimate_note is None
     memory_ok = memory is not None and memory.accepted
     wanted = {"time": time_ok, "memory": memory_ok, "both": time_ok or memory_ok}[options.objective]

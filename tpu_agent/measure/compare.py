@@ -1,0 +1,172 @@
+"""One comparison of two plans' interleaved pairs, read the same way by the search's trials and by the
+verification: the speed ratio and its interval, the memory ratio, the numerics check.
+
+A is the baseline (or, in an ablation, the plan without one unit) and B the plan measured against it. When B
+changes the batch, times are compared per sample. Pairs in which a process compiled say nothing of the steady
+state and are left out, unless too few are left or a process keeps compiling (then its compiles are its cost).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from tpu_agent.config import TuneOptions
+from tpu_agent.measure.numerics import NumericsCheck, check_plan_numerics
+from tpu_agent.measure.stats import MIN_PAIRS, MemoryEstimate, SpeedupEstimate, median_ci, memory_saving, speedup
+from tpu_agent.measure.trials import StepRecord
+from tpu_agent.plan.actions import PadDim, Plan
+
+MIN_STEADY = 3  # pairs without compilation a trial's ratio needs; with fewer, every pair counts
+
+
+def batch_size(plan: Plan, baseline_batch: int | None) -> int | None:
+    """The candidate's batch when a PadDim changes the batch literal (time is then per sample)."""
+    if baseline_batch is None:
+        return None
+    for action in plan.of(PadDim):
+        if action.batch or (action.name and "batch" in action.name.lower()):  # the name: plans before `batch`
+            return action.new
+    return baseline_batch
+
+
+def keeps_compiling(steps: list[StepRecord]) -> bool:
+    """A process still compiling in more than a third of its later steps (shapes that change every batch), not
+    one whose first timed steps finished compiling: its compiles are its steady state, and leaving them out
+    would time it without its main cost."""
+    if not steps:
+        return False
+    middle = sorted(s.step for s in steps)[len(steps) // 2]
+    late = [s for s in steps if s.step >= middle]
+    return 3 * sum(s.compiled for s in late) > len(late)
+
+
+def steady(a: list[StepRecord], b: list[StepRecord], least: int = MIN_STEADY) -> tuple[list[StepRecord],
+                                                                                     list[StepRecord]]:
+    """The pairs in which neither process compiled (warm-up can end before XLA's last compile), or all of them
+    when fewer than `least` are left (an interval needs its minimum of pairs) or a side keeps compiling."""
+    kept = [(x, y) for x, y in zip(a, b) if not (x.compiled or y.compiled)]
+    if len(kept) < least or keeps_compiling(a) or keeps_compiling(b):
+        return a, b
+    return [x for x, _ in kept], [y for _, y in kept]
+
+
+def steady_ratios(a: list[StepRecord], b: list[StepRecord], scale: float) -> list[float]:
+    """A / B time of each pair in which neither process compiled (examples/mlp.py compiled in each of its first 8
+    steps, at 4x the steady step time), times `scale` (B's batch over A's when the batch changes)."""
+    return [scale * x.wall_s / y.wall_s for x, y in zip(a, b) if not (x.compiled or y.compiled)]
+
+
+def median(values: list[float]) -> float:
+    """The upper median, as the search has always taken it (no interpolation)."""
+    return sorted(values)[len(values) // 2]
+
+
+def losses_of(steps: list[StepRecord]) -> list[float]:
+    return [s.loss for s in steps if s.loss is not None]
+
+
+def losses_by_step(steps: list[StepRecord], into: dict[int, float] | None = None) -> dict[int, float]:
+    """Each step's loss, the first one measured kept (`into`: added to those known already)."""
+    out = {} if into is None else into
+    for s in steps:
+        if s.loss is not None:
+            out.setdefault(s.step, s.loss)
+    return out
+
+
+def aligned_losses(baseline: dict[int, float], steps: list[StepRecord]) -> list[tuple[float, float]]:
+    """(A's loss, B's loss) at each of B's steps that A has a loss for."""
+    return [(baseline[s.step], s.loss) for s in steps if s.loss is not None and s.step in baseline]
+
+
+@dataclass
+class Comparison:
+    """`plan` (B) against `without` (A) from interleaved pairs `a` and `b`, with the losses of both at the same
+    steps. The search reads a trial's figures (`ratio`, `interval`, `memory_ratio`, `numerics`); the
+    verification the estimates it accepts on (`speedup`, `memory`, with `compiling_notes`)."""
+
+    a: list[StepRecord]
+    b: list[StepRecord]
+    plan: Plan
+    options: TuneOptions
+    baseline_batch: int | None = None
+    without: Plan = field(default_factory=Plan)
+    losses: list[tuple[float, float]] = field(default_factory=list)
+
+    @cached_property
+    def batches(self) -> tuple[int | None, int | None]:
+        """A's and B's batch when B changes it (times are then compared per sample); else (None, None)."""
+        before, after = batch_size(self.without, self.baseline_batch), batch_size(self.plan, self.baseline_batch)
+        return (before, after) if self.baseline_batch is not None and before != after else (None, None)
+
+    @property
+    def per_sample(self) -> bool:
+        return self.batches[0] is not None
+
+    @property
+    def scale(self) -> float:
+        before, after = self.batches
+        return after / before if before else 1.0
+
+    # --- a trial's figures ------------------------------------------------------------------------------------
+    def running(self) -> list[float]:
+        """The ratio of each pair so far in which neither process compiled: what a pruner reads mid-trial."""
+        return steady_ratios(self.a, self.b, self.scale)
+
+    @cached_property
+    def ratios(self) -> list[float]:
+        """The trial's pair ratios: its steady pairs (every pair while fewer than MIN_STEADY are steady)."""
+        a, b = steady(self.a, self.b)
+        return [self.scale * x.wall_s / y.wall_s for x, y in zip(a, b)]
+
+    @property
+    def ratio(self) -> float:
+        """A / B, the upper median of the ratios: > 1 is faster."""
+        return median(self.ratios)
+
+    def interval(self) -> tuple[float, float]:
+        """The ratios' 95 % interval (seeded): a search's figure; the verification's is stricter."""
+        return median_ci(np.asarray(self.ratios), seed=self.options.seed)
+
+    @property
+    def memory_ratio(self) -> float | None:
+        """B's peak device bytes over A's (medians); None without A's figures."""
+        base = median([s.device_bytes for s in self.a])
+        return median([s.device_bytes for s in self.b]) / base if base else None
+
+    def numerics(self) -> tuple[NumericsCheck | None, Plan]:
+        """The check B's losses call for (None: no step has both losses), and B as its losses class it."""
+        if not self.losses:
+            return None, self.plan
+        return check_plan_numerics(self.plan, [x for x, _ in self.losses], [y for _, y in self.losses], self.options)
+
+    # --- the estimates a verification accepts on --------------------------------------------------------------
+    def speedup(self) -> SpeedupEstimate:
+        """The speedup with its interval, on steady pairs (at least MIN_PAIRS of them), accepted on --min-gain."""
+        a, b = steady(self.a, self.b, least=MIN_PAIRS)
+        before, after = self.batches
+        return speedup([s.wall_s for s in a], [s.wall_s for s in b], min_gain=self.options.min_gain,
+                       seed=self.options.seed, baseline_batch=before, candidate_batch=after)
+
+    def memory(self) -> MemoryEstimate | None:
+        """The peak-memory saving with its interval; None when a step has no device figure."""
+        if not all(s.device_bytes for s in self.a + self.b):
+            return None
+        return memory_saving([s.device_bytes for s in self.a], [s.device_bytes for s in self.b],
+                             min_gain=self.options.min_gain, seed=self.options.seed)
+
+    def compiling_notes(self) -> list[str]:
+        """What a speedup leaves out or keeps in of compiles, said so that it is read as such."""
+        notes = []
+        steady_a, _ = steady(self.a, self.b, least=MIN_PAIRS)
+        if len(steady_a) < len(self.a):
+            notes.append(f"{len(self.a) - len(steady_a)} of {len(self.a)} pairs left out: a process compiled in them")
+        if keeps_compiling(self.a):
+            compiled = sum(s.compiled for s in self.a)
+            notes.append(f"compiles included: the baseline compiled new shapes in {compiled} of its {len(self.a)} "
+                         "measured steps, a cost that lasts while new lengths keep arriving (a long run that has "
+                         "seen every length stops paying it)")
+        return notes

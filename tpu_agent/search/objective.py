@@ -1,0 +1,228 @@
+"""What Optuna calls for each trial: the plan the trial's picks make, measured in turns with the warm baseline
+and compared with it (measure.compare). The trial's value, constraints and attributes go to the study, its
+record to the search's list; invalid and repeated plans are recorded without running, failures without
+stopping the study."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NoReturn
+
+import optuna
+
+from tpu_agent.config import TuneOptions
+from tpu_agent.measure.compare import Comparison, aligned_losses, losses_by_step, losses_of, median
+from tpu_agent.measure.numerics import NumericsCheck
+from tpu_agent.measure.runner import Runner
+from tpu_agent.measure.trials import StepRecord, TrialFailed
+from tpu_agent.plan.actions import Plan
+from tpu_agent.search.records import TrialRecord, TrialState
+from tpu_agent.search.space import OFF, Space
+
+# Core constraints (Trial.set_constraint): a trial is feasible when every value is <= 0. TPE then ranks an
+# infeasible trial below every feasible one, best_trial skips it, and the dashboard shows it as infeasible.
+NUMERICS = "numerics"  # how far the losses are beyond the check's tolerance (relative loss difference - tolerance)
+OUT_OF_MEMORY = "out_of_memory"  # 1: the plan ran out of device memory (nothing else measured)
+_NO_FINITE = 1e9  # a non-finite loss: JSON (the storage, the dashboard) cannot carry infinity
+
+
+def numerics_margin(check: NumericsCheck) -> float:
+    """The numerics check as a constraint value: > 0 exactly when the check failed."""
+    if check.kind == "exact":
+        margin = (check.max_rel_diff if check.max_rel_diff is not None else math.inf) - check.tolerance
+    elif check.baseline_final is None or check.candidate_final is None:
+        margin = math.inf
+    else:
+        base = check.baseline_final
+        margin = (check.candidate_final - base) / max(abs(base), 1e-8) - check.tolerance
+    if not math.isfinite(margin):
+        margin = _NO_FINITE
+    if check.passed:
+        return min(margin, 0.0)
+    return margin if margin > 0 else 1e-12  # a failed check is never feasible, whatever the rounding
+
+
+def objective_value(options: TuneOptions, speed: float | None, memory_ratio: float | None) -> float:
+    if options.objective == "time":
+        return speed or 0.0
+    if options.objective == "memory":
+        return (1.0 / memory_ratio) if memory_ratio else 0.0
+    return (speed or 0.0) * ((1.0 / memory_ratio) if memory_ratio else 1.0)
+
+
+def invalid_for_devices(plan: Plan, options: TuneOptions) -> str | None:
+    mesh = plan.mesh
+    if mesh is None or mesh.devices <= options.devices:
+        return None
+    return f"invalid combination: mesh {dict(mesh.axes)} needs {mesh.devices} devices, {options.devices} available"
+
+
+class Failed(Exception):
+    """A trial that could not produce a value: Optuna records it as FAIL and goes on."""
+
+
+@dataclass
+class Measured:
+    """A plan measured before (this run or an earlier one): what a repeat of it records without running."""
+
+    number: int
+    value: float | None  # None: it failed or was pruned
+    constraints: dict[str, float] = field(default_factory=dict)
+    reported: dict[int, float] = field(default_factory=dict)  # its intermediate values, step -> value
+    pruned: bool = False
+
+
+class PairReport:
+    """A trial's pairs as they come in, told to the pruner: the running median of the steady ratios, or each
+    pair's own ratio for a pruner that compares pairs (`per_pair`); kept in `reported` by pair index."""
+
+    def __init__(self, trial: optuna.Trial, plan: Plan, options: TuneOptions, baseline_batch: int | None,
+                 per_pair: bool) -> None:
+        self.trial, self.plan, self.options, self.baseline_batch = trial, plan, options, baseline_batch
+        self.per_pair = per_pair
+        self.reported: dict[int, float] = {}
+
+    def __call__(self, i: int, a: list[StepRecord], b: list[StepRecord]) -> None:
+        if a[-1].compiled or b[-1].compiled:  # a compiling step says nothing of the steady state: not judged
+            return
+        kept = Comparison(a, b, self.plan, self.options, self.baseline_batch).running()
+        k, running = len(kept) - 1, median(kept)
+        self.reported[k] = kept[-1] if self.per_pair else running
+        self.trial.report(self.reported[k], k)
+        # Clearly slow: slower than the baseline, and the pruner says so (under the median of earlier trials at
+        # this point, or worse than the best trial by a signed-rank test).
+        if self.trial.should_prune():
+            raise optuna.TrialPruned(f"running median {running:.3f}x after {k + 1} pairs without compilation")
+
+
+class Objective:
+    """One trial per call: the plan of its picks, measured and compared, recorded in the study and `records`.
+    `baseline_losses` gathers the baseline's loss at each step across trials (each trial's numerics check reads
+    them); `measured` holds the plans measured so far, so that a repeat is recorded without running."""
+
+    def __init__(self, space: Space, runner: Runner, options: TuneOptions, baseline_batch: int | None,
+                 baseline_losses: dict[int, float], *, measured: dict[str, Measured], per_pair: bool = False,
+                 on_trial: Callable[[TrialRecord], None] | None = None) -> None:
+        self.space, self.runner, self.options, self.baseline_batch = space, runner, options, baseline_batch
+        self.baseline_losses, self.measured, self.per_pair, self.on_trial = baseline_losses, measured, per_pair, on_trial
+        self.records: list[TrialRecord] = []
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        picks = {c.id: trial.suggest_categorical(c.id, [OFF] + [str(i) for i in range(len(self.space.options[c.id]))])
+                 for c in self.space.candidates}
+        t0 = time.perf_counter()
+        try:
+            plan = self.space.plan_for(picks)
+        except ValueError as exc:
+            return self._finish(trial, TrialRecord(number=trial.number, plan=Plan(), state=TrialState.INVALID,
+                                                   reason=f"invalid combination: {exc}"), fail=True)
+        trial.set_user_attr("plan", plan.model_dump(mode="json"))
+        trial.set_user_attr("description", plan.describe())
+        trial.set_user_attr("class", plan.effects())
+        if not plan.actions:  # every candidate off: the baseline itself, by definition 1.0
+            return self._finish(trial, TrialRecord(number=trial.number, plan=plan, state=TrialState.REPEATED,
+                                                   value=1.0, speedup=1.0,
+                                                   reason="no change: the baseline itself, not run"))
+        key = plan.key()
+        trial.set_user_attr("plan_key", key)
+        if key in self.measured:
+            return self._repeat(trial, plan, self.measured[key])
+        invalid = invalid_for_devices(plan, self.options)
+        if invalid:
+            return self._finish(trial, TrialRecord(number=trial.number, plan=plan, state=TrialState.INVALID,
+                                                   reason=invalid), fail=True)
+        return self._measure(trial, plan, t0)
+
+    def _repeat(self, trial: optuna.Trial, plan: Plan, earlier: Measured) -> float:
+        """A plan measured before: its figures again, not its time."""
+        for step, value in earlier.reported.items():  # its pairs, so a pruner comparing with the best finds them
+            trial.report(value, step)
+        for name, value in earlier.constraints.items():
+            trial.set_constraint(name, value)
+        if earlier.pruned:  # TPE proposed it again: it stays pruned rather than costing a trial's time again
+            self._pruned(trial, TrialRecord(number=trial.number, plan=plan, state=TrialState.PRUNED,
+                                            reason=f"same plan as trial {earlier.number}, pruned: not run again"),
+                         earlier.reported)
+        record = TrialRecord(number=trial.number, plan=plan, state=TrialState.REPEATED, value=earlier.value,
+                             reason=f"same plan as trial {earlier.number}: not run again")
+        return self._finish(trial, record, fail=earlier.value is None)
+
+    def _measure(self, trial: optuna.Trial, plan: Plan, t0: float) -> float:
+        report = PairReport(trial, plan, self.options, self.baseline_batch, self.per_pair)
+        try:
+            a, b, cand = self.runner.measure(plan, f"trial-{trial.number}", self.options.steps, report=report)
+        except optuna.TrialPruned as exc:
+            self._pruned(trial, TrialRecord(number=trial.number, plan=plan, state=TrialState.PRUNED, reason=str(exc),
+                                            duration_s=time.perf_counter() - t0), report.reported)
+        except TrialFailed as exc:
+            failed = TrialRecord(number=trial.number, plan=plan, state=TrialState.FAILED,
+                                 reason=f"{exc.kind}: {exc.message.splitlines()[0][:300]}",
+                                 duration_s=time.perf_counter() - t0)
+            if exc.kind != "out_of_memory":
+                return self._finish(trial, failed, fail=True)
+            # A memory limit, not an accident: a completed, infeasible trial that TPE learns to steer away from.
+            trial.set_constraint(OUT_OF_MEMORY, 1.0)
+            return self._finish(trial, failed, objective=0.0, reported=report.reported)
+        warm_s = getattr(cand, "warm_s", None)  # a measuring double may not time its warm-up
+        baseline = self.runner.baseline
+        losses_by_step(baseline.steps if baseline else a, into=self.baseline_losses)
+        # Numerics already in the search: the candidate's losses against the baseline's at the same steps.
+        compared = Comparison(a, b, plan, self.options, self.baseline_batch,
+                              losses=aligned_losses(self.baseline_losses, cand.steps))
+        numerics, _ = compared.numerics()
+        speed, memory_ratio = compared.ratio, compared.memory_ratio
+        trial.set_user_attr("speedup", speed)
+        trial.set_user_attr("speedup_ci95", list(compared.interval()))  # the search's pairs; verification is stricter
+        trial.set_user_attr("pairs", len(compared.ratios))
+        trial.set_user_attr("compiling_pairs", len(a) - len(compared.ratios))  # left out (unless fewer than 3 remained)
+        trial.set_user_attr("per_sample", compared.per_sample)
+        trial.set_user_attr("memory_ratio", memory_ratio)
+        trial.set_user_attr("warmup_s", warm_s)
+        if numerics is not None:
+            trial.set_constraint(NUMERICS, numerics_margin(numerics))
+            trial.set_user_attr("numerics", numerics.reason)
+        if numerics is not None and not numerics.passed:
+            # Objective 0 as well as infeasible: optuna-dashboard's best trial (the storage's) ignores constraints.
+            return self._finish(trial, TrialRecord(number=trial.number, plan=plan, state=TrialState.NUMERICS,
+                                                   value=0.0, speedup=speed, memory_ratio=memory_ratio,
+                                                   duration_s=time.perf_counter() - t0, warmup_s=warm_s,
+                                                   reason=numerics.reason),
+                                reported=report.reported)
+        trial.set_user_attr("candidate_losses", losses_of(b))
+        record = TrialRecord(number=trial.number, plan=plan, state=TrialState.COMPLETE,
+                             value=objective_value(self.options, speed, memory_ratio), speedup=speed,
+                             memory_ratio=memory_ratio, duration_s=time.perf_counter() - t0, warmup_s=warm_s,
+                             reason="; ".join(cand.notes))
+        return self._finish(trial, record, reported=report.reported)
+
+    def _pruned(self, trial: optuna.Trial, record: TrialRecord, reported: dict[int, float]) -> NoReturn:
+        trial.set_user_attr("state", record.state.value)
+        trial.set_user_attr("reason", record.reason)
+        self._recorded(record)
+        self.measured.setdefault(record.plan.key(), Measured(trial.number, None, {}, dict(reported), pruned=True))
+        raise optuna.TrialPruned(record.reason)
+
+    def _finish(self, trial: optuna.Trial, record: TrialRecord, fail: bool = False, objective: float | None = None,
+                reported: dict[int, float] | None = None) -> float:
+        value = record.value if objective is None else objective
+        trial.set_user_attr("state", record.state.value)
+        trial.set_user_attr("reason", record.reason)
+        constraints = trial.constraints
+        if constraints:  # optuna-dashboard 0.21 shows only the pre-5 list of constraints: as attributes too
+            trial.set_user_attr("constraints", constraints)
+            trial.set_user_attr("feasible", all(v <= 0.0 for v in constraints.values()))
+        self._recorded(record)
+        if record.state != TrialState.REPEATED and record.plan.actions:
+            self.measured.setdefault(record.plan.key(), Measured(trial.number, None if fail else value,
+                                                                 dict(trial.constraints), dict(reported or {})))
+        if fail:
+            raise Failed(record.reason)
+        return value
+
+    def _recorded(self, record: TrialRecord) -> None:
+        self.records.append(record)
+        if self.on_trial:
+            self.on_trial(record)
