@@ -116,3 +116,30 @@ def test_allow_opens_model_and_training_never_the_data(tmp_path: Path) -> None:
     with pytest.raises(InputError) as info:
         resolve(script, {"allow": "model,data"})
     assert str(info.value) == "--allow: data is never changed by the tuner (allow takes model, training) (got 'model,data')"
+
+
+def test_every_option_is_a_tune_flag_with_the_help_and_default_it_declares() -> None:
+    """One declaration per option (config.TuneOptions): `tune --help` shows its text and its default, the flag
+    is its name with dashes, and a flag not given is None (so [tool.tpu-agent], then the default, applies)."""
+    import typer
+    from typer.testing import CliRunner
+
+    from tpu_agent.cli.app import app
+
+    params = {p.name: p for p in typer.main.get_command(app).commands["tune"].params}
+    cli_only = {"script", "script_args", "offline", "json_output", "device_map"}
+    assert set(params) - cli_only == set(TuneOptions.model_fields)
+    for name in TuneOptions.model_fields:
+        assert params[name].opts[0] == "--" + name.replace("_", "-") and params[name].default is None, name
+    assert params["output_dir"].opts == ["--output-dir", "-o"] and params["resume"].secondary_opts == []
+
+    shown = CliRunner().invoke(app, ["tune", "--help"], env={"COLUMNS": "400"}, terminal_width=400).output
+    lines = {line.split()[1]: " ".join(line.split()) for line in shown.splitlines() if line.startswith("│ --")}
+    for name, field in TuneOptions.model_fields.items():
+        assert field.description in lines["--" + name.replace("_", "-")], name
+    expected = {"--trials": "[default: 20]", "--trial-timeout": "[default: 600]", "--min-gain": "[default: 0.03]",
+                "--token-budget": "[default: 200000]", "--target": "[default: cpu]",
+                "--allow": "[default: exact and numerics only]", "--playbooks": "[tool.tpu-agent]"}
+    for flag, text in expected.items():
+        assert text in lines[flag], (flag, lines[flag])
+    assert "default:" not in lines["--timeout"] and "default:" not in lines["--resume"]

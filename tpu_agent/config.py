@@ -1,4 +1,9 @@
-"""Every option of `tpu-agent tune`, once: its default, its flag, its `[tool.tpu-agent]` key; the one pyproject reader.
+"""Every option of `tpu-agent tune`, declared once; the one pyproject reader.
+
+Each option is one field of TuneOptions, declared with `option(...)`: its name and type (the field's), its
+default, its help, how the command line spells it, and its checks. From that declaration come the
+option's default here, `tune --help` (its text and `[default: ...]`, cli/tune.py) and the validation of
+its `[tool.tpu-agent]` key (the name with dashes); no other copy of a default or a help text exists.
 
 The table is looked for from the script's directory upward: the nearest
 pyproject.toml that has a `[tool.tpu-agent]` table is used (a monorepo's
@@ -24,7 +29,7 @@ import hashlib
 import json
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -38,42 +43,59 @@ ProposerName = Literal["auto", "offline", "claude"]
 PATH_KEYS = ("playbooks", "output_dir")  # resolved against the folder of the file that names them
 
 
+def option(default: Any, help: str, *, shown: str | None = None, metavar: str | None = None,
+           short: str | None = None, **checks: Any) -> Any:
+    """One tune option: its default, its help (`tune --help` adds `[default: ...]`), `shown` for a default
+    better said in words, the command line's `metavar` and `short` name, and pydantic's `checks` (ge=1...)."""
+    cli = {key: value for key, value in (("shown", shown), ("metavar", metavar), ("short", short)) if value}
+    default_kw = {"default_factory": list} if default == [] else {"default": default}
+    return Field(**default_kw, description=help, json_schema_extra=cli or None, **checks)
+
+
+def _either(choices) -> str:
+    return " | ".join(get_args(choices))
+
+
 class TuneOptions(BaseModel):
-    """Every `tune` option, with its default. A field here is a key in [tool.tpu-agent] and a flag."""
+    """Every `tune` option, declared once. A field here is a key in [tool.tpu-agent] and a flag."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # trials = "20" is a typo to report
 
-    trials: int = Field(20, ge=1, description="trials to run (measured configurations)")
-    timeout: float | None = Field(None, gt=0, description="stop starting trials after this many seconds")
-    trial_timeout: float = Field(600.0, gt=0, description="a trial step running longer is stopped and recorded as failed")
-    steps: int = Field(20, ge=5, description=(
-        "interleaved baseline/candidate pairs per trial, after warm-up; every measured process runs this length"))
-    warmup: int = Field(2, ge=1, description="steps each process runs before it is timed (compilation)")
-    pairs: int = Field(20, ge=5, description=(
-        "pairs a verification or an ablation measures, in rounds of --steps pairs, each in fresh processes"))
-    verify: int = Field(3, ge=0, description=(
-        "how many of the search's best plans are verified in fresh processes (0: search only, nothing verified)"))
-    target: Target = Field("cpu", description="what to tune for: this machine, or a TPU generation (cost model)")
-    objective: Objective = Field("time", description="step time, peak memory, or both")
-    devices: int = Field(1, ge=1, description="simulated devices on a CPU (for sharding)")
-    seed: int = Field(0, description="seed of the sampler and of the bootstrap")
-    study: str | None = Field(None, description="Optuna study name (default: from the script)")
-    storage: str | None = Field(None, description="Optuna storage URL (default: SQLite under .tpu-agent/)")
-    resume: bool = Field(False, description="continue the study instead of starting a new one")
-    min_gain: float = Field(0.03, ge=0, lt=1, description="a speedup is kept when its CI's lower end exceeds 1 + this")
-    loss_tol: float = Field(0.02, ge=0, lt=1, description="a shape-changing plan may end with a loss this much worse")
-    apply: bool = Field(False, description="write the verified changes into the user's files (with a backup)")
-    force: bool = Field(False, description="with apply: overwrite files that have uncommitted changes")
-    output_dir: str | None = Field(None, description="where run directories go (default ./.tpu-agent/runs)")
-    playbooks: list[str] = Field(default_factory=list, description="extra playbook directories (a folder or a list)")
-    proposer: ProposerName = Field("auto", description="auto: claude when ANTHROPIC_API_KEY is set")
-    model: str | None = Field(None, description="Claude model for the claude proposer")
-    rounds: int = Field(1, ge=1, description="propose-search rounds (the claude proposer sees earlier results)")
-    token_budget: int = Field(200_000, ge=1000, description="Claude tokens for the whole tune")
-    candidates: int = Field(6, ge=1, description="how many top candidates span the search space")
-    allow: list[Literal["model", "training"]] = Field(default_factory=list, description=(
-        "classes of change searched beyond exact and numerics: model (architecture: widths, vocabulary rows), "
-        "training (batch size, sequence length); the data is never changed"))
+    trials: int = option(20, "Trials to run (measured configurations).", ge=1)
+    timeout: float | None = option(None, "Stop starting trials after this many seconds.", gt=0)
+    trial_timeout: float = option(600.0, "A trial step running longer is stopped and recorded as failed.", gt=0)
+    steps: int = option(20, "Interleaved baseline/candidate pairs per trial (>= 5); every measured process runs "
+                        "this length.", ge=5)
+    warmup: int = option(2, "Steps each process runs before timing (compilation, >= 1).", ge=1)
+    pairs: int = option(20, "Pairs a verification or an ablation measures (>= 5), in rounds of --steps pairs in "
+                        "fresh processes.", ge=5)
+    verify: int = option(3, "How many of the best plans to verify in fresh processes (0: search only, nothing "
+                         "verified).", ge=0)
+    target: Target = option("cpu", f"What to tune for: {_either(Target)} (this machine, or a TPU generation's "
+                            "cost model).")
+    objective: Objective = option("time", f"{_either(Objective)}: step time, peak memory, or both.")
+    devices: int = option(1, "Simulated devices on a CPU host (for sharding).", ge=1)
+    seed: int = option(0, "Seed of the sampler and the bootstrap.")
+    study: str | None = option(None, "Optuna study name (default: from the script and settings).")
+    storage: str | None = option(None, "Optuna storage URL (default: SQLite under .tpu-agent/).")
+    resume: bool = option(False, "Continue the study; finished trials are not repeated.")
+    min_gain: float = option(0.03, "Keep a speedup only if its CI's lower end exceeds 1 + this.", ge=0, lt=1)
+    loss_tol: float = option(0.02, "A shape-changing plan may end with a loss this much worse.", ge=0, lt=1)
+    apply: bool = option(False, "Write the verified source change into your files (backup kept).")
+    force: bool = option(False, "With --apply: overwrite files with uncommitted changes.")
+    output_dir: str | None = option(None, "Where run directories go (default ./.tpu-agent/runs).", metavar="DIR",
+                                    short="-o")
+    playbooks: list[str] = option([], "Extra playbook directories (in [tool.tpu-agent]: a folder or a list).",
+                                  metavar="DIR")
+    proposer: ProposerName = option("auto", f"{_either(ProposerName)} (auto: claude when ANTHROPIC_API_KEY is set).")
+    model: str | None = option(None, "Claude model for --proposer claude.")
+    rounds: int = option(1, "Propose-search rounds; Claude sees the results of earlier rounds.", ge=1)
+    token_budget: int = option(200_000, "Claude tokens for the whole tune.", ge=1000)
+    candidates: int = option(6, "Top candidates that span the search space.", ge=1)
+    allow: list[Literal["model", "training"]] = option(
+        [], "Also search these classes of change (comma-separated): model (architecture: widths, vocabulary rows), "
+        "training (batch size, sequence length). The data is never changed.", shown="exact and numerics only",
+        metavar="CLASSES")
 
     @field_validator("allow", mode="before")
     @classmethod

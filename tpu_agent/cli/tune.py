@@ -12,40 +12,64 @@ from rich.markup import escape
 
 from tpu_agent.cli.inputs import check_script
 from tpu_agent.cli.options import DeviceMapOption, ScriptArg, ScriptArgs, device_map_env, stderr_console, stdout_console
+from tpu_agent.config import TuneOptions, resolve
 from tpu_agent.paths import shown_path
 from tpu_agent.report.effects import effect_lines
+
+
+def shown_default(name: str) -> str | None:
+    """The `[default: ...]` text of a tune option, from its declaration (None: nothing worth showing)."""
+    field = TuneOptions.model_fields[name]
+    extra = field.json_schema_extra or {}
+    if "shown" in extra:
+        return extra["shown"]
+    default = field.get_default(call_default_factory=True)
+    if default is None or default is False or default == []:
+        return None
+    return f"{default:g}" if isinstance(default, float) else str(default)
+
+
+def flag(name: str):
+    """The `--name` option of a TuneOptions field: its help and default as declared there. A flag not given is
+    None, so that [tool.tpu-agent] and then the declared default apply (config.resolve)."""
+    field = TuneOptions.model_fields[name]
+    extra = field.json_schema_extra or {}
+    shown = shown_default(name)
+    text = escape(field.description + (f" [default: {shown}]" if shown else ""))
+    names = [f"--{name.replace('_', '-')}", *([extra["short"]] if "short" in extra else [])]
+    return typer.Option(*names, metavar=extra.get("metavar"), help=text)
 
 
 def tune(
     script: ScriptArg,
     script_args: ScriptArgs = None,
-    trials: Annotated[int | None, typer.Option(help="Trials (measured configurations). [default: 20]")] = None,
-    timeout: Annotated[float | None, typer.Option(help="Stop starting trials after this many seconds.")] = None,
-    trial_timeout: Annotated[float | None, typer.Option(help="A trial step running longer is recorded as failed. [default: 600]")] = None,
-    steps: Annotated[int | None, typer.Option(help="Interleaved baseline/candidate pairs per trial (>= 5); every measured process runs this length. [default: 20]")] = None,
-    warmup: Annotated[int | None, typer.Option(help="Steps each process runs before timing (compilation, >= 1). [default: 2]")] = None,
-    pairs: Annotated[int | None, typer.Option(help="Pairs a verification or an ablation measures (>= 5), in rounds of --steps pairs in fresh processes. [default: 20]")] = None,
-    verify: Annotated[int | None, typer.Option(help="How many of the best plans to verify in fresh processes (0: search only, nothing verified). [default: 3]")] = None,
-    target: Annotated[str | None, typer.Option(help="cpu | v4 | v5e | v5p | v6e | v7x. [default: cpu]")] = None,
-    objective: Annotated[str | None, typer.Option(help="time | memory | both. [default: time]")] = None,
-    devices: Annotated[int | None, typer.Option(help="Simulated devices on a CPU host (for sharding). [default: 1]")] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed of the sampler and the bootstrap. [default: 0]")] = None,
-    study: Annotated[str | None, typer.Option(help="Optuna study name (default: from the script and settings).")] = None,
-    storage: Annotated[str | None, typer.Option(help="Optuna storage URL (default: SQLite under .tpu-agent/).")] = None,
-    resume: Annotated[bool | None, typer.Option("--resume", help="Continue the study; finished trials are not repeated.")] = None,
-    min_gain: Annotated[float | None, typer.Option(help="Keep a speedup only if its CI's lower end exceeds 1 + this. [default: 0.03]")] = None,
-    loss_tol: Annotated[float | None, typer.Option(help="A shape-changing plan may end with a loss this much worse. [default: 0.02]")] = None,
-    candidates: Annotated[int | None, typer.Option(help="Top candidates that span the search space. [default: 6]")] = None,
-    allow: Annotated[str | None, typer.Option("--allow", metavar="CLASSES", help="Also search these classes of change (comma-separated): model (architecture: widths, vocabulary rows), training (batch size, sequence length). The data is never changed. [default: exact and numerics only]")] = None,
-    proposer: Annotated[str | None, typer.Option(help="auto | offline | claude (auto: claude when ANTHROPIC_API_KEY is set).")] = None,
+    trials: Annotated[int | None, flag("trials")] = None,
+    timeout: Annotated[float | None, flag("timeout")] = None,
+    trial_timeout: Annotated[float | None, flag("trial_timeout")] = None,
+    steps: Annotated[int | None, flag("steps")] = None,
+    warmup: Annotated[int | None, flag("warmup")] = None,
+    pairs: Annotated[int | None, flag("pairs")] = None,
+    verify: Annotated[int | None, flag("verify")] = None,
+    target: Annotated[str | None, flag("target")] = None,
+    objective: Annotated[str | None, flag("objective")] = None,
+    devices: Annotated[int | None, flag("devices")] = None,
+    seed: Annotated[int | None, flag("seed")] = None,
+    study: Annotated[str | None, flag("study")] = None,
+    storage: Annotated[str | None, flag("storage")] = None,
+    resume: Annotated[bool | None, flag("resume")] = None,
+    min_gain: Annotated[float | None, flag("min_gain")] = None,
+    loss_tol: Annotated[float | None, flag("loss_tol")] = None,
+    candidates: Annotated[int | None, flag("candidates")] = None,
+    allow: Annotated[str | None, flag("allow")] = None,
+    proposer: Annotated[str | None, flag("proposer")] = None,
     offline: Annotated[bool, typer.Option("--offline", help="Use the offline proposer even with an API key.")] = False,
-    model: Annotated[str | None, typer.Option(help="Claude model for --proposer claude.")] = None,
-    rounds: Annotated[int | None, typer.Option(help="Propose-search rounds; Claude sees the results of earlier rounds. [default: 1]")] = None,
-    token_budget: Annotated[int | None, typer.Option(help="Claude tokens for the whole tune. [default: 200000]")] = None,
-    playbooks: Annotated[list[str] | None, typer.Option("--playbooks", metavar="DIR", help="Extra playbook directories.")] = None,
-    output_dir: Annotated[str | None, typer.Option("--output-dir", "-o", metavar="DIR", help="Where run directories go (default ./.tpu-agent/runs).")] = None,
-    apply: Annotated[bool | None, typer.Option("--apply", help="Write the verified source change into your files (backup kept).")] = None,
-    force: Annotated[bool | None, typer.Option("--force", help="With --apply: overwrite files with uncommitted changes.")] = None,
+    model: Annotated[str | None, flag("model")] = None,
+    rounds: Annotated[int | None, flag("rounds")] = None,
+    token_budget: Annotated[int | None, flag("token_budget")] = None,
+    playbooks: Annotated[list[str] | None, flag("playbooks")] = None,
+    output_dir: Annotated[str | None, flag("output_dir")] = None,
+    apply: Annotated[bool | None, flag("apply")] = None,
+    force: Annotated[bool | None, flag("force")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     device_map: DeviceMapOption = None,
 ) -> int:
@@ -57,19 +81,15 @@ def tune(
     plan.json to the run directory; your files change only with --apply.
     Example: [bold]tpu-agent tune train.py --trials 20 -- --epochs 1[/bold]
     """
+    given = {name: value for name, value in locals().items() if name in TuneOptions.model_fields}  # the flags
     from tpu_agent import pipeline
-    from tpu_agent.config import resolve
     from tpu_agent.plan.patch import apply_patch
     from tpu_agent.propose import choose_proposer
     from tpu_agent.search.study import dashboard_command
 
     check_script(script)
     mapped = device_map_env(device_map)
-    flags = dict(trials=trials, timeout=timeout, trial_timeout=trial_timeout, steps=steps, warmup=warmup, pairs=pairs, verify=verify,
-                 target=target, objective=objective, devices=devices, seed=seed, study=study, storage=storage,
-                 resume=resume, min_gain=min_gain, loss_tol=loss_tol, candidates=candidates, apply=apply, force=force,
-                 playbooks=playbooks or None, output_dir=output_dir, proposer=proposer, model=model, rounds=rounds,
-                 token_budget=token_budget, allow=allow)
+    flags = {**given, "playbooks": playbooks or None}
     opts = resolve(script, flags).options
     chosen, why = choose_proposer(opts.proposer, offline)
     check_before_the_baseline(Path(script), opts, chosen)
