@@ -201,6 +201,11 @@ class TargetGeneration(str, enum.Enum):
     v7x = "v7x"
 
 
+def _default(name: str):
+    """A profile option's default, as the profiler's Settings declares it (one copy)."""
+    return Settings.model_fields[name].default
+
+
 def profile(
     script: ScriptArg,
     script_args: ScriptArgs = None,
@@ -208,21 +213,21 @@ def profile(
         int | None,
         typer.Option("--steps", min=1, help="Stop the script cleanly after N measured steps (after warm-up). Default: run it to the end.", show_default=False),
     ] = None,
-    warmup: Annotated[int, typer.Option("--warmup", min=0, help="First K steps (compilation) left out of the statistics.")] = 2,
-    mode: Annotated[ProfileMode, typer.Option("--mode", help="How the device runs ops: op by op, fused into one program per step, or compiled where the backend can.")] = ProfileMode.fused,
-    devices: Annotated[int, typer.Option("--devices", min=1, help="Simulate N devices on the CPU.")] = 1,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="First K steps (compilation) left out of the statistics.")] = _default("warmup"),
+    mode: Annotated[ProfileMode, typer.Option("--mode", help="How the device runs ops: op by op, fused into one program per step, or compiled where the backend can.")] = ProfileMode(_default("mode")),
+    devices: Annotated[int, typer.Option("--devices", min=1, help="Simulate N devices on the CPU.")] = _default("devices"),
     target: Annotated[
         TargetGeneration | None,
         typer.Option("--target", help="TPU generation for a roofline estimate (and the padding report).", show_default=False),
     ] = None,
-    dump_hlo: Annotated[bool, typer.Option("--dump-hlo/--no-dump-hlo", help="Write the optimized HLO of every executable that ran to the run directory.")] = True,
-    xla_dump: Annotated[bool, typer.Option("--xla-dump", help="Also turn on XLA's own dump (--xla_dump_to) into the run directory.")] = False,
+    dump_hlo: Annotated[bool, typer.Option("--dump-hlo/--no-dump-hlo", help="Write the optimized HLO of every executable that ran to the run directory.")] = _default("dump_hlo"),
+    xla_dump: Annotated[bool, typer.Option("--xla-dump", help="Also turn on XLA's own dump (--xla_dump_to) into the run directory.")] = _default("xla_dump"),
     trace: Annotated[
         Path | None,
         typer.Option("--trace", metavar="DIR", help="Record a jax.profiler trace of the measured steps (TensorBoard/XProf, Perfetto).", show_default=False),
     ] = None,
-    time_executables: Annotated[bool, typer.Option("--time-executables", help="Wait for every executable so its recorded time is execution time (slower).")] = False,
-    host_device_steps: Annotated[int, typer.Option("--host-device-steps", min=0, metavar="K", help="Run K more steps (after the measured ones) with every executable waited for, to split the step into host overhead and device time; 0: none.")] = 2,
+    time_executables: Annotated[bool, typer.Option("--time-executables", help="Wait for every executable so its recorded time is execution time (slower).")] = _default("time_executables"),
+    host_device_steps: Annotated[int, typer.Option("--host-device-steps", min=0, metavar="K", help="Run K more steps (after the measured ones) with every executable waited for, to split the step into host overhead and device time; 0: none.")] = _default("host_device_steps"),
     output_dir: Annotated[
         Path | None,
         typer.Option("--output-dir", "-o", metavar="DIR", help="Where run directories go (default ./.tpu-agent/runs).", show_default=False),
