@@ -82,17 +82,3 @@ def test_two_candidates_of_one_single_kind_become_one_choice():
     assert [c.id for c in space.candidates] == ["pad-ops", "fused"]
     assert [o[0].describe() for o in space.options["pad-ops"]] == [
         'pad_ops {"multiple":8}', 'pad_ops {"multiple":128}', 'pad_ops {"multiple":256,"sizes":[50257]}']
-
-
-def test_a_unit_measured_again_gets_its_own_workspace_and_log(tmp_path):
-    """The smaller plan's ablation measures `ablate-padding-model` a second time: a new workspace, not an error."""
-    from tpu_agent.config import TuneOptions
-    from tpu_agent.plan.actions import PadDim, Plan
-    from tpu_agent.measure.runner import Runner
-
-    (tmp_path / "train.py").write_text("WIDTH = 63\n")
-    plan = Plan(actions=[PadDim(file="train.py", line=1, column=8, old=63, new=64, name="WIDTH")])
-    runner = Runner(tmp_path / "train.py", [], TuneOptions(), tmp_path / "run")
-    first, again = runner.candidate(plan, "ablate-padding-model-with"), runner.candidate(plan, "ablate-padding-model-with")
-    assert (first.name, again.name) == ("ablate-padding-model-with", "ablate-padding-model-with-2")
-    assert first.script != again.script and again.script.read_text() == "WIDTH = 64\n"

@@ -1,20 +1,16 @@
 """The tuner on a script whose batches take their own longest length: the recompilation diagnosed, bucketing
-verified as exact; and a script that fails after its steps measured up to there."""
+verified as exact."""
 
 from __future__ import annotations
 
 import json
 import re
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from support.paths import EXAMPLES
 from support.processes import clean_env, run_tool
-from tpu_agent.config import TuneOptions
-from tpu_agent.measure.runner import Runner
-from tpu_agent.plan.actions import Plan
 from tpu_agent.profilers.schema import Profile
 
 pytestmark = pytest.mark.slow  # a whole tune, end to end
@@ -65,30 +61,3 @@ def test_a_variable_length_lm_is_diagnosed_and_its_batches_padded_to_a_fixed_len
     assert set(tune["phase_s"]) >= {"baseline", "search", "verification", "profile"}
     report = (run_dir / "report.md").read_text()
     assert "batch dim 1 padded to" in report and "exact" in report
-
-
-FAILS_AT_END = """\
-    import torch
-    model = torch.nn.Linear(8, 4).to("tpu")
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = torch.randn(16, 8).to("tpu")
-    for i in range(9):
-        opt.zero_grad()
-        loss = model(x).square().mean()
-        loss.backward()
-        opt.step()
-    raise RuntimeError("checkpoint reload failed")
-"""
-
-
-def test_a_script_that_fails_after_its_steps_is_measured_up_to_there_and_its_failure_kept_once(tmp_path):
-    script = tmp_path / "ends_badly.py"
-    script.write_text(textwrap.dedent(FAILS_AT_END))
-    runner = Runner(script, [], TuneOptions(steps=10, warmup=1), tmp_path / "run")
-    try:
-        a, b, _ = runner.measure(Plan(), "trial-0", 10)
-    finally:
-        runner.close()
-    assert len(a) == len(b) == 8  # steps 2-9: after the warm-up step, before the script's own end
-    steps, error = runner.script_failure
-    assert steps == 9 and "checkpoint reload failed" in error

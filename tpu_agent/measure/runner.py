@@ -55,13 +55,9 @@ class Runner:
             if self.baseline is not None:  # it ran out of steps: keep what it measured (losses by step)
                 self.last_baseline_steps.extend(self.baseline.steps)
             self.baseline_count += 1
-            self.baseline = self._process(self.script, Plan(), f"baseline-{self.baseline_count}")
+            self.baseline = self.process(Plan(), f"baseline-{self.baseline_count}")
             self._warm(self.baseline)
         return self.baseline
-
-    def _process(self, script: Path, plan: Plan, name: str) -> TrialProcess:
-        return TrialProcess(script, self.args, plan, cwd=Path.cwd(), log_dir=self.run_dir / "logs",
-                            step_timeout=self.options.trial_timeout, env=self.env, name=name)
 
     def _unique(self, name: str) -> str:
         """`name`, or `name-2`, `name-3`...: the smaller plan's ablation measures the same units again, and each
@@ -69,15 +65,16 @@ class Runner:
         self._names[name] = self._names.get(name, 0) + 1
         return name if self._names[name] == 1 else f"{name}-{self._names[name]}"
 
-    def candidate(self, plan: Plan, name: str) -> TrialProcess:
+    def process(self, plan: Plan, name: str) -> TrialProcess:
+        """A process (not started) running the script with `plan`: its source edits on a copy of the script."""
         name = self._unique(name)
         script = self.script
         if plan.of(PadDim):
             from tpu_agent.plan.rewrite import apply_pad_dims
 
-            rewrite = apply_pad_dims(plan, self.script, self.run_dir / "workspaces" / name)
-            script = rewrite.script
-        return self._process(script, plan, name)
+            script = apply_pad_dims(plan, self.script, self.run_dir / "workspaces" / name).script
+        return TrialProcess(script, self.args, plan, cwd=Path.cwd(), log_dir=self.run_dir / "logs",
+                            step_timeout=self.options.trial_timeout, env=self.env, name=name)
 
     def measure(self, plan: Plan, name: str, pairs: int, report=None, fresh_baseline: bool = False):
         """(baseline steps, candidate steps, the candidate's process), interleaved."""
@@ -96,7 +93,7 @@ class Runner:
                 base = self._baseline()  # the script ran out of steps: a fresh warm baseline
                 return base.step()
 
-        cand = self.candidate(plan, name)
+        cand = self.process(plan, name)
         try:
             self._warm(cand)
             a, b = interleave(baseline_step, cand.step, pairs, report, ends_script=self._script_ends)
@@ -121,7 +118,7 @@ class Runner:
         a: list[StepRecord] = []
         b: list[StepRecord] = []
         for _ in range(self.options.verify_rounds):
-            a_proc, b_proc = self.candidate(without, f"{name}-without"), self.candidate(plan, f"{name}-with")
+            a_proc, b_proc = self.process(without, f"{name}-without"), self.process(plan, f"{name}-with")
             try:
                 self._warm(a_proc)
                 self._warm(b_proc)
