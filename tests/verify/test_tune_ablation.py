@@ -34,10 +34,12 @@ def test_a_slowing_group_is_left_out_and_the_smaller_plan_verified():
     assert len(best.left_out) == 1 and best.left_out[0].startswith("precision (numerics) (matmul_precision")
     assert "it slowed the verified plan" in best.left_out[0]
     # The first plan's ablation measured four units; the smaller plan's, three, each earning its place.
-    added = {a.group: a.speed.speedup for a in best.attribution}
+    added = {a.unit: a.speed.speedup for a in best.attribution}
     assert set(added) == {"padding (model)", "padding", "execution"}
     assert abs(added["padding"] - 1 / 0.8) < 0.05 and abs(added["execution"] - 1 / 0.9) < 0.05
-    assert [a.effect for a in best.attribution] == ["model", "exact", "exact"]
+    assert [(a.group, a.effect) for a in best.attribution] == [("padding", "model"), ("padding", "exact"),
+                                                               ("execution", "exact")]
+    assert '"unit":"padding (model)"' in best.model_dump_json()  # report.json names the unit as the report does
     assert [m[0] for m in runner.measured] == [
         "verify-1", "ablate-padding-model", "ablate-padding", "ablate-execution", "ablate-precision-numerics",
         "verify-2", "ablate-padding-model", "ablate-padding", "ablate-execution"]
@@ -45,6 +47,7 @@ def test_a_slowing_group_is_left_out_and_the_smaller_plan_verified():
 
     text = report.markdown(_result(best, verdicts), {})
     assert "Left out of the search's best plan:* precision" in text and "Where the gain comes from" in text
+    assert "| padding (model): WIDTH 63->64 (t.py:3) |" in text
 
 
 def test_the_ablation_drops_a_neutral_bf16_group():
@@ -73,8 +76,8 @@ def test_exact_units_that_carry_a_gain_only_together_stay(monkeypatch):
     assert neutral.ci_low <= 1.0 <= neutral.ci_high
 
     def measured(plan, runner, options, baseline_batch, out):
-        out += [Attribution(group=unit, actions=Plan(actions=xs).describe(), without="-", speed=neutral, reason="")
-                for unit, xs in plan.units().items()]
+        out += [Attribution(group=xs[0].group, effect=xs[0].effect, actions=Plan(actions=xs).describe(), without="-",
+                            speed=neutral, reason="") for xs in plan.units().values()]
         return out
 
     monkeypatch.setattr(ablation, "attribute", measured)

@@ -72,7 +72,7 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
                       "own that clears the minimum gain):", "",
                       "| changes | compared with | speedup they add |", "|---|---|---|"]
             for a in best.attribution:
-                lines.append(f"| {a.group}: {a.actions} | {a.without or '(no change)'} | "
+                lines.append(f"| {a.unit}: {a.actions} | {a.without or '(no change)'} | "
                              f"{a.speed.text() if a.speed else a.reason} |")
         if best.numerics:
             lines += ["", f"**Numerics:** {best.numerics.reason}"]

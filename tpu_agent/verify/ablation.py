@@ -32,16 +32,16 @@ def attribute(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: 
     for unit, actions in units.items():
         without = Plan(actions=[a for a in plan.actions if a not in actions])
         text = Plan(actions=actions).describe()
-        effect = actions[0].effect
+        group, effect = actions[0].group, actions[0].effect
         try:
             name = "ablate-" + unit.replace(" (", "-").rstrip(")")  # ablate-padding-model
             a, b = runner.measure_plans(without, plan, name)
         except TrialFailed as exc:
-            out.append(Attribution(group=unit, effect=effect, actions=text, without=without.describe(),
+            out.append(Attribution(group=group, effect=effect, actions=text, without=without.describe(),
                                    reason=f"not measured: {exc.kind}: {exc.message[:160]}"))
             continue
         speed = Comparison(a, b, plan, options, baseline_batch, without=without).speedup()
-        out.append(Attribution(group=unit, effect=effect, actions=text, without=without.describe(), speed=speed,
+        out.append(Attribution(group=group, effect=effect, actions=text, without=without.describe(), speed=speed,
                                reason=speed.reason))
     return out
 
@@ -72,8 +72,8 @@ def settle(verdict: Verdict, runner: Runner, options: TuneOptions, baseline_batc
     verdict.attribution = []
     attribute(verdict.plan, runner, options, baseline_batch, out=verdict.attribution)
     for a in verdict.attribution:
-        console.print(f"  {a.group} ({a.actions}) adds {a.speed.text() if a.speed else a.reason} over the rest of the plan")
-    drop = {a.group: why for a in verdict.attribution if (why := why_dropped(a, options.min_gain))}
+        console.print(f"  {a.unit} ({a.actions}) adds {a.speed.text() if a.speed else a.reason} over the rest of the plan")
+    drop = {a.unit: why for a in verdict.attribution if (why := why_dropped(a, options.min_gain))}
     if drop and set(drop) == set(verdict.plan.units()):
         # together the exact units carried a gain none shows alone: they stay, the others go
         drop = {unit: why for unit, why in drop.items() if not unit_is_exact(verdict, unit)}

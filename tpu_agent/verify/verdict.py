@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 from tpu_agent.config import TuneOptions
 from tpu_agent.measure.compare import Comparison, aligned_losses, losses_by_step
@@ -10,19 +10,25 @@ from tpu_agent.measure.numerics import NumericsCheck
 from tpu_agent.measure.runner import Runner
 from tpu_agent.measure.stats import MemoryEstimate, SpeedupEstimate
 from tpu_agent.measure.trials import TrialFailed
-from tpu_agent.plan.actions import Plan
+from tpu_agent.plan.actions import Effect, Group, Plan
 
 
 class Attribution(BaseModel):
-    """The gain one group of a verified plan's actions adds on top of the rest of the plan, measured."""
+    """The gain one unit of a verified plan's actions (a group, split by effect) adds on top of the rest of the
+    plan, measured."""
 
-    group: str = Field(description="padding, execution, precision or sharding; with the effect when not exact, "
-                       "e.g. 'padding (model)'")
-    effect: str = Field("exact", description="what the unit does to the model: exact, numerics, model, training")
+    group: Group = Field(description="padding, execution, precision or sharding")
+    effect: Effect = Field("exact", description="what the unit does to the model: exact, numerics, model, training")
     actions: str = Field(description="the group's actions, as the report writes them")
     without: str = Field(description="the plan it was compared against: the verified plan minus the group")
     speed: SpeedupEstimate | None = Field(None, description="the full plan over the plan without the group")
     reason: str
+
+    @computed_field
+    @property
+    def unit(self) -> str:
+        """The group, with the effect when not exact (`padding (model)`): the ablation's unit (Plan.units)."""
+        return self.group if self.effect == "exact" else f"{self.group} ({self.effect})"
 
 
 class Verdict(BaseModel):
