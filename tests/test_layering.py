@@ -15,8 +15,9 @@ from pathlib import Path
 from support.paths import REPO
 
 ROOTS = {"tpu_agent": REPO / "tpu_agent", "tpu_agent.profilers": REPO / "profilers"}
-APPLICATION = ("tpu_agent.cli", "tpu_agent.run", "tpu_agent.plan", "tpu_agent.propose", "tpu_agent.search",
-               "tpu_agent.verify", "tpu_agent.report", "tpu_agent.pipeline", "tpu_agent.config", "tpu_agent.paths",
+APPLICATION = ("tpu_agent.cli", "tpu_agent.run", "tpu_agent.plan", "tpu_agent.propose", "tpu_agent.measure",
+               "tpu_agent.search", "tpu_agent.verify", "tpu_agent.report", "tpu_agent.pipeline", "tpu_agent.config",
+               "tpu_agent.paths",
                "tpu_agent.errors")  # not tpu_agent.envvars: the settings' declarations sit below the profiler too
 
 
@@ -113,6 +114,17 @@ def test_the_profiler_does_not_import_the_application():
     wrong = {m: sorted(t for t in deps if t.startswith(APPLICATION) or t == "tpu_agent")
              for m, deps in graph.items() if m.startswith("tpu_agent.profilers")}
     assert {m: d for m, d in wrong.items() if d} == {}
+
+
+def test_search_and_verify_are_siblings():
+    """Both measure through tpu_agent.measure; neither imports the other, in either direction."""
+    graph = _graph()
+    crossing = {m: sorted(t for t in deps if t == other or t.startswith(other + "."))
+                for m, deps in graph.items()
+                for own, other in (("tpu_agent.search", "tpu_agent.verify"), ("tpu_agent.verify", "tpu_agent.search"))
+                if m == own or m.startswith(own + ".")}
+    assert {"tpu_agent.search.study", "tpu_agent.verify.verdict"} <= set(crossing)  # both were read
+    assert {m: d for m, d in crossing.items() if d} == {}
 
 
 def test_every_module_is_under_600_lines_and_few_sit_at_the_top():
