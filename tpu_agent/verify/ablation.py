@@ -67,35 +67,39 @@ def _verdict_line(console, verdict: Verdict) -> None:
 def settle(verdict: Verdict, runner: Runner, options: TuneOptions, baseline_batch: int | None, profile,
            console, verdicts: list[Verdict]) -> Verdict:
     """Ablate a verified plan and leave out the units that do not earn their place; the smaller plan is verified
-    (then ablated) in turn. Returns the plan to keep: a rejected verdict when what is left is not verified and a
-    change to the model's numerics, architecture or training was what carried the gain."""
-    verdict.attribution = []
-    attribute(verdict.plan, runner, options, baseline_batch, out=verdict.attribution)
-    for a in verdict.attribution:
-        console.print(f"  {a.unit} ({a.actions}) adds {a.speed.text() if a.speed else a.reason} over the rest of the plan")
-    drop = {a.unit: why for a in verdict.attribution if (why := why_dropped(a, options.min_gain))}
-    if drop and set(drop) == set(verdict.plan.units()):
-        # together the exact units carried a gain none shows alone: they stay, the others go
-        drop = {unit: why for unit, why in drop.items() if not unit_is_exact(verdict, unit)}
-    if not drop:
-        return verdict
-    smaller = Plan(actions=[x for unit, xs in verdict.plan.units().items() if unit not in drop for x in xs])
-    left_out = [f"{unit} ({Plan(actions=verdict.plan.units()[unit]).describe()}): {why}" for unit, why in drop.items()]
-    for line in left_out:
-        console.print(f"  left out: {line}")
-    if not smaller.actions:
-        return verdict.model_copy(update={"accepted": False, "left_out": verdict.left_out + left_out, "reason": (
-            "no unit of the plan verified a gain of its own: " + "; ".join(left_out))})
-    console.print(f"[bold]verify[/bold]: {smaller.describe()} (without {', '.join(drop)})")
-    trimmed = verify(smaller, runner, options, baseline_batch, profile)
-    verdicts.append(trimmed)
-    _verdict_line(console, trimmed)
-    trimmed.left_out = verdict.left_out + left_out
-    if not trimmed.accepted:
-        if all(unit_is_exact(verdict, unit) for unit in drop):
-            return verdict  # only exact units were in question: the verified plan stands as it is
-        return trimmed  # the gain needed a change that did not earn its place: nothing is kept
-    return settle(trimmed, runner, options, baseline_batch, profile, console, verdicts)
+    (then ablated) in turn, until every unit left earns its place. Returns the plan to keep: a rejected verdict
+    when what is left is not verified and a change to the model's numerics, architecture or training was what
+    carried the gain."""
+    while True:
+        verdict.attribution = []
+        attribute(verdict.plan, runner, options, baseline_batch, out=verdict.attribution)
+        for a in verdict.attribution:
+            console.print(f"  {a.unit} ({a.actions}) adds {a.speed.text() if a.speed else a.reason} over the rest of "
+                          "the plan")
+        drop = {a.unit: why for a in verdict.attribution if (why := why_dropped(a, options.min_gain))}
+        if drop and set(drop) == set(verdict.plan.units()):
+            # together the exact units carried a gain none shows alone: they stay, the others go
+            drop = {unit: why for unit, why in drop.items() if not unit_is_exact(verdict, unit)}
+        if not drop:
+            return verdict
+        units = verdict.plan.units()
+        smaller = Plan(actions=[x for unit, xs in units.items() if unit not in drop for x in xs])
+        left_out = [f"{unit} ({Plan(actions=units[unit]).describe()}): {why}" for unit, why in drop.items()]
+        for line in left_out:
+            console.print(f"  left out: {line}")
+        if not smaller.actions:
+            return verdict.model_copy(update={"accepted": False, "left_out": verdict.left_out + left_out, "reason": (
+                "no unit of the plan verified a gain of its own: " + "; ".join(left_out))})
+        console.print(f"[bold]verify[/bold]: {smaller.describe()} (without {', '.join(drop)})")
+        trimmed = verify(smaller, runner, options, baseline_batch, profile)
+        verdicts.append(trimmed)
+        _verdict_line(console, trimmed)
+        trimmed.left_out = verdict.left_out + left_out
+        if not trimmed.accepted:
+            if all(unit_is_exact(verdict, unit) for unit in drop):
+                return verdict  # only exact units were in question: the verified plan stands as it is
+            return trimmed  # the gain needed a change that did not earn its place: nothing is kept
+        verdict = trimmed
 
 
 def unit_is_exact(verdict: Verdict, unit: str) -> bool:
