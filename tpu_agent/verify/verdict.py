@@ -77,6 +77,11 @@ def sharding_estimate(profile, plan: Plan, target: str) -> str | None:
 
 def verify(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: int | None, profile=None) -> Verdict:
     """Fresh processes for both, interleaved pairs, CI on the speedup, the numerics check."""
+    estimate_note = None  # what cannot be claimed, whatever is measured
+    if simulated_devices_only(plan):
+        estimate = sharding_estimate(profile, plan, options.target)
+        estimate_note = ("time on simulated CPU devices is not a TPU's: the speed figure is measured here but "
+                         "not claimed" + (f"; {estimate}" if estimate else ""))
     # Rounds of `steps` pairs, each in a fresh baseline and candidate process: the length a trial measured,
     # stopped the same way, as often as the verification's pairs need.
     rounds = options.verify_rounds
@@ -99,11 +104,6 @@ def verify(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: int
     notes = compared.compiling_notes()  # said, so that a gain measured without compiles (or with them) reads so
     if notes:
         speed = speed.model_copy(update={"reason": "; ".join([speed.reason, *notes])})
-    estimate_note = None
-    if simulated_devices_only(plan):
-        estimate = sharding_estimate(profile, plan, options.target)
-        estimate_note = ("time on simulated CPU devices is not a TPU's: the speed figure is measured here but "
-                         "not claimed" + (f"; {estimate}" if estimate else ""))
     time_ok = speed.accepted and estimate_note is None
     memory_ok = memory is not None and memory.accepted
     wanted = {"time": time_ok, "memory": memory_ok, "both": time_ok or memory_ok}[options.objective]
