@@ -10,7 +10,8 @@ BACKEND = Path(__file__).resolve().parents[2] / "backend"
 # Each module may import (at module level) only modules earlier in this list.
 ORDER = [
     "jax_setup", "dtypes", "state", "source", "registry", "executables", "generations", "modes", "padding",
-    "mesh", "launch", "lazy", "programs", "views", "tensor", "transfer", "ops", "dispatch",
+    "mesh", "launch", "lazy", "programs", "views", "tensor", "transfer", "ops",
+    "opinfo", "arguments", "fallback", "execute", "writes", "view_ops", "handlers", "dispatch",
     "steps", "sharding", "capture", "step_program", "module_program", "optimizer_program", "compile",
     "auto_compile", "pinned", "autocast", "checkpoints", "memory", "module", "device", "autoload", "__init__",
 ]

@@ -1,0 +1,106 @@
+"""An op's arguments taken apart for its cached program, and put back together inside it.
+
+Flattened (lists and tuples opened), then split into the cache key, the dynamic values the program takes
+(device arrays, floats, CPU scalars moved over) and a template of the static rest. A tensor on another
+device is refused here, with the op's name.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .registry import Lowering
+from .tensor import TpuTensor
+from .transfer import from_cpu
+
+aten = torch.ops.aten
+
+
+class _Dynamic:
+    """Marks a slot of the flattened arguments that is passed to the compiled function."""
+
+
+DYNAMIC = _Dynamic()
+
+# Ops that accept CPU index tensors, as on CUDA (Python lists used as indices become CPU tensors).
+CPU_ARGS_OK = {aten.index.Tensor, aten.index_put.default}
+
+
+def signature(func, lowering: Lowering, flat):
+    """Split flat arguments into the cache key, the dynamic values and a template."""
+    key = [id(func)]  # ops live as long as the process; an OpOverload's __hash__ is Python code
+    dynamic = []
+    template = []
+    static_floats = lowering.static_floats
+    for i, x in enumerate(flat):
+        cls = type(x)
+        if cls is TpuTensor:
+            a = x.jax()
+            dynamic.append(a)
+            key.append(a.shape)
+            key.append(a.dtype)
+            template.append(DYNAMIC)
+        elif cls is float and not static_floats:
+            dynamic.append(x)
+            key.append(float)
+            template.append(DYNAMIC)
+        elif isinstance(x, torch.Tensor):
+            if x.device.type == "cpu" and (x.dim() == 0 or func in CPU_ARGS_OK):
+                a = from_cpu(x)
+                dynamic.append(a)
+                key.append(("cpu", a.shape, a.dtype))
+                template.append(DYNAMIC)
+            else:
+                raise device_mismatch(func, x, i)
+        else:
+            key.append(x)
+            template.append(x)
+    return key, dynamic, template
+
+
+def flatten(args, kwargs):
+    """Flat leaves and a hashable structure of an op's arguments (lists and tuples opened).
+
+    A lean stand-in for torch's pytree on the hot path of every op: positional leaves alone
+    (most ops) are their own flat list, with their count as the structure. (Module-level
+    recursion, not a nested closure: a recursive closure is a reference cycle that keeps
+    tensors alive until the garbage collector runs.)
+    """
+    if not kwargs:
+        for a in args:
+            if type(a) in (list, tuple):
+                break
+        else:
+            return args, len(args)
+    flat: list = []
+    spec = (tuple(_walk(a, flat) for a in args), tuple((k, _walk(v, flat)) for k, v in kwargs.items()))
+    return flat, spec
+
+
+def _walk(x, flat):
+    if type(x) in (list, tuple):
+        return (type(x), tuple(_walk(v, flat) for v in x))
+    flat.append(x)
+    return None
+
+
+def unflatten(leaves, spec):
+    if type(spec) is int:
+        return tuple(leaves), {}
+    it = iter(leaves)
+    arg_specs, kwarg_specs = spec
+    return tuple(_build(a, it) for a in arg_specs), {k: _build(v, it) for k, v in kwarg_specs}
+
+
+def _build(s, it):
+    if s is None:
+        return next(it)
+    kind, items = s
+    return kind(_build(v, it) for v in items)
+
+
+def device_mismatch(func, tensor, index) -> RuntimeError:
+    return RuntimeError(
+        f"{func}: expected all tensors to be on the tpu device, but argument {index} is on "
+        f"{tensor.device} (shape {list(tensor.shape)}); move it with .to('tpu')"
+    )

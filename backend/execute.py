@@ -1,0 +1,165 @@
+"""A functional op with a lowering, run: its program built once per signature, then run now or recorded.
+
+The cache key is the op, its arguments' shapes and dtypes, its static arguments, the matmul precision and
+the PadOps setting. Building checks the lowering's results against PyTorch's meta kernel (shapes, dtypes,
+argument errors as PyTorch words them). In fused mode a jit-able program is recorded into the pending graph
+(lazy.py) instead of run; either way the results come back wrapped as tpu tensors.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from . import dtypes, modes, padding
+from .arguments import DYNAMIC, flatten, signature, unflatten
+from .lazy import RECORDER, Lazy
+from .opinfo import OpInfo, info_of
+from .programs import new_program, run_program
+from .registry import Lowering
+from .source import user_frame
+from .state import RNG
+from .tensor import DEVICE, TpuTensor
+
+CACHE: dict[tuple, tuple] = {}  # op signature -> (Executable, Program)
+FUSE = modes.EagerMode.DEFER_AND_FUSE
+
+
+def execute(func, lowering: Lowering, args, kwargs, info: OpInfo | None = None):
+    flat, spec = flatten(args, kwargs)
+    key, dynamic, template = signature(func, lowering, flat)
+    key.append(spec)
+    if lowering.random:
+        base, counter = RNG.next()
+        dynamic.append(base)
+        dynamic.append(counter)
+        if RECORDER.capture is not None:
+            RECORDER.capture.note_rng(base, counter)
+    key.append(modes._precision)
+    key.append(padding._multiple)
+    key.append(padding._sizes)
+    jit = lowering.jit and not (lowering.eager_if is not None and lowering.eager_if(*args, **kwargs))
+    key.append(jit)
+    key = tuple(key)
+    entry = CACHE.get(key)
+    if entry is None:
+        entry = CACHE[key] = _compile(func, lowering, flat, spec, template, dynamic, jit)
+    try:
+        if jit and modes._mode is FUSE and not modes._eager_override:
+            out = RECORDER.record(entry[1], dynamic)
+        else:
+            out = run_program(*entry, dynamic, jit=jit)
+    except Exception as exc:  # a lowering bug or an invalid argument, named by op
+        raise _naming(exc, func) from exc
+    returns = (info or info_of(func)).returns
+    if len(returns) == 1 and returns[0] == "Tensor":
+        return _wrap_array(out)
+    return _wrap_outputs(func, out)
+
+
+def _naming(exc: Exception, func) -> Exception:
+    """The same error with the aten op's name in front, where its type allows."""
+    if str(func) in str(exc):
+        return exc
+    try:
+        return type(exc)(f"{func}: {exc}")
+    except Exception:  # an exception type with its own constructor
+        exc.add_note(f"(raised by aten op {func} on the tpu device)")
+        return exc
+
+
+def _meta_outputs(func, flat, spec):
+    """PyTorch's own shape and dtype rules for this call, from its meta kernel.
+
+    The meta kernel also validates the arguments: its error (mismatched matmul
+    shapes, a dim out of range) is the one a PyTorch user expects, so it is
+    raised as is. Ops with no meta kernel, or none that runs without data, are
+    checked by their lowering alone.
+    """
+
+    def to_meta(x):
+        if isinstance(x, TpuTensor):
+            return torch.empty(x.shape, dtype=x.dtype, device="meta")
+        if isinstance(x, torch.device) and x.type == DEVICE.type:
+            return torch.device("meta")
+        return x
+
+    args, kwargs = unflatten([to_meta(x) for x in flat], spec)
+    try:
+        return func(*args, **kwargs)
+    except (RuntimeError, IndexError, ValueError) as exc:
+        message = str(exc)
+        if "meta" in message.lower() or "data-dependent" in message or "NotImplemented" in type(exc).__name__:
+            return None
+        raise _naming(exc, func) from None
+    except Exception:
+        return None
+
+
+def _conform(out, meta, func):
+    """Cast a lowering's outputs to the dtypes PyTorch's meta kernel promises."""
+    if meta is None:
+        return out
+    if isinstance(meta, torch.Tensor):
+        arr = jnp.asarray(out)
+        want = dtypes.to_jax_dtype(meta.dtype)
+        if arr.dtype != want:
+            arr = arr.astype(want)
+        if tuple(arr.shape) != tuple(meta.shape):
+            raise RuntimeError(
+                f"lowering of {func} returned shape {tuple(arr.shape)}, PyTorch expects {tuple(meta.shape)}"
+            )
+        return arr
+    if isinstance(meta, (list, tuple)) and isinstance(out, (list, tuple)) and len(meta) == len(out):
+        return type(out)(_conform(o, m, func) for o, m in zip(out, meta))
+    return out
+
+
+def _compile(func, lowering: Lowering, flat, spec, template, dynamic, jit: bool):
+    meta = _meta_outputs(func, flat, spec) if jit and lowering.meta_check else None
+    fn = lowering.fn
+    random = lowering.random
+    precision = modes.jax_precision()
+
+    def run(*dynamic):
+        if random:
+            *dynamic, base, counter = dynamic
+        it = iter(dynamic)
+        leaves = [next(it) if t is DYNAMIC else t for t in template]
+        a, k = unflatten(leaves, spec)
+        if random:
+            k = dict(k, key=jax.random.fold_in(base, counter))
+        with jax.default_matmul_precision(precision):
+            out = fn(*a, **k)
+        return _conform(out, meta, func)
+
+    return new_program(str(func), "eager", run, dynamic, jit=jit, source=user_frame())
+
+
+_RETURN_CONVERTERS = {"bool": bool, "int": int, "float": float, "SymInt": int, "Scalar": lambda x: x.item()}
+
+
+def _wrap_outputs(func, out):
+    returns = info_of(func).returns
+    if not returns:
+        return None
+    if len(returns) == 1:
+        return _wrap_one(returns[0], out)
+    return tuple(_wrap_one(r, o) for r, o in zip(returns, out))
+
+
+def _wrap_one(type_name: str, value):
+    if type_name in _RETURN_CONVERTERS:
+        return _RETURN_CONVERTERS[type_name](value)
+    if type_name.startswith("List["):
+        return [_wrap_array(v) for v in value]
+    return _wrap_array(value)
+
+
+def _wrap_array(value):
+    if value is None:
+        return None
+    if type(value) is not Lazy and not isinstance(value, jax.Array):
+        value = jnp.asarray(value)
+    return TpuTensor(value)

@@ -1,0 +1,72 @@
+"""An op with no lowering: PyTorch's decomposition of it, else an error that names the op and its arguments,
+or (opted in with `TPU_AGENT_CPU_FALLBACK=1`) a run on the CPU, counted in the profile's fallbacks."""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from .opinfo import MUTATING, bind, op_kind, written_args
+from .state import STATS, cpu_fallback_enabled
+from .tensor import TpuTensor
+from .transfer import from_cpu, to_cpu
+
+
+@functools.lru_cache(maxsize=None)
+def _decomposition(func) -> Callable | None:
+    from torch._decomp import decomposition_table
+
+    return decomposition_table.get(func)
+
+
+def decompose(func, args, kwargs):
+    decomp = _decomposition(func)
+    if decomp is not None:
+        return decomp(*args, **kwargs)
+    if func.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
+        return func.decompose(*args, **kwargs)
+    return NotImplemented
+
+
+def _describe(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"{x.device.type}:{list(x.shape)}:{str(x.dtype).replace('torch.', '')}"
+    return repr(x)
+
+
+def unsupported(func, args, kwargs):
+    if cpu_fallback_enabled():
+        return cpu_fallback(func, args, kwargs)
+    flat, _ = tree_flatten((args, kwargs))
+    shapes = ", ".join(_describe(x) for x in flat if isinstance(x, torch.Tensor))
+    label = "aten op" if func.namespace == "aten" else "op"
+    raise NotImplementedError(
+        f"{label} {func} is not supported on the tpu device (arguments: {shapes}); "
+        "set TPU_AGENT_CPU_FALLBACK=1 to run it on the CPU"
+    )
+
+
+def cpu_fallback(func, args, kwargs):
+    STATS.fallbacks[str(func)] += 1
+    moved = {}
+
+    def to_host(x):
+        if isinstance(x, TpuTensor):
+            moved[id(x)] = to_cpu(x)
+            return moved[id(x)]
+        return x
+
+    cargs, ckwargs = tree_map(to_host, (args, kwargs))
+    out = func(*cargs, **ckwargs)
+    if op_kind(func) is MUTATING:
+        bound = bind(func, args, kwargs)
+        for name in written_args(func):
+            target = bound[name]
+            targets = target if isinstance(target, (list, tuple)) else [target]
+            for t in targets:
+                if isinstance(t, TpuTensor):
+                    t.set_jax(from_cpu(moved[id(t)]))
+    return tree_map(lambda x: TpuTensor(from_cpu(x)) if isinstance(x, torch.Tensor) else x, out)

@@ -1,0 +1,72 @@
+"""Device handlers: ops that are not array math, run with their torch-level arguments.
+
+The tensor's device, `.item()`, pinned-memory queries, copies between the CPU and the device (`.to`,
+`copy_`, and PyTorch's C++ copy kernels through `copy_into`). Registered in opinfo's handler table when
+dispatch.py imports this module.
+"""
+
+from __future__ import annotations
+
+import jax
+import torch
+
+from . import dtypes
+from .opinfo import handler
+from .state import STATS
+from .tensor import DEVICE, TpuTensor
+from .transfer import from_cpu, materialize, to_cpu
+from .writes import broadcast_cast, cast, write
+
+aten = torch.ops.aten
+
+
+@handler(torch.ops.prim.device.default)
+def _device(x):
+    return DEVICE
+
+
+@handler(aten._local_scalar_dense.default)
+def _item(x):
+    value = materialize(x, "Tensor.item()")
+    STATS.d2h_count += 1
+    STATS.d2h_bytes += value.dtype.itemsize * value.size
+    return jax.device_get(value).item()
+
+
+@handler(aten.is_pinned.default)
+def _is_pinned(x, device=None):
+    return False
+
+
+@handler(aten._to_copy.default)
+def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    target = torch.device(device) if device is not None else DEVICE
+    if target.type == "cpu":
+        out = to_cpu(x)
+        return out.to(dtype) if dtype is not None else out
+    if target.type != DEVICE.type:
+        raise RuntimeError(f"aten._to_copy: cannot move a tpu tensor to {target}")
+    if not isinstance(x, TpuTensor):
+        x = TpuTensor(from_cpu(x))
+        if dtype is None or dtype == x.dtype:
+            return x
+    want = dtypes.to_jax_dtype(dtype) if dtype is not None else x.jax().dtype
+    return TpuTensor(cast(x.jax(), want))
+
+
+@handler(aten.copy_.default)
+def _copy_(dst, src, non_blocking=False):
+    return copy_into(dst, src)
+
+
+def copy_into(dst, src):
+    """`dst.copy_(src)` where either side is on the device."""
+    if isinstance(dst, TpuTensor):
+        value = src.jax() if isinstance(src, TpuTensor) else from_cpu(src)
+        if tuple(value.shape) != tuple(dst.shape):  # copy_ broadcasts src to dst, an empty dst included
+            value = broadcast_cast(value, tuple(dst.shape), dtypes.to_jax_dtype(dst.dtype))
+        write(aten.copy_.default, dst, value)
+        return dst
+    # CPU destination, tpu source.
+    dst.copy_(to_cpu(src))
+    return dst
