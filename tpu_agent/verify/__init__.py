@@ -1,1 +1,2 @@
-"""Verification: statistics on interleaved pairs, the verdict on a plan, the ablation of a verified plan."""
+"""Verification: the verdict on a plan in fresh processes, and the ablation of a verified plan; both measure
+through tpu_agent.measure, as the search does, and neither imports the search."""
