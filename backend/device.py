@@ -8,7 +8,7 @@ import torch
 
 # Loaded at `import torch` (the torch.backends entry point): only modules that do not
 # import JAX come in here; the rest arrive with the first op.
-from . import auto_compile, autocast, checkpoints, memory, module, pinned
+from . import attention, auto_compile, autocast, checkpoints, memory, module, pinned
 from .steps import install_optimizer_hook
 
 # Ops with no tensor argument reach a backend through the device they name:
@@ -87,6 +87,7 @@ def register() -> bool:
     torch.autograd.set_multithreading_enabled(False)
     pinned.register()
     autocast.register()
+    attention.register()
     checkpoints.register()
     install_optimizer_hook()
     auto_compile.enable_from_environment()

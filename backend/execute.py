@@ -45,17 +45,37 @@ def execute(func, lowering: Lowering, args, kwargs, info: OpInfo | None = None):
     entry = CACHE.get(key)
     if entry is None:
         entry = CACHE[key] = _compile(func, lowering, flat, spec, template, dynamic, jit)
+    recorded = jit and modes._mode is FUSE and not modes._eager_override
     try:
-        if jit and modes._mode is FUSE and not modes._eager_override:
-            out = RECORDER.record(entry[1], dynamic)
-        else:
-            out = run_program(*entry, dynamic, jit=jit)
+        out = RECORDER.record(entry[1], dynamic) if recorded else run_program(*entry, dynamic, jit=jit)
     except Exception as exc:  # a lowering bug or an invalid argument, named by op
         raise _naming(exc, func) from exc
     returns = (info or info_of(func)).returns
     if len(returns) == 1 and returns[0] == "Tensor":
         return _wrap_array(out)
+    if recorded and not returns[0].startswith("List[") and any(r in _RETURN_CONVERTERS for r in returns):
+        out = _static_scalars(key, func, flat, spec, out, returns)
     return _wrap_outputs(func, out)
+
+
+_SCALARS: dict[tuple, dict[int, object]] = {}  # op signature -> its scalar results, from the meta kernel
+
+
+def _static_scalars(key, func, flat, spec, out, returns):
+    """A recorded op's int/float/bool results (attention's sequence lengths) are pending like its tensors,
+    and a Python number cannot wait: they are shapes' facts, so PyTorch's meta kernel gives them now."""
+    scalars = _SCALARS.get(key)
+    if scalars is None:
+        meta = _meta_outputs(func, flat, spec)
+        meta = meta if isinstance(meta, tuple) else (meta,)
+        scalars = _SCALARS[key] = {i: meta[i] for i, r in enumerate(returns)
+                                   if r in _RETURN_CONVERTERS and isinstance(meta[i], (int, float, bool))}
+    if not scalars:
+        return out
+    out = list(out) if isinstance(out, (list, tuple)) else [out]
+    for i, value in scalars.items():
+        out[i] = value
+    return tuple(out) if len(out) > 1 else out[0]
 
 
 def _naming(exc: Exception, func) -> Exception:

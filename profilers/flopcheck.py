@@ -9,7 +9,7 @@ says which of the known differences applies.
 from __future__ import annotations
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode, _FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, _FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from .schema import FlopCheck
 
@@ -54,12 +54,28 @@ class _CountingMode(_FlopCounterMode):
         return self.counter._count_flops(func._overloadpacket, out, args, kwargs)
 
 
+def _four_d(shape):
+    return (1, *shape) if len(shape) == 3 else shape
+
+
+def _attention_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(_four_d(query_shape), _four_d(key_shape), _four_d(value_shape))
+
+
+def _attention_backward_flop(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_backward_flop_count(*(_four_d(s) for s in (grad_out_shape, query_shape, key_shape, value_shape)))
+
+
 class TpuFlopCounter(FlopCounterMode):
     """FlopCounterMode for one region of a script: ops on `tpu` tensors only (not the
     script's CPU data preparation), no module hooks installed in the user's model."""
 
     def __init__(self) -> None:
-        super().__init__(display=False)
+        # The device's attention op (backend/attention.py) is counted as PyTorch counts its fused ones.
+        super().__init__(display=False, custom_mapping={
+            aten._scaled_dot_product_fused_attention_overrideable: _attention_flop,
+            aten._scaled_dot_product_fused_attention_overrideable_backward: _attention_backward_flop,
+        })
 
     def __enter__(self):
         self.flop_counts.clear()

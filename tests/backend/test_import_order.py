@@ -13,7 +13,7 @@ ORDER = [
     "mesh", "launch", "lazy", "programs", "views", "tensor", "transfer", "ops",
     "opinfo", "arguments", "fallback", "execute", "writes", "view_ops", "handlers", "dispatch",
     "steps", "sharding", "capture", "step_program", "module_program", "optimizer_program", "compile",
-    "auto_compile", "pinned", "autocast", "checkpoints", "memory", "module", "device", "autoload", "__init__",
+    "auto_compile", "pinned", "autocast", "attention", "checkpoints", "memory", "module", "device", "autoload", "__init__",
 ]
 
 

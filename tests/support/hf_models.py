@@ -56,6 +56,16 @@ def llama():
     return LlamaForCausalLM, cfg, _right_padded(128)
 
 
+def llama_unaligned():
+    """Issue #28's drift case: hidden, intermediate and vocabulary sizes off every tile, grouped-query
+    attention over one key/value head, a pad token and a padded batch."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=1003, hidden_size=60, intermediate_size=161, num_hidden_layers=2,
+                      num_attention_heads=5, num_key_value_heads=1, max_position_embeddings=64, pad_token_id=0)
+    return LlamaForCausalLM, cfg, _right_padded(1003)
+
+
 def mistral():
     from transformers import MistralConfig, MistralForCausalLM
 
@@ -138,7 +148,8 @@ class Family:
 
 
 FAMILIES = {f.name: f for f in [
-    Family("gpt2", gpt2), Family("llama", llama), Family("mistral", mistral), Family("bert", bert),
+    Family("gpt2", gpt2), Family("llama", llama), Family("llama_unaligned", llama_unaligned), Family("mistral", mistral),
+    Family("bert", bert),
     Family("t5", t5), Family("vit", vit), Family("resnet", resnet, attention=False, batchnorm=True),
     Family("qwen3_moe", qwen3_moe),
     # The expert loop is about routing, not attention (qwen3_moe covers both attentions).
