@@ -41,6 +41,7 @@ Target = Literal["cpu", "v4", "v5e", "v5p", "v6e", "v7x"]
 Objective = Literal["time", "memory", "both"]
 ProposerName = Literal["auto", "offline", "claude"]
 PATH_KEYS = ("playbooks", "output_dir")  # resolved against the folder of the file that names them
+MIN_PAIRS = 5  # the fewest pairs a comparison is judged on: --steps' and --pairs' lower limit, the statistics' floor
 
 
 def option(default: Any, help: str, *, shown: str | None = None, metavar: str | None = None,
@@ -64,11 +65,11 @@ class TuneOptions(BaseModel):
     trials: int = option(20, "Trials to run (measured configurations).", ge=1)
     timeout: float | None = option(None, "Stop starting trials after this many seconds.", gt=0)
     trial_timeout: float = option(600.0, "A trial step running longer is stopped and recorded as failed.", gt=0)
-    steps: int = option(20, "Interleaved baseline/candidate pairs per trial (>= 5); every measured process runs "
-                        "this length.", ge=5)
+    steps: int = option(20, f"Interleaved baseline/candidate pairs per trial (>= {MIN_PAIRS}); every measured process "
+                        "runs this length.", ge=MIN_PAIRS)
     warmup: int = option(2, "Steps each process runs before timing (compilation, >= 1).", ge=1)
-    pairs: int = option(20, "Pairs a verification or an ablation measures (>= 5), in rounds of --steps pairs in "
-                        "fresh processes.", ge=5)
+    pairs: int = option(20, f"Pairs a verification or an ablation measures (>= {MIN_PAIRS}), in rounds of --steps "
+                        "pairs in fresh processes.", ge=MIN_PAIRS)
     verify: int = option(3, "How many of the best plans to verify in fresh processes (0: search only, nothing "
                          "verified).", ge=0)
     target: Target = option("cpu", f"What to tune for: {_either(Target)} (this machine, or a TPU generation's "

@@ -6,15 +6,9 @@ import re
 import time
 from pathlib import Path
 
+from tpu_agent.envvars import cache_dir  # noqa: F401 - the one rule ($TPU_AGENT_CACHE_DIR, XDG, ~/.cache), declared there
+
 RUNS_SUBDIR = Path(".tpu-agent") / "runs"
-
-
-def cache_dir() -> Path:
-    """`$TPU_AGENT_CACHE_DIR`, else `$XDG_CACHE_HOME/tpu-agent`, else `~/.cache/tpu-agent` (the profiler's rule:
-    its peak calibrations are what the cache holds)."""
-    from tpu_agent.profilers.peaks import cache_dir as profiler_cache_dir
-
-    return profiler_cache_dir()
 
 
 def runs_dir(cwd: Path | None = None) -> Path:

@@ -17,7 +17,7 @@ from tpu_agent.config import TuneOptions
 from tpu_agent.plan.actions import PadBatch, Plan
 
 EXACT_RTOL = 1e-5
-LOSS_TOL = 0.02
+LOSS_TOL: float = TuneOptions.model_fields["loss_tol"].default  # --loss-tol's default, declared in config
 LOSS_TAIL = 3  # steps averaged for "the loss at the end": one step's loss depends on its batch
 
 

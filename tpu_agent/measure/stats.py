@@ -21,8 +21,9 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import BaseModel, Field
 
-MIN_PAIRS = 5
-MIN_GAIN = 0.03
+from tpu_agent.config import MIN_PAIRS, TuneOptions
+
+MIN_GAIN: float = TuneOptions.model_fields["min_gain"].default  # --min-gain's default, declared in config
 CONFIDENCE = 0.95
 RESAMPLES = 4000
 

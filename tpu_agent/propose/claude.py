@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
 from tpu_agent import envvars
+from tpu_agent.config import TuneOptions
 from tpu_agent.profilers.schema import Profile
 from tpu_agent.propose.base import ProposalRound, Proposer, TokenUsage, TrialOutcome
 from tpu_agent.propose.claude_tools import (  # noqa: F401 - SUBMIT_TOOL re-exported
@@ -42,7 +43,7 @@ from tpu_agent.propose.offline import propose_offline
 from tpu_agent.propose.playbook import Playbook, builtin_playbooks
 
 DEFAULT_MODEL = "claude-sonnet-5"
-DEFAULT_TOKEN_BUDGET = 200_000
+DEFAULT_TOKEN_BUDGET: int = TuneOptions.model_fields["token_budget"].default  # --token-budget's, declared in config
 KEY_ENV = envvars.ANTHROPIC_API_KEY.name
 
 
