@@ -11,12 +11,13 @@ patch and the plan are written. Only verified changes are reported as gains.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
-import optuna
 from rich.console import Console
-from rich.markup import escape
 
+from tpu_agent import interrupts
 from tpu_agent.config import TuneOptions
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.measure.runner import Runner
@@ -26,13 +27,13 @@ from tpu_agent.propose import knobs as knob_finder
 from tpu_agent.propose import make_proposer as _make_proposer
 from tpu_agent.propose.playbook import load_playbooks
 from tpu_agent.propose.scope import candidates_in_scope, knobs_in_scope
+from tpu_agent.report.console import TuneLines
 from tpu_agent.report.result import TuneResult, summary_of
 from tpu_agent.run.tune_profile import profile_for_tune
 from tpu_agent.search.progress import TrialProgress
-from tpu_agent.search.records import TrialRecord
 from tpu_agent.search.space import Space, build_space
-from tpu_agent.search.study import (dashboard_command, earlier_records, note_verdicts, open_study, ranked_plans, redact,
-                                    search, storage_url)
+from tpu_agent.search.study import (dashboard_command, earlier_records, hold_optuna_log, note_verdicts, open_study,
+                                    optuna_log_to, ranked_plans, redact, search, storage_url)
 from tpu_agent.verify.ablation import settle
 from tpu_agent.verify.verdict import verify
 
@@ -40,194 +41,171 @@ from tpu_agent.verify.verdict import verify
 def run(script: Path, args: list[str], options: TuneOptions, *, console: Console, proposer: str = "offline",
         runs_root: Path, model: str | None = None, proposer_why: str = "") -> TuneResult:
     """The whole job; the result is written to the run directory (tune.json) as it goes."""
-    t_start = time.perf_counter()
-    fingerprint = options.fingerprint(script.resolve(), args)
+    t = _start(script, args, options, TuneLines(console), proposer, runs_root, model, proposer_why)
+    t.phase("baseline", baseline)
+    try:
+        t.phase("search", search_rounds)
+        t.phase("verification", verify_best)
+    finally:
+        t.runner.close()
+        if t.profile is not None:
+            note_verdicts(t.study, t.result.verdicts, t.result.best)
+    best = t.result.best
+    if best is not None and not (best.speed is not None and best.speed.per_sample):  # per sample: no step figures
+        t.phase("profile", profile_plan)
+    t.result.enter("done", t.t_start)
+    return t.result.save(t.t_start)
+
+
+@dataclass
+class _Tune:
+    """A tune's state, as its phases fill it in; `phase` is every phase's one interrupt path."""
+    script: Path
+    args: list[str]
+    options: TuneOptions
+    say: TuneLines
+    study: Any
+    result: TuneResult
+    runner: Runner
+    t_start: float
+    proposer: dict
+    profile: Profile | None = None
+    knobs: list = field(default_factory=list)
+    baseline_batch: int | None = None
+
+    def phase(self, name: str, work: Callable[[_Tune], None]) -> None:
+        """Run a phase unless one before it was interrupted. Ctrl-C (SIGTERM and SIGHUP too, while
+        interrupts.stop_signals_interrupt holds) ends it: what finished is kept, one line says what, tune.json
+        is saved, and the phases after it are skipped."""
+        if self.result.interrupted:
+            return
+        self.result.enter(name, self.t_start)
+        try:
+            work(self)
+        except KeyboardInterrupt:
+            self.result.mark_interrupted(interrupts.received())  # in the phase tune.json says: ablation within
+            self.say.interrupted(self.result)
+            self.result.save(self.t_start)
+
+    def note_script_failure(self) -> None:
+        """Said once: the script itself fails after its steps, so measurements stop there."""
+        if self.runner.script_failure is not None and self.result.script_failure is None:
+            steps, error = self.runner.script_failure
+            self.result.script_failure = f"the script fails after its step {steps}: {error}"
+            self.say.script_failure(self.result.script_failure)
+
+
+def _start(script, args, options, say, proposer, runs_root, model, proposer_why) -> _Tune:
+    """The study opened (a bad storage or study fails before any run directory), the run directory, the trials
+    an earlier run of the study recorded."""
+    t_start, fingerprint = time.perf_counter(), options.fingerprint(script.resolve(), args)
     name = options.study or f"{script.stem}-{fingerprint[:8]}"
-    held = _hold_optuna_log()  # our own lines say what happens; Optuna's, tracebacks among them, go to its log
-    study = open_study(options, name, fingerprint, runs_root,  # a bad storage or study: before any run dir
-                       about={"script": str(script), "args": args})
-    console.print(f"proposer: {proposer}" + (f" ({proposer_why})" if proposer_why else ""))
+    held = hold_optuna_log()  # our own lines say what happens; Optuna's, tracebacks among them, go to its log
+    study = open_study(options, name, fingerprint, runs_root, about={"script": str(script), "args": args})
+    say.proposer(proposer, proposer_why)
     run_dir = new_run_dir(script, runs_root)
-    _optuna_log_to(run_dir / "optuna.log", held)
-    console.print(f"study {name!r}, live: {dashboard_command(storage_url(options, runs_root))}", markup=False)
+    optuna_log_to(run_dir / "optuna.log", held)
+    say.study(name, dashboard_command(storage_url(options, runs_root)))
     result = TuneResult(script=str(script), args=args, settings=options, study=name,
                         storage=redact(storage_url(options, runs_root)), run_dir=str(run_dir))
     result.trials = earlier_records(study)
-    if result.trials:
-        console.print(f"resuming study {name!r}: {len(result.trials)} trial(s) recorded earlier, not run again")
+    say.resuming(name, len(result.trials))
+    return _Tune(script, args, options, say, study, result, Runner(script, args, options, run_dir), t_start,
+                 dict(proposer=proposer, audit_dir=run_dir / "agent", model=model, script=script,
+                      token_budget=options.token_budget))
 
-    # run + profile: the unchanged script, its knobs
-    console.print(f"[bold]baseline[/bold]: profiling {script.name} ({options.warmup} warm-up + {options.steps} steps)")
-    result.enter("baseline", t_start)
+
+def baseline(t: _Tune) -> None:
+    """run + profile: the unchanged script; its knobs, those of the search's classes."""
+    t.say.baseline(t.script.name, t.options)
     began = time.perf_counter()
-    try:
-        profile, profile_path = profile_for_tune(script, args, run_dir, options)
-    except KeyboardInterrupt:
-        result.interrupted, result.interrupted_during = True, "baseline"
-        console.print("[yellow]interrupted during the baseline: nothing was measured yet[/yellow]")
-        result.enter("done", t_start)
-        return result.save(t_start)
-    result.baseline_profile, result.summary = str(profile_path), summary_of(profile, None)
-    console.print(f"  {time.perf_counter() - began:.1f} s, of which {profile.steps.compile_s:.1f} s compiling "
-                  f"({profile.steps.compiles} programs)")
-    result.parameters = [profile.parameters, None]
-    result.baseline_mode = profile.mode_used
-    every_knob = knob_finder.discover(script, profile=profile, script_args=args, profile_path=str(profile_path)).knobs
+    profile, path = profile_for_tune(t.script, t.args, Path(t.result.run_dir), t.options)
+    t.result.baseline_profile, t.result.summary = str(path), summary_of(profile, None)
+    t.say.baseline_done(time.perf_counter() - began, profile)
+    t.result.parameters, t.result.baseline_mode = [profile.parameters, None], profile.mode_used
+    every_knob = knob_finder.discover(t.script, profile=profile, script_args=t.args, profile_path=str(path)).knobs
     batch_knob = next((k for k in every_knob if k.batch and not k.overridden), None)
-    baseline_batch = batch_knob.value if batch_knob else None
-    knobs, left = knobs_in_scope(every_knob, options.allow)
-    result.left_out = [line for _, line in left]
-    for _, line in [x for x in left if x[0].matched_ops][:5]:  # those of the hot ops; every one is in the report
-        console.print(f"[dim]{escape(line)}[/dim]")
+    t.baseline_batch = batch_knob.value if batch_knob else None
+    t.knobs, left = knobs_in_scope(every_knob, t.options.allow)
+    t.result.left_out = [line for _, line in left]
+    t.say.left_out([line for knob, line in left if knob.matched_ops][:5])  # the hot ops'; all are in the report
+    t.profile = profile
 
-    # propose + search, round after round
-    playbooks = load_playbooks(options.playbooks)
-    agent = make_proposer(proposer, audit_dir=run_dir / "agent", model=model, token_budget=options.token_budget,
-                          script=script)
-    runner, baseline_losses, space = Runner(script, args, options, run_dir), {}, Space(candidates=[])
-    runner.fresh_baselines = profile.recompiling is not None  # each trial's baseline sees the batches from the start
 
-    def note_script_failure() -> None:
-        """Said once: the script itself fails after its steps, so measurements stop there."""
-        if runner.script_failure is not None and result.script_failure is None:
-            steps, error = runner.script_failure
-            result.script_failure = f"the script fails after its step {steps}: {error}"
-            console.print(f"[yellow]{escape(result.script_failure)}; the steps before it are measured[/yellow]")
+def search_rounds(t: _Tune) -> None:
+    """propose + search, round after round; each trial on disk (the study, tune.json) as it ends."""
+    result, options, space, baseline_losses = t.result, t.options, Space(candidates=[]), {}
+    agent, playbooks = make_proposer(**t.proposer), load_playbooks(options.playbooks)
+    t.runner.fresh_baselines = t.profile.recompiling is not None  # each trial's baseline sees the batches anew
+    bar = TrialProgress(t.say.console, options.trials, done=len(result.trials))
 
-    def on_trial(record: TrialRecord):
-        note_script_failure()
-        shown = f"{record.speedup:.3f}x" if record.speedup is not None else "-"
-        log = f" (logs/trial-{record.number}.log)" if record.state == "failed" else ""
-        console.print(f"  trial {record.number:3d} {record.state:9s} {shown:>8s}  {record.plan.describe()}"
-                      + (f"  [dim]{escape(record.reason[:90])}{log}[/dim]"
-                         if record.reason and record.state != "complete" else ""))
+    def on_trial(record) -> None:
+        t.note_script_failure()
+        t.say.trial(record)
         result.trials.append(record)
-        result.save(t_start)
+        result.save(t.t_start)
         bar.advance()
 
-    bar = TrialProgress(console, options.trials, done=len(result.trials))
-    result.enter("search", t_start)
-    try:
-        for round_number in range(1, options.rounds + 1):
-            round_ = agent.propose(profile, knobs, playbooks, [t.outcome() for t in result.trials if not t.earlier],
-                                   round_number)  # this run's trials: a resumed study keeps its search space
-            round_, out_of_scope = candidates_in_scope(round_, options.allow)
-            result.proposer = round_.proposer
-            result.proposer_notes += list(round_.notes)
-            result.left_out += out_of_scope
-            for note in [*round_.notes, *out_of_scope]:
-                console.print(f"[yellow]{escape(note)}[/yellow]")
-            space = build_space(round_, options.candidates, space)
-            result.candidates = list(space.candidates)
-            if not space.candidates:
-                console.print("no candidate changes for this profile: nothing to search")
-                break
-            budget = options.trials * round_number // options.rounds
-            console.print(f"[bold]search[/bold] (round {round_number}): {len(space.candidates)} candidates, "
-                          f"trials up to {budget} of {options.trials} (study {name!r})")
-            for c in space.candidates:
-                console.print(f"  {c.rank}. {c.title} [dim]({c.proposer}, {len(space.options[c.id])} options)[/dim]")
-            with bar:
-                search(study, space, runner, options.model_copy(update={"trials": budget}), baseline_batch,
-                       baseline_losses, on_trial=on_trial)
-    except KeyboardInterrupt:
-        result.interrupted, result.interrupted_during = True, "search"
-        console.print("[yellow]interrupted during the search: finished trials are saved in the study; --resume continues[/yellow]")
-    finally:
-        runner.close()
+    for number in range(1, options.rounds + 1):
+        round_ = agent.propose(t.profile, t.knobs, playbooks, [r.outcome() for r in result.trials if not r.earlier],
+                               number)  # this run's trials: a resumed study keeps its search space
+        round_, out_of_scope = candidates_in_scope(round_, options.allow)
+        result.proposer, result.proposer_notes = round_.proposer, result.proposer_notes + list(round_.notes)
+        result.left_out += out_of_scope
+        t.say.notes([*round_.notes, *out_of_scope])
+        space = build_space(round_, options.candidates, space)
+        result.candidates = list(space.candidates)
+        if not space.candidates:
+            return t.say.nothing_to_search()
+        budget = options.trials * number // options.rounds
+        t.say.round(number, space, budget, options.trials, result.study)
+        with bar:
+            search(t.study, space, t.runner, options.model_copy(update={"trials": budget}), t.baseline_batch,
+                   baseline_losses, on_trial=on_trial)
 
-    # verify the best plans in fresh processes; ablate the first verified one
-    result.enter("verification", t_start)
-    try:
-        if options.verify == 0 and not result.interrupted:
-            console.print("[bold]verify[/bold]: none (--verify 0): the trials' figures are search measurements, "
-                          "not verified gains")
-        for plan in ([] if result.interrupted else ranked_plans(study)[:options.verify]):
-            console.print(f"[bold]verify[/bold]: {escape(plan.describe())} ({' + '.join(plan.effects())}; "
-                          "fresh processes, interleaved pairs)")
-            verdict = verify(plan, runner, options, baseline_batch, profile)
-            note_script_failure()
-            result.verdicts.append(verdict)
-            result.save(t_start)
-            console.print(("  [green]accepted[/green]: " if verdict.accepted else "  [red]rejected[/red]: ")
-                          + verdict.reason)
+
+def verify_best(t: _Tune) -> None:
+    """The best plans verified in fresh processes; the first accepted one ablated (a verified plan stands if the
+    ablation is interrupted)."""
+    result, options = t.result, t.options
+    t.runner.close()
+    if options.verify == 0:
+        t.say.verify_none()
+    for plan in ranked_plans(t.study)[:options.verify]:
+        t.say.verifying(plan)
+        verdict = verify(plan, t.runner, options, t.baseline_batch, t.profile)
+        t.note_script_failure()
+        result.verdicts.append(verdict)
+        result.save(t.t_start)
+        t.say.verdict(verdict)
+        if verdict.accepted:
+            result.best, result.summary = verdict, summary_of(t.profile, verdict)
+            if options.objective != "memory" and not verdict.estimate_note:
+                result.enter("ablation", t.t_start)
+                verdict = settle(verdict, t.runner, options, t.baseline_batch, t.profile, t.say.console,
+                                 result.verdicts)
+                result.enter("verification", t.t_start)
             if verdict.accepted:
-                # verified: kept as it stands if the ablation is interrupted
-                result.best, result.summary = verdict, summary_of(profile, verdict)
-                if options.objective != "memory" and not verdict.estimate_note:
-                    result.enter("ablation", t_start)
-                    verdict = settle(verdict, runner, options, baseline_batch, profile, console, result.verdicts)
-                    result.enter("verification", t_start)
-                if verdict.accepted:
-                    result.best, result.summary = verdict, summary_of(profile, verdict)
-                    break
-                result.best, result.summary = None, summary_of(profile, None)  # its gain needed what was left out
-    except KeyboardInterrupt:
-        phase = result.phase  # the phase tune.json says was running
-        result.interrupted, result.interrupted_during = True, phase
-        kept = f"; the verified plan stands ({result.best.plan.describe()})" if result.best else ""
-        console.print(f"[yellow]interrupted during the {phase}: {len(result.verdicts)} finished verification(s) "
-                      f"kept{kept}; the study keeps every trial, --resume verifies again[/yellow]")
-    finally:
-        runner.close()
-        note_verdicts(study, result.verdicts, result.best)
-    if result.best is not None and not result.interrupted:
-        profile_plan(script, args, run_dir, options, result, profile, console, t_start)
-    result.enter("done", t_start)
-    return result.save(t_start)
+                result.best, result.summary = verdict, summary_of(t.profile, verdict)
+                return
+            result.best, result.summary = None, summary_of(t.profile, None)  # its gain needed what was left out
 
 
-def profile_plan(script: Path, args: list[str], run_dir: Path, options: TuneOptions, result: TuneResult,
-                 baseline: Profile, console: Console, t_start: float) -> None:
+def profile_plan(t: _Tune) -> None:
     """Profile the verified plan as the baseline was, so that report.json's summary has every figure `diff`
-    compares (FLOPs, MFU, XLA peak memory), measured; a plan that changes the batch is compared per sample,
-    which a per-step summary cannot say, so it keeps the baseline's figures."""
-    best = result.best
-    if best.speed is not None and best.speed.per_sample:
-        return
-    console.print(f"[bold]profile[/bold]: the verified plan ({options.warmup} warm-up + {options.steps} steps), "
-                  "for the report's summary")
-    result.enter("profile", t_start)
+    compares (FLOPs, MFU, XLA peak memory), measured (a plan that changes the batch is compared per sample,
+    which a per-step summary cannot say, so it keeps the baseline's figures: not profiled)."""
+    best = t.result.best
+    t.say.plan_profile(t.options)
     try:
-        measured, path = profile_for_tune(script, args, run_dir, options, plan=best.plan)
-    except KeyboardInterrupt:
-        result.interrupted, result.interrupted_during = True, "profile"
-        console.print("[yellow]interrupted during the profile of the verified plan: the plan stands; the summary has "
-                      "its verified step time only[/yellow]")
-        return
+        measured, path = profile_for_tune(t.script, t.args, Path(t.result.run_dir), t.options, plan=best.plan)
     except TpuAgentError as exc:
-        console.print(f"[yellow]the verified plan's profile failed: {escape(str(exc))}; the summary has its "
-                      "verified step time only[/yellow]")
-        return
-    result.plan_profile, result.summary = str(path), summary_of(baseline, best, measured)
-    result.parameters = [baseline.parameters, measured.parameters]
+        return t.say.plan_profile_failed(str(exc))
+    t.result.plan_profile, t.result.summary = str(path), summary_of(t.profile, best, measured)
+    t.result.parameters = [t.profile.parameters, measured.parameters]
 
 
-def _hold_optuna_log():
-    """Optuna's messages off stderr and held in memory until the run directory exists."""
-    from logging.handlers import MemoryHandler
-
-    optuna.logging.set_verbosity(optuna.logging.INFO)
-    optuna.logging.disable_default_handler()
-    held = MemoryHandler(capacity=10_000, flushLevel=100)  # above CRITICAL: flushed only when told
-    optuna.logging.get_logger("optuna").addHandler(held)
-    return held
-
-
-def _optuna_log_to(path: Path, held) -> None:
-    """Optuna's messages (a failed trial's traceback among them) into the run directory, not on stderr."""
-    import logging
-
-    handler = logging.FileHandler(path, delay=True)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    logger = optuna.logging.get_logger("optuna")
-    held.setTarget(handler)
-    held.flush()
-    logger.removeHandler(held)
-    logger.addHandler(handler)
-
-
-def make_proposer(proposer: str, *, audit_dir: Path, model: str | None, token_budget: int, script: Path):
+def make_proposer(proposer: str = "offline", *, audit_dir: Path, model: str | None, token_budget: int, script: Path):
     """The offline proposer, or Claude (which falls back to the offline one itself, out loud)."""
     options = {"audit_dir": audit_dir, "token_budget": token_budget, "source_root": script.resolve().parent}
     if model:
@@ -235,15 +213,16 @@ def make_proposer(proposer: str, *, audit_dir: Path, model: str | None, token_bu
     return _make_proposer(proposer, **options)
 
 
-
 def tune(script: Path, args: list[str], options: TuneOptions, *, console: Console,
          proposer: str, proposer_why: str = "") -> tuple[TuneResult, dict[str, Path]]:
-    """run(), then the report: report.md, report.json, patch.diff, plan.json, plots."""
+    """run(), then the report: report.md, report.json, patch.diff, plan.json, plots. SIGTERM and SIGHUP stop it
+    as Ctrl-C does (the exit code says which: interrupts.exit_code)."""
     from tpu_agent.report.markdown import write_all
 
     runs_root = options.runs_root()
     runs_root.parent.mkdir(parents=True, exist_ok=True)  # the studies' SQLite file; run dirs come after the checks
     ignore_tool_dir(runs_root.parent)
-    result = run(script, args, options, console=console, proposer=proposer, runs_root=runs_root, model=options.model,
-                 proposer_why=proposer_why)
-    return result, write_all(result, script)
+    with interrupts.stop_signals_interrupt():
+        result = run(script, args, options, console=console, proposer=proposer, runs_root=runs_root,
+                     model=options.model, proposer_why=proposer_why)
+        return result, write_all(result, script)

@@ -82,7 +82,7 @@ def tune(
     Example: [bold]tpu-agent tune train.py --trials 20 -- --epochs 1[/bold]
     """
     given = {name: value for name, value in locals().items() if name in TuneOptions.model_fields}  # the flags
-    from tpu_agent import pipeline
+    from tpu_agent import interrupts, pipeline
     from tpu_agent.plan.patch import apply_patch
     from tpu_agent.propose import choose_proposer
     from tpu_agent.search.study import dashboard_command
@@ -129,7 +129,7 @@ def tune(
             console.print("--apply: the verified plan has no source edits, nothing was written; "
                           + "; ".join(a.instruction() or a.describe() for a in result.best.plan.actions)
                           + "; `tpu-agent run SCRIPT --plan plan.json` applies them all", markup=False)
-    return 130 if result.interrupted else 0
+    return interrupts.exit_code() if result.interrupted else 0  # 130 for Ctrl-C, 128 + N for SIGTERM, SIGHUP
 
 
 def check_before_the_baseline(script: Path, opts, proposer: str) -> None:

@@ -18,12 +18,14 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from tpu_agent import envvars
+from tpu_agent import envvars, interrupts
 from tpu_agent.plan.actions import Plan
 from tpu_agent.run.launch import launch
 from tpu_agent.run.messages import TRIAL_MESSAGE, Ended, StepRecord, TrialRequest
 
 __all__ = ["StepRecord", "TrialFailed", "TrialProcess"]
+
+STOP_GRACE_S = 3.0  # a child of a tune that is stopping gets this long to leave before SIGKILL
 
 FailureKind = Literal["crashed", "out_of_memory", "timed_out", "too_few_steps"]
 
@@ -83,7 +85,8 @@ class TrialProcess:
             except (BrokenPipeError, OSError):
                 pass
         try:
-            self.proc.wait(timeout=30)
+            # Told to stop (Ctrl-C, SIGTERM, SIGHUP): it leaves at its next step boundary, or is stopped soon after
+            self.proc.wait(timeout=STOP_GRACE_S if interrupts.stopping() else 30)
         except subprocess.TimeoutExpired:
             self._kill()
         self._close()

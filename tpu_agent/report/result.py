@@ -40,12 +40,19 @@ class TuneResult(BaseModel):
         "starting", description="the phase running when tune.json was last written (tests and watchers wait on it)")
     interrupted: bool = False
     interrupted_during: Literal["baseline", "search", "verification", "ablation", "profile"] | None = None
+    interrupted_by: Literal["SIGINT", "SIGTERM", "SIGHUP"] | None = Field(
+        None, description="what stopped it: Ctrl-C (SIGINT), SIGTERM or SIGHUP; the exit code is 128 + its number")
     duration_s: float = 0.0
     phase_s: dict[str, float] = Field(default_factory=dict, description="measured: seconds spent in each phase "
                                       "(baseline, search, verification, ablation, profile), where the tune's time went")
     summary: Summary | None = Field(None, description="for `tpu-agent diff`: the step time after the verified change")
 
     _phase_began: float = PrivateAttr(0.0)
+
+    def mark_interrupted(self, signum: int | None) -> None:
+        """Interrupted in the phase running now, by the stop signal `signum` (None: Ctrl-C)."""
+        self.interrupted, self.interrupted_during = True, self.phase
+        self.interrupted_by = {None: "SIGINT", 1: "SIGHUP", 15: "SIGTERM"}.get(signum, "SIGINT")
 
     def save(self, t_start: float) -> "TuneResult":
         """Write tune.json whole or not at all (a reader never sees half a file)."""

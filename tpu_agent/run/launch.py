@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from tpu_agent import envvars
+from tpu_agent import envvars, interrupts
 from tpu_agent.paths import new_run_dir
 
 SCHEMA_VERSION = 1
@@ -61,24 +61,29 @@ def launch(script: str | Path, args: Sequence[str], *, env: Mapping[str, str], c
 
 
 def _wait(proc: subprocess.Popen[bytes], deadline: Callable[[], float] | None = None) -> tuple[int, bool, bool]:
-    """Wait for the child, letting it handle Ctrl-C; pass SIGTERM on to it; stop it past `deadline()`
-    (a monotonic time, asked again each time round). (exit status, timed out, interrupted)."""
+    """Wait for the child, letting it handle Ctrl-C; pass SIGTERM and SIGHUP on to it (the child stops as it
+    would have, and the wait ends as interrupted, the signal remembered for our exit code: 128 + N); stop it past
+    `deadline()` (a monotonic time, asked again each time round). (exit status, timed out, interrupted)."""
+    signalled: list[int] = []
 
-    def forward_term(signum: int, _frame: object) -> None:
-        proc.send_signal(signum)
+    def forward(signum: int, _frame: object) -> None:
+        signalled.append(signum)
+        interrupts.note_signal(signum)
+        if proc.poll() is None:
+            proc.send_signal(signum) if len(signalled) < 3 else proc.kill()  # asked a third time: no more waiting
 
     in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, forward_term) if in_main_thread else None
-    interrupts = 0
+    previous = {s: signal.signal(s, forward) for s in interrupts.STOP_SIGNALS} if in_main_thread else {}
+    ctrl_c = 0
     timed_out = False
     try:
         while True:
             try:
                 if deadline is None or timed_out:
-                    return proc.wait(), timed_out, interrupts > 0
+                    return proc.wait(), timed_out, ctrl_c > 0 or bool(signalled)
                 left = deadline() - time.monotonic()
                 if left > 0:
-                    return proc.wait(timeout=min(left, 1.0)), False, interrupts > 0
+                    return proc.wait(timeout=min(left, 1.0)), False, ctrl_c > 0 or bool(signalled)
                 timed_out = True
                 _stop(proc)
             except subprocess.TimeoutExpired:
@@ -86,14 +91,14 @@ def _wait(proc: subprocess.Popen[bytes], deadline: Callable[[], float] | None = 
             except KeyboardInterrupt:
                 # The terminal sent SIGINT to the child too; it decides what to do.
                 # If it ignores repeated Ctrl-C, we escalate.
-                interrupts += 1
-                if interrupts == 2:
+                ctrl_c += 1
+                if ctrl_c == 2:
                     proc.terminate()
-                elif interrupts >= 3:
+                elif ctrl_c >= 3:
                     proc.kill()
     finally:
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _stop(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:

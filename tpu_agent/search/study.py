@@ -239,3 +239,27 @@ def note_verdicts(study: optuna.Study, verdicts: list, best) -> None:
 
     study.set_user_attr("verifications", [brief(v) for v in verdicts])
     study.set_user_attr("verified", brief(best) if best is not None else None)
+
+
+def hold_optuna_log():
+    """Optuna's messages off stderr and held in memory until the run directory exists."""
+    from logging.handlers import MemoryHandler
+
+    optuna.logging.set_verbosity(optuna.logging.INFO)
+    optuna.logging.disable_default_handler()
+    held = MemoryHandler(capacity=10_000, flushLevel=100)  # above CRITICAL: flushed only when told
+    optuna.logging.get_logger("optuna").addHandler(held)
+    return held
+
+
+def optuna_log_to(path: Path, held) -> None:
+    """Optuna's messages (a failed trial's traceback among them) into the run directory, not on stderr."""
+    import logging
+
+    handler = logging.FileHandler(path, delay=True)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger = optuna.logging.get_logger("optuna")
+    held.setTarget(handler)
+    held.flush()
+    logger.removeHandler(held)
+    logger.addHandler(handler)
