@@ -41,6 +41,16 @@ def _losses(values: Sequence[float]) -> list[float]:
     return [float(v) for v in values]
 
 
+def _not_finite(baseline: list[float], candidate: list[float]) -> tuple[int, str] | None:
+    """The first step at which either side's loss is NaN or infinite, and what to say: such a loss matches
+    nothing, not even the same NaN on the other side (two diverged runs are not a verified change)."""
+    for side, losses in (("baseline", baseline), ("candidate", candidate)):
+        for i, value in enumerate(losses):
+            if not math.isfinite(value):
+                return i, f"the {side}'s loss is not finite at compared step {i}: {value}"
+    return None
+
+
 def check_exact(baseline_losses: Sequence[float], candidate_losses: Sequence[float], *,
                 rtol: float = EXACT_RTOL) -> NumericsCheck:
     """A plan that preserves numerics must reproduce every per-step loss within `rtol` (relative, float32 noise)."""
@@ -50,13 +60,12 @@ def check_exact(baseline_losses: Sequence[float], candidate_losses: Sequence[flo
     if len(a) != len(b):
         return NumericsCheck(kind="exact", passed=False, tolerance=rtol, steps=min(len(a), len(b)),
                              reason=f"step count differs: baseline {len(a)} losses, candidate {len(b)}")
+    bad = _not_finite(a, b)
+    if bad is not None:
+        return NumericsCheck(kind="exact", passed=False, tolerance=rtol, steps=len(a), max_rel_diff=math.inf,
+                             worst_step=bad[0], reason=bad[1])
     worst, worst_step = 0.0, 0
     for i, (x, y) in enumerate(zip(a, b)):
-        if not math.isfinite(y) or not math.isfinite(x):
-            if x == y or (math.isnan(x) and math.isnan(y)):
-                continue
-            return NumericsCheck(kind="exact", passed=False, tolerance=rtol, steps=len(a), max_rel_diff=math.inf,
-                                 worst_step=i, reason=f"step {i}: loss {y} where the baseline had {x}")
         # Denominator floor: a loss of exactly 0 would make any difference infinitely "relative".
         rel = abs(x - y) / max(abs(x), abs(y), 1e-8)
         if rel > worst:
@@ -82,9 +91,10 @@ def check_loss_tol(baseline_losses: Sequence[float], candidate_losses: Sequence[
         return NumericsCheck(kind="loss_tol", passed=False, reason=f"the {side} recorded no losses", tolerance=loss_tol,
                              steps=0)
     n = max(1, min(tail, len(a), len(b)))
-    if not all(math.isfinite(v) for v in b[-n:]):
-        return NumericsCheck(kind="loss_tol", passed=False, tolerance=loss_tol, steps=len(b), tail=n,
-                             reason=f"the candidate's final losses are not finite: {b[-n:]}")
+    bad = _not_finite(a, b)
+    if bad is not None:
+        return NumericsCheck(kind="loss_tol", passed=False, tolerance=loss_tol, steps=min(len(a), len(b)), tail=n,
+                             reason=bad[1])
     base = sum(a[-n:]) / n
     cand = sum(b[-n:]) / n
     limit = base + loss_tol * abs(base)

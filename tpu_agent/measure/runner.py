@@ -2,15 +2,33 @@
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
 from tpu_agent import envvars
 from tpu_agent.config import TuneOptions
+from tpu_agent.errors import TpuAgentError
 from tpu_agent.measure.trials import StepRecord, TrialFailed, TrialProcess
 from tpu_agent.plan.actions import PadDim, Plan
 
 MIN_PAIRS_AT_END = 5  # pairs a script that ends early must have given for them to count
+
+
+class BaselineNotFinite(TpuAgentError):
+    """The unchanged script's loss is NaN or infinite (exit 1): no plan can be compared against it."""
+
+
+def finite(record: StepRecord, proc: TrialProcess, baseline: bool = False) -> StepRecord:
+    """The step, if its loss is a number: a candidate whose loss is NaN or infinite fails its trial; a baseline's
+    stops the tune (every comparison against it would be meaningless)."""
+    if record.loss is None or math.isfinite(record.loss):
+        return record
+    where = f"the loss is {record.loss} at step {record.step}"
+    if baseline:
+        raise BaselineNotFinite(f"the unchanged script's {where}: there is nothing to compare plans against "
+                                f"(its output is in {proc.log_dir / (proc.name + '.log')})")
+    raise TrialFailed("not_finite", where, steps=record.step)
 
 
 def interleave(step_a, step_b, pairs: int, report=None, ends_script=None) -> tuple[list[StepRecord], list[StepRecord]]:
@@ -56,7 +74,7 @@ class Runner:
                 self.last_baseline_steps.extend(self.baseline.steps)
             self.baseline_count += 1
             self.baseline = self.process(Plan(), f"baseline-{self.baseline_count}")
-            self._warm(self.baseline)
+            self._warm(self.baseline, baseline=True)
         return self.baseline
 
     def _unique(self, name: str) -> str:
@@ -86,17 +104,18 @@ class Runner:
         def baseline_step() -> StepRecord:
             nonlocal base
             try:
-                return base.step()
+                return finite(base.step(), base, baseline=True)
             except TrialFailed as exc:
                 if exc.kind != "too_few_steps" and not self._script_ends(exc, baseline=True):
                     raise
                 base = self._baseline()  # the script ran out of steps: a fresh warm baseline
-                return base.step()
+                return finite(base.step(), base, baseline=True)
 
         cand = self.process(plan, name)
         try:
             self._warm(cand)
-            a, b = interleave(baseline_step, cand.step, pairs, report, ends_script=self._script_ends)
+            a, b = interleave(baseline_step, lambda: finite(cand.step(), cand), pairs, report,
+                              ends_script=self._script_ends)
             return a, b, cand
         finally:
             cand.stop()
@@ -122,18 +141,19 @@ class Runner:
             try:
                 self._warm(a_proc)
                 self._warm(b_proc)
-                ra, rb = interleave(a_proc.step, b_proc.step, self.options.steps, ends_script=self._script_ends)
+                ra, rb = interleave(lambda: finite(a_proc.step(), a_proc), lambda: finite(b_proc.step(), b_proc),
+                                    self.options.steps, ends_script=self._script_ends)
             finally:
                 a_proc.stop()
                 b_proc.stop()
             a, b = a + ra, b + rb
         return a, b
 
-    def _warm(self, proc: TrialProcess) -> None:
+    def _warm(self, proc: TrialProcess, baseline: bool = False) -> None:
         t0 = time.perf_counter()
         proc.start()
         for _ in range(self.options.warmup):
-            proc.step()
+            finite(proc.step(), proc, baseline)
         proc.warm_s = time.perf_counter() - t0
 
     def close(self) -> None:

@@ -20,14 +20,14 @@ from typing import Literal
 
 from tpu_agent import envvars, interrupts
 from tpu_agent.plan.actions import Plan
-from tpu_agent.run.launch import launch
+from tpu_agent.run.launch import READ_STDIN, READ_STDIN_MARK, launch
 from tpu_agent.run.messages import TRIAL_MESSAGE, Ended, StepRecord, TrialRequest
 
 __all__ = ["StepRecord", "TrialFailed", "TrialProcess"]
 
 STOP_GRACE_S = 3.0  # a child of a tune that is stopping gets this long to leave before SIGKILL
 
-FailureKind = Literal["crashed", "out_of_memory", "timed_out", "too_few_steps"]
+FailureKind = Literal["crashed", "out_of_memory", "timed_out", "too_few_steps", "not_finite"]
 
 
 class TrialFailed(Exception):
@@ -61,8 +61,8 @@ class TrialProcess:
         env.update(self.env)
         env[envvars.TRIAL.name] = TrialRequest(plan=self.plan, gate_fd=gate_read, report_fd=report_write).model_dump_json()
         self._log = open(self.log_dir / f"{self.name}.log", "wb")
-        self.proc = launch(self.script, self.args, env=env, cwd=self.cwd, stdout=self._log, stderr=subprocess.STDOUT,
-                           pass_fds=(gate_read, report_write), new_session=True)
+        self.proc = launch(self.script, self.args, env=env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=self._log,
+                           stderr=subprocess.STDOUT, pass_fds=(gate_read, report_write), new_session=True)
         os.close(gate_read)
         os.close(report_write)
         ready = self._read(self.step_timeout + 120)  # imports, JAX start-up
@@ -116,11 +116,16 @@ class TrialProcess:
         self._finish_process()
         end = record if isinstance(record, Ended) else Ended(status=1, error=f"unexpected {record.event!r} message")
         error = end.error or f"the script ended after {end.steps} steps"
+        if READ_STDIN_MARK in error:
+            error = f"{error} ({READ_STDIN})"
         kind = "too_few_steps" if end.status == 0 else _kind(error, self._tail())
         raise TrialFailed(kind, error if kind != "crashed" else f"{error}\n{self._tail()}", steps=end.steps)
 
     def _fail_from_exit(self) -> None:
         code = self._finish_process()
+        if code == 0:  # it left on its own (os._exit(0), a sys.exit(0) past our hook): an end, not a crash
+            raise TrialFailed("too_few_steps", f"the script exited with 0 after {len(self.steps)} steps",
+                              steps=len(self.steps))
         tail = self._tail()
         how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with {code}"
         raise TrialFailed(_kind("", tail), f"the process {how}\n{tail}")

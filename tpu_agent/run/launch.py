@@ -48,16 +48,22 @@ class RunResult(BaseModel):
         return self.exit_code == 0
 
 
+READ_STDIN_MARK = "EOF when reading a line"  # input() with stdin at the null device
+READ_STDIN = "the script waits for terminal input, which a tune's processes do not get (their stdin is the null device)"
+
+
 def child_command(script: str | Path, args: Sequence[str]) -> list[str]:
     # -P: nothing is prepended to sys.path for us; the child puts the script's dir there.
     return [sys.executable, "-P", "-m", "tpu_agent.run.child", str(script), *args]
 
 
 def launch(script: str | Path, args: Sequence[str], *, env: Mapping[str, str], cwd: Path | None = None,
-           stdout=None, stderr=None, pass_fds: Sequence[int] = (), new_session: bool = False) -> subprocess.Popen:
-    """Start `python -P -m tpu_agent.run.child SCRIPT ARGS...` (what the child does is in `env`)."""
-    return subprocess.Popen(child_command(script, args), cwd=cwd, env=dict(env), stdout=stdout, stderr=stderr,
-                            pass_fds=tuple(pass_fds), start_new_session=new_session)
+           stdin=None, stdout=None, stderr=None, pass_fds: Sequence[int] = (),
+           new_session: bool = False) -> subprocess.Popen:
+    """Start `python -P -m tpu_agent.run.child SCRIPT ARGS...` (what the child does is in `env`). `stdin`:
+    inherited unless given (a tune's processes get the null device: no one answers a prompt there)."""
+    return subprocess.Popen(child_command(script, args), cwd=cwd, env=dict(env), stdin=stdin, stdout=stdout,
+                            stderr=stderr, pass_fds=tuple(pass_fds), start_new_session=new_session)
 
 
 def _wait(proc: subprocess.Popen[bytes], deadline: Callable[[], float] | None = None) -> tuple[int, bool, bool]:
@@ -116,6 +122,7 @@ def run_script(
     *,
     runs_root: Path | None = None,
     env: Mapping[str, str] | None = None,
+    stdin: int | None = None,
     stdout: int | None = None,
     stderr: int | None = None,
     pass_fds: Sequence[int] = (),
@@ -145,7 +152,7 @@ def run_script(
     if timeout is not None and deadline is None:
         end = time.monotonic() + timeout
         deadline = lambda: end  # noqa: E731
-    proc = launch(script, args, env=child_env, stdout=stdout, stderr=stderr, pass_fds=pass_fds)
+    proc = launch(script, args, env=child_env, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=pass_fds)
     with monitor(proc) if monitor is not None else nullcontext():
         returncode, timed_out, interrupted = _wait(proc, deadline)
     duration = time.perf_counter() - t0

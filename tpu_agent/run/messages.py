@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from tpu_agent.plan.actions import Plan
 
@@ -30,6 +30,10 @@ class Ready(BaseModel):
 
 class StepRecord(BaseModel):
     """One step of a timing trial, measured in the child with the device synchronized at both ends."""
+
+    # A NaN or infinite loss travels as such (JSON's default would write null: a step with no loss, which the
+    # numerics check then skipped, and a diverged plan passed).
+    model_config = ConfigDict(ser_json_inf_nan="constants")
 
     event: Literal["step"] = "step"
     step: int

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from tpu_agent.paths import shown_path
 from tpu_agent.plan.actions import PadDim, Plan
 from tpu_agent.profilers.schema import Profile, Settings
 from tpu_agent.run.device_use import profile_touched, refusal
+from tpu_agent.run.launch import READ_STDIN, READ_STDIN_MARK
 from tpu_agent.run.profiled import StepWatch, read_profile, run_profiled
 
 
@@ -41,7 +43,8 @@ def profile_for_tune(script: Path, args: list[str], run_dir: Path, options: Tune
     log_path = run_dir / f"{what}-profile.log"
     watch = StepWatch(options.trial_timeout)
     with open(log_path, "wb") as log:
-        result, path = run_profiled(ran, args, settings, runs_root=run_dir, stdout=log.fileno(), stderr=log.fileno(),
+        result, path = run_profiled(ran, args, settings, runs_root=run_dir, stdin=subprocess.DEVNULL,
+                                    stdout=log.fileno(), stderr=log.fileno(),
                                     extra_env={**watch.env(), **env}, pass_fds=(watch.write_fd,), monitor=watch,
                                     deadline=watch.deadline)
     shown = shown_path(log_path)
@@ -57,12 +60,17 @@ def profile_for_tune(script: Path, args: list[str], run_dir: Path, options: Tune
                 sys.stderr.write("\n".join(tail) + "\n")
                 sys.stderr.flush()
         why = f"killed by signal {result.signal_number}" if result.signal_number else f"exit {result.exit_code}"
-        raise BaselineFailed(f"the {what} run of {script.name} failed ({why}); its output is in {shown}"
-                             + (" (pass the script's own arguments after '--')" if plan is None else ""))
+        hint = (f"; {READ_STDIN}" if READ_STDIN_MARK in log_path.read_text(errors="replace")
+                else " (pass the script's own arguments after '--')" if plan is None else "")
+        raise BaselineFailed(f"the {what} run of {script.name} failed ({why}); its output is in {shown}{hint}")
     try:
         profile = read_profile(path)
     except FileNotFoundError:
         raise BaselineFailed(f"the {what} run wrote no profile; its output is in {shown}") from None
+    if profile.steps.whole_run:  # no step boundary: a trial has nothing to time, every one would fail
+        raise BaselineFailed(f"no training step was seen in {script.name}: the tool times a step from one "
+                             "optimizer.step() (any torch optimizer) or torch.tpu.mark_step() to the next, and the "
+                             f"script called neither; its output is in {shown}")
     if not profile_touched(profile):  # nothing to measure on the device: every trial would time the CPU
         raise BaselineFailed(f"{refusal(script.name, 'tune')}; its output is in {shown}")
     return profile, path
