@@ -39,7 +39,8 @@ TABLE = "tpu-agent"
 
 Target = Literal["cpu", "v4", "v5e", "v5p", "v6e", "v7x"]
 Objective = Literal["time", "memory", "both"]
-ProposerName = Literal["auto", "offline", "claude"]
+ChosenProposer = Literal["offline", "claude"]  # who proposes, once propose.choose_proposer has decided
+ProposerName = Literal["auto", ChosenProposer]  # what --proposer asks for
 PATH_KEYS = ("playbooks", "output_dir")  # resolved against the folder of the file that names them
 MIN_PAIRS = 5  # the fewest pairs a comparison is judged on: --steps' and --pairs' lower limit, the statistics' floor
 

@@ -15,7 +15,7 @@ from support.processes import run_tool
 from tpu_agent.errors import InputError
 from tpu_agent.plan.actions import Compile, Mesh, PadDim, PadOps, Plan
 from tpu_agent.propose.playbook import builtin_playbooks
-from tpu_agent.propose import choose_proposer, make_proposer
+from tpu_agent.propose import PROPOSERS, ProposerChoice, choose_proposer, make_proposer
 from tpu_agent.propose.base import TrialOutcome
 from tpu_agent.propose.offline import OfflineProposer, propose_offline
 
@@ -126,11 +126,10 @@ def test_duplicates_merge_and_the_baseline_mode_is_not_proposed():
 def test_options_tried_in_earlier_rounds_are_dropped():
     prof, knobs = profile("odd_shapes"), example_knobs("odd_shapes")
     batch = PadDim(file="odd_shapes.py", line=15, column=8, old=127, new=128, name="BATCH")
-    tried = [TrialOutcome(actions=[PadOps(multiple=128).model_dump()], status="rejected", speedup=0.97),
-             TrialOutcome(actions=[PadOps(multiple=8).model_dump()], status="measured", speedup=1.01),
+    tried = [TrialOutcome(actions=[PadOps(multiple=128)], status="rejected", speedup=0.97),
+             TrialOutcome(actions=[PadOps(multiple=8)], status="measured", speedup=1.01),
              # Tried together with another change: still measured.
-             TrialOutcome(actions=[Compile(mode="compiled").model_dump(), batch.model_dump()],
-                          status="accepted", speedup=1.4)]
+             TrialOutcome(actions=[Compile(mode="compiled"), batch], status="accepted", speedup=1.4)]
     again = propose_offline(prof, knobs, results=tried, round=2)
     ids = [c.id for c in again.candidates]
     assert "pad-ops" not in ids and "compiled-step" not in ids and "pad-batch@odd_shapes.py:15:8" not in ids
@@ -161,15 +160,24 @@ def test_generation_and_devices_shape_the_choices():
 
 
 def test_choose_proposer():
-    assert choose_proposer("auto", env={})[0] == "offline"
-    assert choose_proposer("auto", env={"ANTHROPIC_API_KEY": "x"})[0] == "claude"
-    assert choose_proposer("auto", offline=True, env={"ANTHROPIC_API_KEY": "x"}) == ("offline", "--offline")
-    assert choose_proposer("claude", env={})[0] == "claude"
+    assert choose_proposer("auto", env={}) == ProposerChoice(name="offline", why="no ANTHROPIC_API_KEY in the environment")
+    assert choose_proposer("auto", env={"ANTHROPIC_API_KEY": "x"}).name == "claude"
+    assert choose_proposer("auto", offline=True, env={"ANTHROPIC_API_KEY": "x"}) == ProposerChoice(name="offline",
+                                                                                                   why="--offline")
+    assert choose_proposer("offline", env={"ANTHROPIC_API_KEY": "x"}).why == "--proposer offline"
+    assert choose_proposer("claude", env={}).name == "claude"
     with pytest.raises(InputError, match="contradict"):
         choose_proposer("claude", offline=True)
     with pytest.raises(InputError, match="unknown proposer"):
         choose_proposer("gpt")
-    assert make_proposer("auto", env={}).name == "offline"
+    assert PROPOSERS == ("auto", "offline", "claude")
+
+
+def test_make_proposer_builds_the_choice_without_deciding_again():
+    assert make_proposer(choose_proposer("auto", env={})).name == "offline"
+    assert make_proposer("offline").name == "offline"  # a name chosen before (pipeline passes it on)
+    with pytest.raises(ValueError, match="choose_proposer decides"):
+        make_proposer("auto")
 
 
 @pytest.mark.parametrize("name", ["odd_shapes"])

@@ -23,7 +23,7 @@ def test_a_record_reads_as_the_proposers_outcome_and_round_trips_as_json():
                          reason="losses off")
     outcome = record.outcome()
     assert (outcome.status, outcome.loss_ok, outcome.speedup, outcome.note) == ("rejected", False, 1.2, "losses off")
-    assert outcome.actions == [Compile(mode="fused").model_dump(mode="json")]
+    assert outcome.actions == [Compile(mode="fused")]  # the Action models themselves, not dicts
     assert '"state":"numerics"' in record.model_dump_json()
     assert TrialRecord.model_validate_json(record.model_dump_json()) == record
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -15,6 +15,9 @@ from tpu_agent.cli.options import DeviceMapOption, ScriptArg, ScriptArgs, device
 from tpu_agent.config import TuneOptions, resolve
 from tpu_agent.paths import shown_path
 from tpu_agent.report.effects import effect_lines
+
+if TYPE_CHECKING:
+    from tpu_agent.propose import ProposerChoice
 
 
 def shown_default(name: str) -> str | None:
@@ -91,13 +94,13 @@ def tune(
     mapped = device_map_env(device_map)
     flags = {**given, "playbooks": playbooks or None}
     opts = resolve(script, flags).options
-    chosen, why = choose_proposer(opts.proposer, offline)
+    chosen = choose_proposer(opts.proposer, offline)  # the one decision: which proposer, and why
     check_before_the_baseline(Path(script), opts, chosen)
     console = stderr_console() if json_output else stdout_console()
     os.environ.update(mapped)  # every child of this tune (baseline, trials, verification) inherits the map
     try:
-        result, files = pipeline.tune(Path(script), script_args or [], opts, console=console, proposer=chosen,
-                                      proposer_why=why)
+        result, files = pipeline.tune(Path(script), script_args or [], opts, console=console, proposer=chosen.name,
+                                      proposer_why=chosen.why)
     finally:
         for name in mapped:
             os.environ.pop(name, None)
@@ -132,7 +135,7 @@ def tune(
     return interrupts.exit_code() if result.interrupted else 0  # 130 for Ctrl-C, 128 + N for SIGTERM, SIGHUP
 
 
-def check_before_the_baseline(script: Path, opts, proposer: str) -> None:
+def check_before_the_baseline(script: Path, opts, proposer: ProposerChoice) -> None:
     """What would fail after minutes of measuring fails now, one line each (exit 2)."""
     from tpu_agent import envvars
     from tpu_agent.errors import InputError
@@ -151,7 +154,7 @@ def check_before_the_baseline(script: Path, opts, proposer: str) -> None:
         if dirty:
             raise InputError(f"--apply: {', '.join(dirty[:5])} {'has' if len(dirty) == 1 else 'have'} uncommitted "
                              "changes; commit them or pass --force")
-    if proposer == "claude" and not envvars.ANTHROPIC_API_KEY.get():
+    if proposer.name == "claude" and not envvars.ANTHROPIC_API_KEY.get():
         raise InputError("--proposer claude needs ANTHROPIC_API_KEY in the environment "
                          "(or use --proposer offline)")
 

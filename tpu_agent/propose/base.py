@@ -12,7 +12,8 @@ from typing import Any, ClassVar, Literal, Sequence
 
 from pydantic import BaseModel, Field
 
-from tpu_agent.plan.actions import Plan
+from tpu_agent.config import ChosenProposer
+from tpu_agent.plan.actions import Action
 from tpu_agent.profilers.schema import Profile
 from tpu_agent.propose.candidates import Candidate, action_key
 from tpu_agent.propose.knobs import Knob
@@ -26,7 +27,7 @@ class TrialOutcome(BaseModel):
 
     number: int | None = None
     candidate: str | None = Field(None, description="the candidate id(s) it came from")
-    actions: list[dict[str, Any]] = Field(default_factory=list, description="the trial's plan actions")
+    actions: list[Action] = Field(default_factory=list, description="the trial's plan actions")
     status: OutcomeStatus = "measured"
     speedup: float | None = Field(None, description="baseline step time / trial step time")
     step_s: float | None = None
@@ -34,12 +35,8 @@ class TrialOutcome(BaseModel):
     note: str | None = None
 
     def action_keys(self) -> frozenset[str]:
-        """Its actions as canonical JSON (empty when they do not form a valid plan)."""
-        try:
-            plan = Plan(actions=self.actions)
-        except ValueError:
-            return frozenset()
-        return frozenset(action_key(a) for a in plan.actions)
+        """Its actions as canonical JSON."""
+        return frozenset(action_key(a) for a in self.actions)
 
 
 class TokenUsage(BaseModel):
@@ -56,8 +53,8 @@ class TokenUsage(BaseModel):
 class ProposalRound(BaseModel):
     """One round's answer: the ranked candidates and how they were reached."""
 
-    proposer: str = Field(description="who produced the candidates: offline | claude")
-    requested: str = Field(description="who was asked: offline | claude")
+    proposer: ChosenProposer = Field(description="who produced the candidates")
+    requested: ChosenProposer = Field(description="who was asked")
     round: int = 1
     candidates: list[Candidate] = Field(default_factory=list)
     transcript: list[dict[str, Any]] = Field(default_factory=list, description="offline: playbook matching; claude: the exchange")
@@ -69,7 +66,7 @@ class ProposalRound(BaseModel):
 class Proposer(ABC):
     """What the pipeline calls once per round."""
 
-    name: ClassVar[str]
+    name: ClassVar[ChosenProposer]
 
     @abstractmethod
     def propose(self, profile: Profile, knobs: Sequence[Knob] = (), playbooks: Sequence[Playbook] | None = None,

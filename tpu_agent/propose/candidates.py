@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
+from tpu_agent.config import ChosenProposer
 from tpu_agent.plan.actions import Action, ActionKind, Plan
 
 MAX_OPTIONS = 64  # per candidate: a search space a person can still read
@@ -100,7 +101,7 @@ class Candidate(BaseModel):
 
     id: str
     title: str
-    proposer: str = Field(description="offline | claude")
+    proposer: ChosenProposer = Field(description="the proposer that produced it")
     playbook: str | None = Field(None, description="the playbook it came from (offline), or the one the model cited")
     also_playbooks: list[str] = Field(default_factory=list, description="other playbooks that proposed the same change")
     actions: list[ActionTemplate] = Field(min_length=1)

@@ -241,8 +241,15 @@ def _tool_show_playbook(ctx: _Context, args) -> str:
     return pb.text()
 
 
+def _shown_outcome(r: TrialOutcome) -> dict:
+    """A trial as the model reads it: the outcome's unknown fields left out, each action whole (its nulls too)."""
+    shown = r.model_dump(mode="json", exclude_none=True)
+    shown["actions"] = [a.model_dump(mode="json") for a in r.actions]
+    return shown
+
+
 def _tool_trial_results(ctx: _Context, _args) -> list:
-    return [r.model_dump(mode="json", exclude_none=True) for r in ctx.results]
+    return [_shown_outcome(r) for r in ctx.results]
 
 
 _TOOL_FUNCS: dict[str, Callable[[_Context, dict], Any]] = {

@@ -44,6 +44,6 @@ class TrialRecord(BaseModel):
 
     def outcome(self) -> TrialOutcome:
         """The trial as the proposers read it."""
-        return TrialOutcome(number=self.number, actions=[a.model_dump(mode="json") for a in self.plan.actions],
+        return TrialOutcome(number=self.number, actions=list(self.plan.actions),
                             status=self.state.status, speedup=self.speedup,
                             loss_ok=self.state != TrialState.NUMERICS, note=self.reason or None)
