@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import re
 import shlex
+import socket
 import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import optuna
@@ -23,6 +27,7 @@ from tpu_agent.search.space import Space
 STUDY_DB = "studies.db"
 _COMPLETE = optuna.trial.TrialState.COMPLETE
 _PRUNED = optuna.trial.TrialState.PRUNED
+_RUNNING = optuna.trial.TrialState.RUNNING
 
 
 def storage_url(options: TuneOptions, runs_root: Path) -> str:
@@ -88,22 +93,77 @@ def feasible(trial: optuna.trial.FrozenTrial) -> bool:
 
 HEARTBEAT_S = 30  # a RUNNING trial whose process stopped beating this long ago (kill -9) is failed as stale
 GRACE_S = 90
+SQLITE_TIMEOUT_S = 60  # several tunes sharing one SQLite file wait their turn to write, not fail
 
 
 def _storage(url: str):
-    """An RDB URL gets Optuna's heartbeat: a trial left RUNNING by a killed tune is failed at the next trial."""
+    """An RDB URL gets Optuna's heartbeat: a trial left RUNNING by a killed tune is failed at the next trial.
+    A SQLite file's tables are created under a file lock: tunes started together in a fresh folder would
+    otherwise race on creating them (`table version_info already exists`)."""
     if "://" not in url:
         return url
-    with warnings.catch_warnings():
+    sqlite = url.startswith("sqlite:///") and url != "sqlite:///:memory:"
+    with warnings.catch_warnings(), _file_lock(Path(url[len("sqlite:///"):] + ".lock") if sqlite else None):
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+        return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                                          engine_kwargs={"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if sqlite
+                                          else None)
 
 
-def _fail_stale(study: optuna.Study) -> None:
-    """Trials whose tune stopped beating (kill -9, a lost host) are failed now, before resume counts them."""
+@contextmanager
+def _file_lock(path: Path | None):
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _owner() -> dict:
+    """The tune process running a trial, recorded on the trial: a tune killed outright leaves it RUNNING, and the
+    next tune on this host that opens the study sees the process gone."""
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def _gone(owner: dict) -> bool:
+    if owner.get("host") != socket.gethostname() or not isinstance(owner.get("pid"), int):
+        return False  # another host's tune: its heartbeat says
+    if owner["pid"] == os.getpid():
+        return False
+    try:
+        os.kill(owner["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _fail_stale(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Trials whose tune is gone (its process, on this host; or its heartbeat, anywhere: kill -9, a lost host) are
+    failed now, before resume counts them, and each is queued to run again, once (a retry that is itself left
+    running is not retried). No trial stays RUNNING."""
+    running = {t._trial_id for t in study.get_trials(deepcopy=False, states=(_RUNNING,))}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.fail_stale_trials(study)  # nothing for a storage without a heartbeat
+        optuna.storages.fail_stale_trials(study)  # the heartbeat's verdict
+    for t in study.get_trials(deepcopy=False, states=(_RUNNING,)):
+        if _gone(t.user_attrs.get("process") or {}):
+            try:
+                study._storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL)
+            except optuna.exceptions.UpdateFinishedTrialError:  # another process failed it first
+                pass
+    stale = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+             if t._trial_id in running]
+    for t in stale:
+        if t.params and "retry_of" not in t.user_attrs:
+            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
+    return stale
 
 
 def open_study(options: TuneOptions, name: str, fingerprint: str, runs_root: Path, *,
@@ -172,8 +232,13 @@ def search(study: optuna.Study, space: Space, runner: Runner, options: TuneOptio
     objective = Objective(space, runner, options, baseline_batch, baseline_losses, measured=measured_plans(study),
                           per_pair=getattr(study.pruner, "per_pair", False), on_trial=on_trial)
     remaining = max(options.trials - len(counted(study)), 0)
+
+    def owned(trial: optuna.Trial):
+        trial.set_user_attr("process", _owner())  # a tune killed outright: the next open sees its process gone
+        return objective(trial)
+
     if remaining:
-        study.optimize(objective, n_trials=remaining, timeout=options.timeout, catch=(Failed,),
+        study.optimize(owned, n_trials=remaining, timeout=options.timeout, catch=(Failed,),
                        gc_after_trial=False)
     return objective.records
 
