@@ -12,18 +12,17 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from . import dtypes, modes, padding
+from . import dtypes, modes
 from .arguments import DYNAMIC, flatten, signature, unflatten
 from .lazy import RECORDER, Lazy
 from .opinfo import OpInfo, info_of
 from .programs import new_program, run_program
 from .registry import Lowering
 from .source import user_frame
-from .state import RNG
+from .state import RNG, STATE
 from .tensor import DEVICE, TpuTensor
 
 CACHE: dict[tuple, tuple] = {}  # op signature -> (Executable, Program)
-FUSE = modes.EagerMode.DEFER_AND_FUSE
 
 
 def execute(func, lowering: Lowering, args, kwargs, info: OpInfo | None = None):
@@ -36,16 +35,14 @@ def execute(func, lowering: Lowering, args, kwargs, info: OpInfo | None = None):
         dynamic.append(counter)
         if RECORDER.capture is not None:
             RECORDER.capture.note_rng(base, counter)
-    key.append(modes._precision)
-    key.append(padding._multiple)
-    key.append(padding._sizes)
+    key.append(STATE.cache_key_extra)  # matmul precision, PadOps multiple and sizes
     jit = lowering.jit and not (lowering.eager_if is not None and lowering.eager_if(*args, **kwargs))
     key.append(jit)
     key = tuple(key)
     entry = CACHE.get(key)
     if entry is None:
         entry = CACHE[key] = _compile(func, lowering, flat, spec, template, dynamic, jit)
-    recorded = jit and modes._mode is FUSE and not modes._eager_override
+    recorded = jit and STATE.fused
     try:
         out = RECORDER.record(entry[1], dynamic) if recorded else run_program(*entry, dynamic, jit=jit)
     except Exception as exc:  # a lowering bug or an invalid argument, named by op

@@ -15,18 +15,19 @@ from time import perf_counter
 import jax
 import torch
 
-from . import mesh, modes
+from . import mesh
 from .executables import Executable
+from .state import STATE
 
 
 def launch(exe: Executable, args):
     """`exe.fn(*args)`, counted in `exe.calls` and `exe.time_s`."""
-    if mesh._mesh is not None:
+    if STATE.mesh is not None:
         args = mesh.align(list(args))
     t0 = perf_counter()
     try:  # not out_of_memory_as_torch: a context manager costs microseconds on every op
         out = exe.fn(*args)
-        if modes.launch_blocking():
+        if STATE.blocking:
             jax.block_until_ready(out)
     except jax.errors.JaxRuntimeError as exc:
         _raise_if_out_of_memory(exc, exe.name, exe.source)

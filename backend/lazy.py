@@ -26,7 +26,7 @@ from tpu_agent import envvars
 from . import executables, mesh
 from .launch import launch
 from .source import user_frame
-from .state import STATS
+from .state import STATE, STATS
 
 
 class Lazy:
@@ -201,7 +201,7 @@ class Recorder:
             plan.append((n.program.id, tuple(refs)))
         out_refs = tuple((node_index[id(o.node)], o.index) for o in outputs)
         key = (tuple(plan), out_refs, tuple(_aval_key(a) for a in inputs))
-        if mesh.get_mesh() is not None:
+        if STATE.mesh is not None:
             inputs = mesh.align(inputs)  # before compiling: placements are part of the program
         exe = self.graphs.get(key)
         if exe is None:
@@ -285,3 +285,4 @@ def _shape_diff(before, after) -> list[str]:
 
 
 RECORDER = Recorder()
+STATE.attach_recorder(RECORDER)  # leaving fused mode flushes it

@@ -12,36 +12,33 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from . import modes
-
-_mesh: Mesh | None = None
+from .state import STATE
 
 
 def set_mesh(axes: dict[str, int] | None) -> Mesh | None:
     """Build the mesh (axis name -> size, product = device count used) or clear it with None."""
-    global _mesh
     if axes is None:
-        _mesh = None
-        modes.serialize_programs = False
+        STATE.set_mesh(None)
         return None
     devices = jax.devices()
     size = math.prod(axes.values())
     if size > len(devices) or size < 1:
         raise ValueError(f"a mesh of {dict(axes)} needs {size} devices; {len(devices)} are available "
                          "(on a CPU host set TPU_AGENT_DEVICES)")
-    _mesh = Mesh(np.array(devices[:size]).reshape(tuple(axes.values())), tuple(axes.keys()))
-    modes.serialize_programs = size > 1 and jax.default_backend() == "cpu"
-    return _mesh
+    mesh = Mesh(np.array(devices[:size]).reshape(tuple(axes.values())), tuple(axes.keys()))
+    # XLA's CPU client deadlocks on two programs with collectives over simulated devices in flight at once.
+    STATE.set_mesh(mesh, serialize_programs=size > 1 and jax.default_backend() == "cpu")
+    return mesh
 
 
 def get_mesh() -> Mesh | None:
-    return _mesh
+    return STATE.mesh
 
 
 def align(args: list) -> list:
     """Arrays pinned to one device, in a program that also reads mesh-placed arrays, are
     replicated over the mesh first (XLA refuses to mix the two). Nothing to do without a mesh."""
-    mesh = _mesh
+    mesh = STATE.mesh
     if mesh is None or mesh.size == 1:
         return args
     mesh_devices = set(mesh.devices.flat)

@@ -19,6 +19,8 @@ import jax.numpy as jnp
 
 from tpu_agent import envvars
 
+from .state import STATE
+
 
 def parse(text: str) -> tuple[int, frozenset[int]]:
     """`"256"` or `"256:50257,1000"` -> (256, {50257, 1000}); `""` -> off."""
@@ -32,25 +34,22 @@ def parse(text: str) -> tuple[int, frozenset[int]]:
         raise ValueError(f"TPU_AGENT_PAD_OPS={text!r}: expected MULTIPLE or MULTIPLE:SIZE,SIZE (integers)") from None
 
 
-_multiple, _sizes = parse(envvars.PAD_OPS.get() or "")
+STATE.set_padding(*parse(envvars.PAD_OPS.get() or ""))
 
 
 def multiple() -> int:
     """The current multiple (0: off)."""
-    return _multiple
+    return STATE.pad_multiple
 
 
 def key() -> tuple[int, frozenset[int]]:
     """What the padding does (multiple and target sizes): part of every op's compile-cache key."""
-    return _multiple, _sizes
+    return STATE.pad_multiple, STATE.pad_sizes
 
 
 def set_multiple(value: int, sizes=()) -> None:
     """Pad to multiples of `value` (0: off); only dims of `sizes` when given."""
-    global _multiple, _sizes
-    if value < 0 or any(s < 1 for s in sizes):
-        raise ValueError("the padding multiple must be >= 0 and the target sizes >= 1")
-    _multiple, _sizes = int(value), frozenset(int(s) for s in sizes)
+    STATE.set_padding(value, sizes)
 
 
 def _up(n: int, m: int) -> int:
@@ -59,9 +58,10 @@ def _up(n: int, m: int) -> int:
 
 def _target(n: int) -> int:
     """The size dim `n` is padded to (itself when padding is off or `n` is not targeted)."""
-    if not _multiple or (_sizes and n not in _sizes):
+    multiple, sizes = STATE.pad_multiple, STATE.pad_sizes
+    if not multiple or (sizes and n not in sizes):
         return n
-    return _up(n, _multiple)
+    return _up(n, multiple)
 
 
 def _pad_axis(x, axis: int, size: int):
@@ -74,7 +74,7 @@ def _pad_axis(x, axis: int, size: int):
 
 def matmul(a, b):
     """`a @ b` for a (..., M, K) and b (..., K, N), computed on padded shapes when enabled."""
-    if not _multiple or a.ndim < 2 or b.ndim < 2:
+    if not STATE.pad_multiple or a.ndim < 2 or b.ndim < 2:
         return jnp.matmul(a, b)
     rows, inner, cols = a.shape[-2], a.shape[-1], b.shape[-1]
     pr, pk, pc = _target(rows), _target(inner), _target(cols)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import jax
 
-from . import executables, lazy, modes
+from . import executables, lazy
 from .launch import launch
 from .lazy import RECORDER
-from .state import STATS
+from .state import STATE, STATS
 
 PROGRAMS: dict[tuple, tuple] = {}  # view / cast programs, same shape
 
@@ -27,7 +27,7 @@ def new_program(name: str, kind: str, raw, args, jit: bool = True, source: str |
 
 def run_program(exe, program, args, jit: bool = True):
     """Run a program now (eager) or record it (fused); returns arrays or Lazy placeholders."""
-    if jit and modes.fused():
+    if jit and STATE.fused:
         return RECORDER.record(program, args)
     for a in args:
         if type(a) is lazy.Lazy:

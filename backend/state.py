@@ -1,11 +1,36 @@
-"""Process-wide device state: RNG, eager mode, matmul precision, counters."""
+"""The device's state in one object: eager mode, matmul precision, PadOps, mesh, launch flags, RNG, counters.
+
+`STATE` (a `DeviceState`) is the only instance. Its fields are written through its setters alone, and
+each setter recomputes what the hot path reads, so an op reads one attribute where it would read several:
+`cache_key_extra` (precision, pad multiple, pad sizes: part of every op's compile-cache key), `fused`
+(record into the pending graph rather than run) and `blocking` (wait for every launch). The environment
+variables that set the initial values are read where they were (modes.py, padding.py); the user-facing
+switches (`torch.tpu.set_eager_mode`, `precision`, `sharding.set_mesh`, the PadOps action) call these setters.
+"""
 
 from __future__ import annotations
 
+import enum
 from collections import Counter
 from dataclasses import dataclass, field
 
 from tpu_agent import envvars
+
+
+class EagerMode(enum.Enum):
+    DEFER_NEVER = "defer_never"  # op by op, asynchronous (the default)
+    DEFER_NEVER_AND_LAUNCH_BLOCKING = "defer_never_and_launch_blocking"  # op by op, each op waited for
+    DEFER_AND_FUSE = "defer_and_fuse"  # ops recorded and fused into XLA graphs at sync points
+
+
+class Precision(enum.Enum):
+    DEFAULT = "default"  # on TPUs: f32 matmuls as one bf16 pass
+    HIGH = "high"  # three bf16 passes
+    HIGHEST = "highest"  # full f32
+
+
+_FUSE = EagerMode.DEFER_AND_FUSE
+_BLOCKING = EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
 
 
 @dataclass
@@ -74,8 +99,80 @@ class Rng:
         self.counter = int(counter)
 
 
-STATS = Stats()
-RNG = Rng()
+class DeviceState:
+    """Every switch and counter of the device (see the module's docstring); set through the setters only."""
+
+    __slots__ = (
+        # inputs, each with its setter
+        "mode", "eager_override", "precision", "pad_multiple", "pad_sizes", "mesh",
+        "serialize_programs", "time_executables",
+        # derived by _derive, read on the hot path
+        "cache_key_extra", "fused", "blocking",
+        # objects held
+        "rng", "stats", "recorder",
+    )
+
+    def __init__(self) -> None:
+        self.mode = EagerMode.DEFER_NEVER  # modes.py applies $TORCH_TPU_DEFER_AND_FUSE when it loads
+        self.eager_override = False  # op by op for a moment, the fused graph kept (modes.eager_override)
+        self.precision = Precision.DEFAULT
+        self.pad_multiple = 0  # padding.py applies $TPU_AGENT_PAD_OPS when it loads
+        self.pad_sizes: frozenset[int] = frozenset()
+        self.mesh = None  # a jax.sharding.Mesh (mesh.set_mesh)
+        # XLA's CPU client deadlocks when two programs with collectives over simulated devices are in
+        # flight at once: mesh.set_mesh turns this on for such meshes.
+        self.serialize_programs = False
+        # Wait for every executable so its recorded time is execution time, not dispatch time (the
+        # profiler turns it on for its per-executable table; modes.py applies $TPU_AGENT_TIME_EXECUTABLES).
+        self.time_executables = False
+        self.rng = Rng()
+        self.stats = Stats()
+        self.recorder = None  # lazy.RECORDER, attached when lazy.py loads
+        self._derive()
+
+    def _derive(self) -> None:
+        self.cache_key_extra = (self.precision, self.pad_multiple, self.pad_sizes)
+        self.fused = self.mode is _FUSE and not self.eager_override
+        self.blocking = self.time_executables or self.serialize_programs or self.mode is _BLOCKING
+
+    # --- setters ---------------------------------------------------------------------
+    def set_mode(self, mode: EagerMode) -> None:
+        """Leaving fused mode runs what is pending first."""
+        if self.mode is _FUSE and mode is not _FUSE and self.recorder is not None:
+            self.recorder.flush("left fused mode")
+        self.mode = mode
+        self._derive()
+
+    def set_eager_override(self, on: bool) -> None:
+        self.eager_override = on
+        self._derive()
+
+    def set_precision(self, precision: Precision) -> None:
+        self.precision = precision
+        self._derive()
+
+    def set_padding(self, multiple: int, sizes=()) -> None:
+        if multiple < 0 or any(s < 1 for s in sizes):
+            raise ValueError("the padding multiple must be >= 0 and the target sizes >= 1")
+        self.pad_multiple, self.pad_sizes = int(multiple), frozenset(int(s) for s in sizes)
+        self._derive()
+
+    def set_mesh(self, mesh, serialize_programs: bool = False) -> None:
+        self.mesh = mesh
+        self.serialize_programs = bool(serialize_programs)
+        self._derive()
+
+    def set_time_executables(self, on: bool) -> None:
+        self.time_executables = bool(on)
+        self._derive()
+
+    def attach_recorder(self, recorder) -> None:
+        self.recorder = recorder
+
+
+STATE = DeviceState()
+STATS = STATE.stats  # the same objects, one lookup fewer where they are counted on every op
+RNG = STATE.rng
 
 
 def cpu_fallback_enabled() -> bool:

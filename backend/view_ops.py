@@ -14,6 +14,7 @@ from .execute import execute
 from .fallback import decompose, unsupported
 from .lazy import RECORDER, Lazy
 from .registry import LOWERINGS
+from .state import STATE
 from .tensor import TpuTensor
 from .views import chain_entry
 
@@ -57,7 +58,7 @@ INDEX_VIEWS = {aten.select.int, aten.slice.Tensor, aten.narrow.default, aten.unb
 
 
 def _index_view_of_concrete(func, source) -> bool:
-    if func not in INDEX_VIEWS or not modes.fused() or RECORDER.capture is not None:
+    if func not in INDEX_VIEWS or not STATE.fused or RECORDER.capture is not None:
         return False
     return isinstance(source, TpuTensor) and type(source.jax()) is not Lazy
 

@@ -3,7 +3,7 @@
 Host/device split (`host_device` in the profile): after the last measured
 step (or, without --steps, right after the warm-up, since the end is not
 known) the profiler runs `host_device_steps` more steps with
-`modes.time_executables` on, flipped at the step boundary, so every launch
+`STATE.time_executables` on (backend/state.py), flipped at the step boundary, so every launch
 waits for its executable: the launches' time is device time and the rest of
 the wall time is host time, with no overlap to hide either. Those steps are
 `instrumented` and left out of the statistics; with --steps they come on top
@@ -132,7 +132,7 @@ class Session:
         self._seen_registered = 0
         self._launches_at_start: tuple[float, int] | None = None  # launch totals when a timed step began
         self._timed_step = False  # the step under way waits for every launch (host/device split)
-        self._time_executables_was: bool | None = None  # modes.time_executables before the profiler flipped it
+        self._time_executables_was: bool | None = None  # STATE.time_executables before the profiler flipped it
         self.modules = None  # a modules.ModuleWatch: the sizes of the modules built
 
     # ------------------------------------------------------------------ set-up
@@ -269,14 +269,14 @@ class Session:
 
     def _time_launches(self, on: bool) -> None:
         """At a step boundary: wait for every launch in the next step (or stop), and count launches from here."""
-        from tpu_agent.backend import modes
+        from tpu_agent.backend.state import STATE
 
         if self._time_executables_was is None:
-            self._time_executables_was = modes.time_executables
+            self._time_executables_was = STATE.time_executables
         self._timed_step = on
-        modes.time_executables = on or self._time_executables_was
+        STATE.set_time_executables(on or self._time_executables_was)
         # FlopCounterMode's step is not timed: its dispatch is the counter's, not the script's.
-        timed = modes.time_executables and self._counter is None
+        timed = STATE.time_executables and self._counter is None
         self._launches_at_start = _launch_totals() if timed else None
 
     def _stamp_compiles(self, step: int | None) -> None:
@@ -389,9 +389,9 @@ class Session:
             self._remove_listener = None
         self._unwatch_shapes()
         if self._time_executables_was is not None:
-            from tpu_agent.backend import modes
+            from tpu_agent.backend.state import STATE
 
-            modes.time_executables = self._time_executables_was
+            STATE.set_time_executables(self._time_executables_was)
         d = self.data
         if not d.steps:
             # No step marker: the whole run is one region, timed from the script's start.

@@ -20,7 +20,7 @@ def test_a_compile_action_notes_what_it_does(mode, says, never):
     try:
         Compile(mode=mode).apply(applied)
     finally:
-        modes._set_mode(before)
+        modes.set_mode(before)
     (note,) = applied.notes
     assert note.startswith(says) and never not in note
     assert applied.compile_model == (mode == "compiled")

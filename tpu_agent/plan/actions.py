@@ -278,7 +278,7 @@ class Compile(_Action):
         from tpu_agent.backend import modes
 
         if self.mode in ("fused", "compiled"):
-            modes._set_mode(modes.EagerMode.DEFER_AND_FUSE)
+            modes.set_mode(modes.EagerMode.DEFER_AND_FUSE)
             applied.notes.append("fused execution (DEFER_AND_FUSE)" if self.mode == "fused" else
                                  "compiled steps (the model's forward and backward programs, each optimizer's "
                                  "update as one program; the rest of the step fused)")
@@ -302,7 +302,7 @@ class MatmulPrecision(_Action):
     def apply(self, applied: "Applied") -> None:
         from tpu_agent.backend import modes
 
-        modes._set_precision(modes.Precision[self.precision.upper()])
+        modes.set_precision(modes.Precision[self.precision.upper()])
         applied.notes.append(f"matmul precision {self.precision}")
 
 
