@@ -93,6 +93,7 @@ def register() -> bool:
     auto_compile.enable_from_environment()
     _patch_torch_compile()
     _route_accelerator_synchronize()
+    _accelerator_only_when_used()
     memory.route_accelerator_memory()
     return True
 
@@ -113,6 +114,25 @@ def _patch_torch_compile() -> None:
     compile._tpu_agent = True
     compile.__doc__ = original.__doc__
     torch.compile = compile
+
+
+def _accelerator_only_when_used() -> None:
+    """`init_process_group()` picks its backend for "the accelerator", which C++ reports as tpu as soon as the
+    device is registered (at `import torch`), so a CPU-only script launched by torchrun failed with the tool
+    installed ("we don't know which communication backend to use"). Python's callers are told the CPU until
+    tpu is in use, as `torch.accelerator.is_available()` already says (module.is_available)."""
+    original = torch._C._get_accelerator
+    if getattr(original, "_tpu_agent", False):
+        return
+
+    def get_accelerator(*args, **kwargs):
+        found = original(*args, **kwargs)
+        if found.type == "tpu" and not module.is_available():
+            return torch.device("cpu")
+        return found
+
+    get_accelerator._tpu_agent = True
+    torch._C._get_accelerator = get_accelerator
 
 
 def _route_accelerator_synchronize() -> None:

@@ -62,6 +62,43 @@ def test_cpu_script_suite_prints_the_same_with_the_tool_installed_and_off(tmp_pa
     assert runs["installed"].count("loader") == 2 and runs["installed"].count("load ") == 4
 
 
+CPU_DDP = textwrap.dedent("""
+    import torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group()  # no backend named: PyTorch picks one for "the accelerator", here the CPU's gloo
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(8, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    with open(f"rank{rank}.txt", "w") as out:  # one file a rank: torchrun's ranks share one stdout
+        for step in range(3):
+            loss = model(torch.randn(16, 8, generator=g)).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            out.write(f"rank {rank} step {step} loss {loss.item():.6f} gloo {dist.get_backend() in ('gloo', 'undefined')}\\n")
+        out.write(f"weights {[round(v, 6) for v in model.module.weight.flatten().tolist()[:4]]}\\n")
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.slow  # torchrun with 2 ranks, twice (about 20 s)
+def test_a_cpu_ddp_script_under_torchrun_runs_the_same_with_the_tool_installed_and_off(tmp_path):
+    # Issue #26: with the tool installed, init_process_group() saw tpu as the machine's accelerator and failed.
+    script = tmp_path / "ddp.py"
+    script.write_text(CPU_DDP)
+    runs = {}
+    for name, env in (("installed", clean_env()), ("off", clean_env(TPU_AGENT_DEVICE="off"))):
+        proc = run_python("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
+                          cwd=tmp_path, env=env, timeout=300)
+        assert proc.returncode == 0, f"{name}:\n{proc.stderr[-3000:]}"
+        runs[name] = [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)]
+    assert runs["installed"] == runs["off"]
+    assert all(text.count("gloo True") == 3 for text in runs["installed"])
+
+
 @pytest.mark.slow
 def test_torch_compile_on_cpu_prints_the_same_with_the_tool_installed_and_off(tmp_path):
     runs = _both_ways(tmp_path, "--compile")
