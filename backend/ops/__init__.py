@@ -1,6 +1,6 @@
 """Op lowerings, one small JAX function per aten op, grouped by family."""
 
-from . import elementwise, factory, random, reduction, shape  # noqa: F401
+from . import elementwise, factory, random, reduction, shape, statistics  # noqa: F401
 from . import fft, linalg, special  # noqa: F401
 from . import convolution, distance, embedding, grouped_mm, indexing, losses, matmul, normalization  # noqa: F401
 from . import amp, attention, optim, pad, pooling, sampling  # noqa: F401
