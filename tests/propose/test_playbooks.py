@@ -165,7 +165,7 @@ def test_field_paths_are_checked_against_the_profile_schema():
 
 
 def test_conditions_evaluate_on_a_recorded_profile():
-    p = profile("odd_shapes")
+    p = profile("odd_mlp")
     waste = p.padding.total_waste.value
     ok, evidence = Condition.model_validate({"field": "padding.total_waste.value", "gt": waste / 2}).evaluate(p)
     assert ok and evidence[0].value == pytest.approx(waste, rel=1e-5) and evidence[0].estimate

@@ -56,7 +56,7 @@ def proposer(client=None, **kw) -> ClaudeProposer:
 
 
 def odd():
-    return profile("odd_shapes"), example_knobs("odd_shapes")
+    return profile("odd_mlp"), example_knobs("odd_mlp")
 
 
 # ------------------------------------------------------------------ fake client
@@ -89,7 +89,7 @@ def test_tool_use_over_turns_reads_real_evidence_and_returns_valid_candidates():
     first, second = out.candidates
     assert first.proposer == "claude" and first.playbook == "pad-vocab" and first.rank == 1
     (option,) = first.options()
-    assert option == (PadDim(file="odd_shapes.py", line=19, column=14, old=10, new=128, name="NUM_CLASSES"),)
+    assert option == (PadDim(file="odd_mlp.py", line=19, column=14, old=10, new=128, name="NUM_CLASSES"),)
     assert second.options() == [(PadOps(multiple=128), Compile(mode="compiled"))]
     # Compiled steps round Adam's update differently (class numerics): neither candidate keeps the losses exactly.
     assert not second.preserves_numerics and not first.preserves_numerics
@@ -105,7 +105,7 @@ def test_round_two_shows_the_results_and_continues_the_conversation():
     p = proposer(client)
     p.propose(prof, knobs, round=1)
     results = [TrialOutcome(number=0, candidate="claude-r1-1", status="rejected", speedup=0.98,
-                            actions=[PadDim(file="odd_shapes.py", line=19, column=14, old=10, new=128).model_dump()],
+                            actions=[PadDim(file="odd_mlp.py", line=19, column=14, old=10, new=128)],
                             note="loss worse than the tolerance")]
     out = p.propose(prof, knobs, results=results, round=2)
     opening = client.requests[1]["messages"][-1]["content"]
@@ -216,7 +216,7 @@ def test_token_budget_is_reported_and_ends_claude_rounds():
 def test_no_key_falls_back_without_a_request(monkeypatch):
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     said = []
-    out = propose_claude(profile("odd_shapes"), example_knobs("odd_shapes"), say=said.append)
+    out = propose_claude(profile("odd_mlp"), example_knobs("odd_mlp"), say=said.append)
     assert out.proposer == "offline" and out.fallback == "ANTHROPIC_API_KEY is not set"
     assert said and "offline proposer takes over" in said[0]
 

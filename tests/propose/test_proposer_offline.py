@@ -10,7 +10,7 @@ import pytest
 
 from support.paths import EXAMPLES
 from tpu_agent.profilers.schema import Profile
-from support.profiles import RECORDED, example_knobs, knob, profile, profile_data
+from support.profiles import RECORDED, example_knobs, knob, knobs_of, profile, profile_data, recorded_script
 from support.processes import run_tool
 from tpu_agent.errors import InputError
 from tpu_agent.plan.actions import Compile, Mesh, PadDim, PadOps, Plan
@@ -42,9 +42,9 @@ def check_padding_first(prof, knobs):
     return ranked
 
 
-def test_odd_shapes_padding_candidates_rank_first():
-    prof = profile("odd_shapes")
-    ranked = check_padding_first(prof, example_knobs("odd_shapes"))
+def test_odd_mlp_padding_candidates_rank_first():
+    prof = profile("odd_mlp")
+    ranked = check_padding_first(prof, example_knobs("odd_mlp"))
     # The report's worst dim is the 10-way output head; padding NUM_CLASSES to 128 would swamp the softmax
     # (pad-vocab allows +25% at most), so the exact backend padding, which covers it, leads.
     assert prof.padding.dims[0].size == 10
@@ -56,22 +56,22 @@ def test_odd_shapes_padding_candidates_rank_first():
     by_knob = {c.actions[0].fixed.get("name"): c for c in ranked if kinds(c) == {"pad_dim"}}
     assert {k: c.actions[0].choices["new"] for k, c in by_knob.items()} == {
         "BATCH": [128], "IN_FEATURES": [1024], "BOTTLENECK": [1024], "HIDDEN": [2048]}
-    assert [c.id for c in ranked[1:6]] == ["pad-batch@odd_shapes.py:15:8", "pad-ops-dims",
-                                            "pad-matmul-dims@odd_shapes.py:16:14", "pad-matmul-dims@odd_shapes.py:18:13",
-                                            "pad-matmul-dims@odd_shapes.py:17:9"]
+    assert [c.id for c in ranked[1:6]] == ["pad-batch@odd_mlp.py:15:8", "pad-ops-dims",
+                                            "pad-matmul-dims@odd_mlp.py:16:14", "pad-matmul-dims@odd_mlp.py:18:13",
+                                            "pad-matmul-dims@odd_mlp.py:17:9"]
     # the backend padding of the large dims just past a multiple only (exact): 1023 and 2047, not 10 or 127
     assert ranked[2].actions[0].fixed == {"sizes": [1023, 2047]} and ranked[2].preserves_numerics
     assert by_knob["BATCH"].evidence[0].size == 127 and by_knob["BATCH"].evidence[0].waste > 0
     # Knobs that set the same size share its waste.
     assert by_knob["IN_FEATURES"].score == by_knob["BOTTLENECK"].score < by_knob["BATCH"].score
-    why = {t["playbook"]: t["why"] for t in propose_offline(prof, example_knobs("odd_shapes")).transcript
+    why = {t["playbook"]: t["why"] for t in propose_offline(prof, example_knobs("odd_mlp")).transcript
            if "playbook" in t}
     assert "NUM_CLASSES" in why["pad-vocab"] and "max_growth" in why["pad-vocab"]
 
 
 def test_pad_dim_candidates_point_at_the_literal_in_the_source():
-    source = (RECORDED / "odd_shapes.py").read_text().splitlines()
-    for c in propose_offline(profile("odd_shapes"), example_knobs("odd_shapes")).candidates:
+    source = (RECORDED / "odd_mlp.py").read_text().splitlines()
+    for c in propose_offline(profile("odd_mlp"), example_knobs("odd_mlp")).candidates:
         for option in c.options():
             Plan(actions=list(option))
             for a in option:
@@ -113,7 +113,7 @@ def test_same_input_same_output_whatever_the_order():
 
 
 def test_duplicates_merge_and_the_baseline_mode_is_not_proposed():
-    ranked = propose_offline(profile("odd_shapes"), example_knobs("odd_shapes")).candidates
+    ranked = propose_offline(profile("odd_mlp"), example_knobs("odd_mlp")).candidates
     compile_ = [c for c in ranked if kinds(c) == {"compile"}]
     assert len(compile_) == 1
     c = compile_[0]
@@ -124,34 +124,34 @@ def test_duplicates_merge_and_the_baseline_mode_is_not_proposed():
 
 
 def test_options_tried_in_earlier_rounds_are_dropped():
-    prof, knobs = profile("odd_shapes"), example_knobs("odd_shapes")
-    batch = PadDim(file="odd_shapes.py", line=15, column=8, old=127, new=128, name="BATCH")
+    prof, knobs = profile("odd_mlp"), example_knobs("odd_mlp")
+    batch = PadDim(file="odd_mlp.py", line=15, column=8, old=127, new=128, name="BATCH")
     tried = [TrialOutcome(actions=[PadOps(multiple=128)], status="rejected", speedup=0.97),
              TrialOutcome(actions=[PadOps(multiple=8)], status="measured", speedup=1.01),
              # Tried together with another change: still measured.
              TrialOutcome(actions=[Compile(mode="compiled"), batch], status="accepted", speedup=1.4)]
     again = propose_offline(prof, knobs, results=tried, round=2)
     ids = [c.id for c in again.candidates]
-    assert "pad-ops" not in ids and "compiled-step" not in ids and "pad-batch@odd_shapes.py:15:8" not in ids
-    assert again.round == 2 and "pad-matmul-dims@odd_shapes.py:17:9" in ids
+    assert "pad-ops" not in ids and "compiled-step" not in ids and "pad-batch@odd_mlp.py:15:8" not in ids
+    assert again.round == 2 and "pad-matmul-dims@odd_mlp.py:17:9" in ids
     assert any(t.get("dropped") for t in again.transcript)
 
 
 def test_without_knobs_only_the_backend_padding_remains():
-    ranked = propose_offline(profile("odd_shapes"), []).candidates
+    ranked = propose_offline(profile("odd_mlp"), []).candidates
     assert ranked[0].id == "pad-ops" and not any(kinds(c) == {"pad_dim"} for c in ranked)
-    why = {t["playbook"]: t["why"] for t in propose_offline(profile("odd_shapes"), []).transcript if "playbook" in t}
+    why = {t["playbook"]: t["why"] for t in propose_offline(profile("odd_mlp"), []).transcript if "playbook" in t}
     assert why["pad-matmul-dims"].startswith("applies, but no knob sets the dims")
 
 
 def test_generation_and_devices_shape_the_choices():
-    data = copy.deepcopy(profile_data("odd_shapes"))
+    data = copy.deepcopy(profile_data("odd_mlp"))
     data["padding"]["mxu"] = 256
     data["device"]["count"] = 2
-    ranked = propose_offline(Profile.model_validate(data), example_knobs("odd_shapes")).candidates
+    ranked = propose_offline(Profile.model_validate(data), example_knobs("odd_mlp")).candidates
     by_id = {c.id: c for c in ranked}
     assert by_id["pad-ops"].actions[0].choices == {"multiple": [8, 128, 256]}
-    assert by_id["pad-batch@odd_shapes.py:15:8"].actions[0].choices == {"new": [128]}  # 256: more than double
+    assert by_id["pad-batch@odd_mlp.py:15:8"].actions[0].choices == {"new": [128]}  # 256: more than double
     for pid in ("data-parallel", "fsdp", "tensor-parallel-mlp"):
         options = by_id[pid].options()
         assert len(options) == 1
@@ -190,17 +190,17 @@ def test_live_profile_ranks_the_reported_padding_first(tmp_path, name):
 
     prof = Profile.model_validate(json.loads(proc.stdout))
     assert prof.padding is not None and prof.padding.dims
-    ranked = check_padding_first(prof, example_knobs(name))
+    ranked = check_padding_first(prof, knobs_of(EXAMPLES / f"{name}.py"))  # the example as it is now
     assert ranked[0].actions[0].kind in PADDING_KINDS
 
 
-@pytest.mark.parametrize("name", ["odd_shapes", "transformer"])
+@pytest.mark.parametrize("name", ["odd_mlp", "transformer"])
 def test_the_knob_finders_knobs_give_the_same_ranking(name):
     """tpu_agent.knobs.Knob (the real finder) feeds the proposer as the test's plain knobs do."""
     from tpu_agent.propose.knobs import discover
 
     prof = profile(name)
-    found = discover(RECORDED / f"{name}.py", profile=prof).knobs
+    found = discover(recorded_script(name), profile=prof).knobs
     ours = [c.model_dump() for c in propose_offline(prof, example_knobs(name)).candidates]
     theirs = [c.model_dump() for c in propose_offline(prof, found).candidates]
     for c in [*ours, *theirs]:  # the finder also says what each literal changes, which the plain knobs do not
@@ -211,7 +211,7 @@ def test_the_knob_finders_knobs_give_the_same_ranking(name):
 
 
 def test_batch_flag_overridden_knobs_and_groups():
-    prof = profile("odd_shapes")
+    prof = profile("odd_mlp")
     knobs = [
         # The finder says this unnamed-looking knob is the batch; pad-batch takes it, pad-matmul-dims does not.
         knob("t.py", 3, 4, 127, "n", batch=True),

@@ -11,7 +11,7 @@ from tpu_agent.report.result import summary_of
 
 
 def test_a_verified_memory_median_is_a_whole_number_of_bytes_and_dumps_without_a_warning():
-    profile = Profile.model_validate_json((DATA / "profile_odd_shapes.json").read_text())
+    profile = Profile.model_validate_json((DATA / "profile_odd_mlp.json").read_text())
     verdict = SimpleNamespace(speed=SimpleNamespace(per_sample=False, candidate_median_s=0.01, pairs=20),
                               memory=SimpleNamespace(candidate_median_bytes=67584.0))  # a median of byte counts
     summary = summary_of(profile, verdict)

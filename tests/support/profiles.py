@@ -2,9 +2,11 @@
 
 The profiles in tests/data were written by `tpu-agent profile examples/NAME.py
 --steps 3` (fused mode, TPU v5e padding model), with machine paths removed.
-tests/data/scripts holds each script as it was when its profile was
-recorded, so that a profile and the literals it is matched with stay a pair
-when an example changes (odd_shapes.py there is the earlier MLP version).
+Each is read with the script it was taken of (`SCRIPTS`), so that a profile
+and the literals it is matched with stay a pair: transformer's is
+examples/transformer.py itself; odd_mlp's is the earlier MLP version of
+examples/odd_shapes.py, kept as tests/data/scripts/odd_mlp.py (the profile's
+file names renamed to match).
 `knobs_of` stands in for the knob finder (tpu_agent/propose/knobs.py):
 every module-level `NAME = <int literal>` of the script, as a `Knob` whose
 batch flag comes from its name.
@@ -24,6 +26,7 @@ from tpu_agent.propose.conditions import name_words
 from support.paths import DATA, EXAMPLES
 
 RECORDED = DATA / "scripts"
+SCRIPTS = {"odd_mlp": RECORDED / "odd_mlp.py", "transformer": EXAMPLES / "transformer.py"}
 
 
 def profile_data(name: str) -> dict:
@@ -52,5 +55,11 @@ def knobs_of(path: Path) -> list[Knob]:
     return out
 
 
+def recorded_script(name: str) -> Path:
+    """The script the recorded profile `name` was taken of."""
+    return SCRIPTS[name]
+
+
 def example_knobs(name: str) -> list[Knob]:
-    return knobs_of(RECORDED / f"{name}.py")
+    """The knobs of the script the recorded profile `name` was taken of."""
+    return knobs_of(recorded_script(name))

@@ -2,9 +2,9 @@
 
 Batch 127 and widths 1023 / 2047 leave TPU tiles (and CPU vector lanes)
 partly empty; `tpu-agent` is meant to find and pad them. Keep each size a
-plain integer literal: the tuner rewrites these literals on a copy.
-
-    python examples/odd_shapes.py --device cpu --steps 20
+plain integer literal: the tuner rewrites these literals on a copy. (The
+earlier examples/odd_shapes.py: tests/data/profile_odd_mlp.json is its profile.)
+    python tests/data/scripts/odd_mlp.py --device cpu --steps 20
 """
 
 import argparse
