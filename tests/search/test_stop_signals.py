@@ -116,8 +116,8 @@ def test_a_stop_signal_in_each_phase_is_an_interrupt_that_keeps_what_finished(pr
 
 STOPS_ITS_TUNE = textwrap.dedent("""
     import os, signal, sys, time
+    print("sending the signal", flush=True)
     os.kill(os.getppid(), signal.SIGTERM)  # the tune (this child's parent) is told to stop, mid-baseline
-    print("signal sent", flush=True)
     time.sleep(120)
     print("slept on", flush=True)
 """)
@@ -131,7 +131,7 @@ def test_sigterm_during_a_real_baseline_stops_its_child_and_exits_143(tmp_path: 
     assert "interrupted during the baseline by SIGTERM: nothing was measured yet" in proc.stdout, proc.stdout
     (run_dir,) = [p for p in (tmp_path / ".tpu-agent" / "runs").iterdir() if p.is_dir()]
     log = (run_dir / "baseline-profile.log").read_text()
-    assert "signal sent" in log and "slept on" not in log  # the child was stopped with it
+    assert "sending the signal" in log and "slept on" not in log  # the child was stopped with it
     saved = json.loads((run_dir / "tune.json").read_text())
     assert saved["interrupted_by"] == "SIGTERM" and saved["phase"] == "done"
     assert (run_dir / "report.md").exists()
