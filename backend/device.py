@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import torch
@@ -120,14 +121,17 @@ def _accelerator_only_when_used() -> None:
     """`init_process_group()` picks its backend for "the accelerator", which C++ reports as tpu as soon as the
     device is registered (at `import torch`), so a CPU-only script launched by torchrun failed with the tool
     installed ("we don't know which communication backend to use"). Python's callers are told the CPU until
-    tpu is in use, as `torch.accelerator.is_available()` already says (module.is_available)."""
+    tpu is in use, as `torch.accelerator.is_available()` already says (module.is_available). Only
+    torch.distributed is told so: the DataLoader asks the same question to pin batches for tpu, and a tpu
+    script may build its loader before its first op."""
     original = torch._C._get_accelerator
     if getattr(original, "_tpu_agent", False):
         return
 
     def get_accelerator(*args, **kwargs):
         found = original(*args, **kwargs)
-        if found.type == "tpu" and not module.is_available():
+        if (found.type == "tpu" and not module.is_available()
+                and sys._getframe(1).f_globals.get("__name__", "").startswith("torch.distributed")):
             return torch.device("cpu")
         return found
 
