@@ -157,6 +157,9 @@ def test_tpu_script_with_pinned_loader_and_workers_trains_as_on_cpu(tmp_path, ca
     script.write_text(PINNED_TRAIN)
     proc = run_python(str(script), "tpu", "2", cwd=tmp_path, env=clean_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # The CPU half runs here, in a process that must have used tpu as the tpu run had: the loader pins for the
+    # accelerator only once a process uses it (alone, this test's process had not: pinned False, order-dependent).
+    torch.ones(1, device="tpu")
     _check_same_training({"tpu": proc.stdout.splitlines(), "cpu": _run_here(script, monkeypatch, capsys, "cpu", "0")})
 
 
