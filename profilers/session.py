@@ -269,14 +269,14 @@ class Session:
 
     def _time_launches(self, on: bool) -> None:
         """At a step boundary: wait for every launch in the next step (or stop), and count launches from here."""
-        from tpu_agent.backend.state import STATE
+        from tpu_agent.backend import modes  # loaded: its $TPU_AGENT_TIME_EXECUTABLES is applied
 
         if self._time_executables_was is None:
-            self._time_executables_was = STATE.time_executables
+            self._time_executables_was = modes.STATE.time_executables
         self._timed_step = on
-        STATE.set_time_executables(on or self._time_executables_was)
+        modes.set_time_executables(on or self._time_executables_was)
         # FlopCounterMode's step is not timed: its dispatch is the counter's, not the script's.
-        timed = STATE.time_executables and self._counter is None
+        timed = modes.STATE.time_executables and self._counter is None
         self._launches_at_start = _launch_totals() if timed else None
 
     def _stamp_compiles(self, step: int | None) -> None:
@@ -389,9 +389,9 @@ class Session:
             self._remove_listener = None
         self._unwatch_shapes()
         if self._time_executables_was is not None:
-            from tpu_agent.backend.state import STATE
+            from tpu_agent.backend import modes
 
-            STATE.set_time_executables(self._time_executables_was)
+            modes.set_time_executables(self._time_executables_was)
         d = self.data
         if not d.steps:
             # No step marker: the whole run is one region, timed from the script's start.
