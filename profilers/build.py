@@ -329,5 +329,9 @@ def _transfers(stats, window, steps: int) -> Transfers:
 def write_profile(profile: Profile, path: Path) -> None:
     """Atomically: a reader never sees half a file."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(profile.model_dump_json(indent=2) + "\n")
-    tmp.replace(path)
+    try:
+        tmp.write_text(profile.model_dump_json(indent=2) + "\n")
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # nothing half-written left behind
+        raise

@@ -39,6 +39,13 @@ def step_plot(profile: Profile, path: Path) -> Path | None:
     ax.set_title(f"{Path(profile.script).name}: step times ({profile.mode_used})")
     ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
+    try:  # whole or not at all: a full disk leaves no half image behind
+        fig.savefig(tmp, format="png")
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
     return path

@@ -121,6 +121,7 @@ class Session:
         self.run_dir = run_dir
         self.data = Collected()
         self.progress = progress  # progress(event, **fields): the parent's progress bar
+        self.write_failed: OSError | None = None  # profile.json could not be written (the parent says why)
         self._compile_acc = 0.0
         self._compiled_in_step = False
         self._counter = None
@@ -366,13 +367,22 @@ class Session:
 
             profile = build_profile(self.data, self.run, exit_code, error)
             profile.modules = self.modules.report() if self.modules is not None else None
-            write_profile(profile, self.run_dir / PROFILE_FILE)  # first without the plot: kept if plotting fails
+            try:
+                write_profile(profile, self.run_dir / PROFILE_FILE)  # first without the plot: kept if plotting fails
+            except OSError as exc:  # the environment (a full disk, a read-only folder), not a bug: no traceback
+                self.write_failed = exc
+                return
             from .plot import step_plot
 
-            plot = step_plot(profile, self.run_dir / PLOT_FILE)
+            try:
+                plot = step_plot(profile, self.run_dir / PLOT_FILE)
+            except OSError:  # no room for the plot: the profile written above stands, without it
+                plot = None
             if plot is not None:
                 profile.files.plot = str(plot)
                 write_profile(profile, self.run_dir / PROFILE_FILE)
+        except OSError as exc:
+            self.write_failed = exc
         except Exception:  # noqa: BLE001 - a profiler bug must not hide the script's outcome
             sys.stderr.write("tpu-agent: the profiler failed to write profile.json:\n")
             traceback.print_exc()

@@ -1,12 +1,21 @@
-"""Where tpu-agent keeps things, in one place so every command agrees."""
+"""Where tpu-agent keeps things, and how it writes them, in one place so every command agrees.
+
+Writing follows one policy for what the environment refuses: a full disk, a read-only folder, a missing or
+unwritable directory, a permission error give the same one line in every command, naming the path and what was
+being written, exit 2 when found before any work started and 1 after. Files are written to a temporary name and
+renamed, so nothing half-written is left behind looking complete.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import time
 from pathlib import Path
 
 from tpu_agent.envvars import cache_dir  # noqa: F401 - the one rule ($TPU_AGENT_CACHE_DIR, XDG, ~/.cache), declared there
+from tpu_agent.errors import InputError, TpuAgentError
 
 RUNS_SUBDIR = Path(".tpu-agent") / "runs"
 
@@ -21,7 +30,7 @@ def new_run_dir(script: Path, root: Path | None = None) -> Path:
     root = root if root is not None else runs_dir()
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", script.stem) or "script"
     base = f"{time.strftime('%Y%m%d-%H%M%S')}-{stem}"
-    root.mkdir(parents=True, exist_ok=True)
+    make_dir(root, "the runs directory")
     ignore_tool_dir(root)
     for n in range(1, 10_000):
         candidate = root / (base if n == 1 else f"{base}-{n}")
@@ -29,6 +38,8 @@ def new_run_dir(script: Path, root: Path | None = None) -> Path:
             candidate.mkdir()
         except FileExistsError:
             continue
+        except OSError as exc:
+            raise CannotWriteBefore(refused(exc, candidate, "the run directory")) from None
         return candidate
     raise FileExistsError(f"too many runs named {base} in {root}")
 
@@ -53,3 +64,94 @@ def ignore_tool_dir(path: Path) -> None:
                 except OSError:
                     pass
             return
+
+
+# --- writing: one policy for what the environment refuses
+
+CANNOT_WRITE_EXIT = 74  # a run's child that could not write its profile (sysexits' EX_IOERR): the parent says why
+
+
+class CannotWrite(TpuAgentError):
+    """The environment refused one of our files after work began (exit 1)."""
+
+
+class CannotWriteBefore(InputError):
+    """The environment refuses our files before any work began (exit 2)."""
+
+
+def refused(exc: OSError, path: Path | str, what: str) -> str:
+    """The one line: what, where, why."""
+    reason = exc.strerror or exc.__class__.__name__
+    return f"cannot write {what} {path}: {reason}"
+
+
+@contextlib.contextmanager
+def writing(path: Path | str, what: str, *, before_work: bool = False):
+    """An OSError inside becomes the policy's one line."""
+    try:
+        yield
+    except OSError as exc:
+        error = CannotWriteBefore if before_work else CannotWrite
+        raise error(refused(exc, path, what)) from None
+
+
+def write_atomic(path: Path, data: str | bytes, what: str, *, before_work: bool = False) -> Path:
+    """`data` at `path` whole or not at all (a temporary file renamed over it)."""
+    path = Path(path)
+    with _replacing(path, what, before_work) as tmp:
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            tmp.write_text(data)
+    return path
+
+
+def save_figure(fig, path: Path, what: str, **options) -> Path:
+    """A matplotlib figure, whole or not at all (its format from the suffix)."""
+    path = Path(path)
+    with _replacing(path, what) as tmp:
+        fig.savefig(tmp, format=path.suffix.lstrip(".") or None, **options)
+    return path
+
+
+@contextlib.contextmanager
+def _replacing(path: Path, what: str, before_work: bool = False):
+    """A temporary name beside `path`, renamed over it once written; removed if writing fails."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with writing(path, what, before_work=before_work):
+        try:
+            yield tmp
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+
+
+def make_dir(path: Path, what: str, *, before_work: bool = True) -> Path:
+    """`path` and its parents, or the policy's line."""
+    with writing(path, what, before_work=before_work):
+        path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def writable_dir(path: Path, what: str) -> Path:
+    """`path` created if needed and proven to take a file, before any work (exit 2 with the line if not)."""
+    path = make_dir(Path(path), what)
+    reason = probe_refusal(path)
+    if reason is not None:
+        raise CannotWriteBefore(f"cannot write {what} {path}: {reason}")
+    return path
+
+
+def probe_refusal(directory: Path | str) -> str | None:
+    """Why `directory` refuses a file now (a full disk, a read-only folder), or None if it takes one."""
+    probe = Path(directory) / f".tpu-agent-probe-{os.getpid()}"
+    try:
+        probe.write_bytes(b"0" * 4096)
+    except OSError as exc:
+        return exc.strerror or exc.__class__.__name__
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+    return None

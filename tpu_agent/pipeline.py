@@ -21,7 +21,7 @@ from tpu_agent import interrupts
 from tpu_agent.config import TuneOptions
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.measure.runner import Runner
-from tpu_agent.paths import ignore_tool_dir, new_run_dir
+from tpu_agent.paths import ignore_tool_dir, new_run_dir, writable_dir
 from tpu_agent.profilers.schema import Profile
 from tpu_agent.propose import knobs as knob_finder
 from tpu_agent.propose import make_proposer as _make_proposer
@@ -220,7 +220,7 @@ def tune(script: Path, args: list[str], options: TuneOptions, *, console: Consol
     from tpu_agent.report.markdown import write_all
 
     runs_root = options.runs_root()
-    runs_root.parent.mkdir(parents=True, exist_ok=True)  # the studies' SQLite file; run dirs come after the checks
+    writable_dir(runs_root.parent, "the tool's folder")  # the studies' SQLite file; run dirs come after the checks
     ignore_tool_dir(runs_root.parent)
     with interrupts.stop_signals_interrupt():
         result = run(script, args, options, console=console, proposer=proposer, runs_root=runs_root,

@@ -264,8 +264,8 @@ def test_mark_step_eager_devices_trace_and_dumps(tmp_path, cache_dir):
     (["ok.py", "--warmup", "-1"], "invalid value for '--warmup'"),
     (["ok.py", "--mode", "turbo"], "invalid value for '--mode'"),
     (["ok.py", "--target", "v9"], "invalid value for '--target'"),
-    (["ok.py", "-o", "afile/runs"], "cannot write to the output directory afile/runs"),
-    (["ok.py", "--trace", "afile/trace"], "cannot write to the trace directory"),
+    (["ok.py", "-o", "afile/runs"], "cannot write the output directory afile/runs"),
+    (["ok.py", "--trace", "afile/trace"], "cannot write the trace directory"),
     (["missing.py"], "script not found: missing.py"),
     (["bad.py"], "syntax error in bad.py line 1"),
 ])

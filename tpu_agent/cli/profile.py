@@ -27,22 +27,10 @@ from tpu_agent.cli.inputs import check_script
 from tpu_agent.cli.options import DeviceMapOption, ScriptArg, ScriptArgs, device_map_env, stderr_console, stdout_console
 from tpu_agent.errors import InputError, TpuAgentError
 from tpu_agent.cli.format import ms
-from tpu_agent.paths import RUNS_SUBDIR
+from tpu_agent.paths import CANNOT_WRITE_EXIT, RUNS_SUBDIR, CannotWrite, probe_refusal, shown_path, writable_dir
 from tpu_agent.profilers.schema import Settings
 
 TIMED_OUT = 124  # as timeout(1) exits
-
-
-def writable_dir(path: Path, what: str) -> Path:
-    """Create `path` if needed and prove it takes a file; InputError (exit 2) if not."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".tpu-agent-write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise InputError(f"cannot write to the {what} {path}: {exc.strerror or exc}") from None
-    return path
 
 
 def _relay(source, sink) -> threading.Thread:
@@ -132,8 +120,8 @@ def profile_script(
     check_script(script)
     mapped = device_map_env(device_map)
     if settings.trace_dir:
-        settings.trace_dir = str(writable_dir(Path(settings.trace_dir).resolve(), "trace directory"))
-    runs_root = writable_dir(output_dir if output_dir is not None else Path.cwd() / RUNS_SUBDIR, "output directory")
+        settings.trace_dir = str(writable_dir(Path(settings.trace_dir).resolve(), "the trace directory"))
+    runs_root = writable_dir(output_dir if output_dir is not None else Path.cwd() / RUNS_SUBDIR, "the output directory")
 
     display = None
     if stderr.is_terminal and not json_output:
@@ -159,6 +147,9 @@ def profile_script(
     try:
         prof = read_profile(path)
     except FileNotFoundError:
+        if result.exit_code == CANNOT_WRITE_EXIT:  # the script finished; the environment refused its profile
+            reason = probe_refusal(result.run_dir) or "refused while the run wrote it"
+            raise CannotWrite(f"cannot write the profile {shown_path(path)}: {reason} (the script ran to its end)")
         why = f"killed by signal {result.signal_number}" if result.signal_number else f"exit {result.exit_code}"
         sys.stdout.flush()
         sys.stderr.write(f"error: no profile was written ({script} {why}); run recorded in {result.run_dir}\n")

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Annotated, Callable, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tpu_agent.paths import write_atomic
+
 if TYPE_CHECKING:
     from tpu_agent.plan.runtime import Applied
 
@@ -411,4 +413,4 @@ class Plan(BaseModel):
         return json.dumps(items)
 
     def save(self, path: Path) -> None:
-        path.write_text(self.model_dump_json(indent=2) + "\n")
+        write_atomic(path, self.model_dump_json(indent=2) + "\n", "the plan")

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from tpu_agent.errors import InputError
+from tpu_agent.paths import write_atomic
 from tpu_agent.plan.actions import PadDim, Plan
 
 # Never mirrored: tool state, VCS metadata, caches, virtual environments (found by pyvenv.cfg too).
@@ -60,8 +61,7 @@ class Rewrite:
     def write_patch(self, path: Path) -> Path:
         path = Path(path)
         # Bytes as built: a CRLF or Latin-1 source must reach `git apply` unchanged.
-        path.write_bytes(self.patch.encode("utf-8", "surrogateescape"))
-        return path
+        return write_atomic(path, self.patch.encode("utf-8", "surrogateescape"), "the patch")
 
 
 # ------------------------------------------------------------------ one file

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tpu_agent.paths import save_figure, write_atomic
 from tpu_agent.plan.actions import PadDim
 from tpu_agent.report.effects import effect_lines
 from tpu_agent.report.result import TuneResult
@@ -18,7 +19,7 @@ from tpu_agent.verify.verdict import Verdict
 def write_all(result: TuneResult, script: Path) -> dict[str, Path]:
     run_dir = Path(result.run_dir)
     out = {"report.json": run_dir / "report.json", "report.md": run_dir / "report.md"}
-    out["report.json"].write_text(result.model_dump_json(indent=2) + "\n")
+    write_atomic(out["report.json"], result.model_dump_json(indent=2) + "\n", "the report")
     if result.best is not None:
         plan_path = run_dir / "plan.json"
         result.best.plan.save(plan_path)
@@ -29,7 +30,7 @@ def write_all(result: TuneResult, script: Path) -> dict[str, Path]:
             rewrite = apply_pad_dims(result.best.plan, script, run_dir / "workspaces" / "final")
             out["patch.diff"] = rewrite.write_patch(run_dir / "patch.diff")
     out.update(_plots(result, run_dir))
-    out["report.md"].write_text(markdown(result, out))
+    write_atomic(out["report.md"], markdown(result, out), "the report")
     return out
 
 
@@ -159,8 +160,7 @@ def _plots(result: TuneResult, run_dir: Path) -> dict[str, Path]:
         ax.set_ylabel("speedup vs baseline (search)")
         ax.legend()
         fig.tight_layout()
-        out["trials.png"] = run_dir / "trials.png"
-        fig.savefig(out["trials.png"], dpi=110)
+        out["trials.png"] = save_figure(fig, run_dir / "trials.png", "the trials plot", dpi=110)
         plt.close(fig)
         by_kind: dict[str, list[float]] = {}
         for t in done:
@@ -174,8 +174,7 @@ def _plots(result: TuneResult, run_dir: Path) -> dict[str, Path]:
             ax.set_ylabel("median speedup of trials with it")
             ax.tick_params(axis="x", rotation=30)
             fig.tight_layout()
-            out["gain_per_action.png"] = run_dir / "gain_per_action.png"
-            fig.savefig(out["gain_per_action.png"], dpi=110)
+            out["gain_per_action.png"] = save_figure(fig, run_dir / "gain_per_action.png", "the gains plot", dpi=110)
             plt.close(fig)
     return out
 

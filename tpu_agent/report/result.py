@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, PrivateAttr
 
 from tpu_agent.config import TuneOptions
+from tpu_agent.paths import write_atomic
 from tpu_agent.propose.base import Candidate
 from tpu_agent.report.summary import Summary, from_profile
 from tpu_agent.search.records import TrialRecord
@@ -48,6 +49,7 @@ class TuneResult(BaseModel):
     summary: Summary | None = Field(None, description="for `tpu-agent diff`: the step time after the verified change")
 
     _phase_began: float = PrivateAttr(0.0)
+    _saved: bool = PrivateAttr(False)
 
     def mark_interrupted(self, signum: int | None) -> None:
         """Interrupted in the phase running now, by the stop signal `signum` (None: Ctrl-C)."""
@@ -57,10 +59,10 @@ class TuneResult(BaseModel):
     def save(self, t_start: float) -> "TuneResult":
         """Write tune.json whole or not at all (a reader never sees half a file)."""
         self.duration_s = time.perf_counter() - t_start
-        path = Path(self.run_dir) / "tune.json"
-        partial = path.with_name(path.name + ".partial")
-        partial.write_text(self.model_dump_json(indent=2) + "\n")
-        partial.replace(path)
+        # the first record is written before any work: a folder that refuses it is bad input (exit 2)
+        write_atomic(Path(self.run_dir) / "tune.json", self.model_dump_json(indent=2) + "\n", "the tune's record",
+                     before_work=not self._saved)
+        self._saved = True
         return self
 
     def enter(self, phase: str, t_start: float) -> None:

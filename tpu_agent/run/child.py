@@ -178,6 +178,7 @@ def main(argv: list[str] | None = None) -> None:
             trial.finish(1, one_line(exc))
         if session is not None and session.is_stop(exc):
             session.finish(0, None)  # --steps reached: a clean stop at a step boundary
+            _exit_if_not_written(session)
             return
         tb = _script_traceback(exc.__traceback__, script)
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
@@ -195,8 +196,18 @@ def main(argv: list[str] | None = None) -> None:
         _warn_if_untouched()
     if session is not None:
         session.finish(0, None)
+        _exit_if_not_written(session)
     if trial is not None:
         trial.finish(0, None)
+
+
+def _exit_if_not_written(session) -> None:
+    """The script ran to its end but the environment refused its profile: the parent, told by this exit code,
+    says why in its one line (no traceback of ours)."""
+    if session.write_failed is not None:
+        from tpu_agent.paths import CANNOT_WRITE_EXIT
+
+        raise SystemExit(CANNOT_WRITE_EXIT)
 
 
 def _warn_if_untouched(failure: BaseException | None = None) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from tpu_agent import envvars, interrupts
-from tpu_agent.paths import new_run_dir
+from tpu_agent.paths import new_run_dir, write_atomic
 
 SCHEMA_VERSION = 1
 RUN_DIR_ENV = envvars.RUN_DIR.name  # tells the child (and its hooks) where to write
@@ -171,5 +171,5 @@ def run_script(
         timed_out=timed_out,
         interrupted=interrupted,
     )
-    (run_dir / RESULT_FILE).write_text(result.model_dump_json(indent=2) + "\n")
+    write_atomic(run_dir / RESULT_FILE, result.model_dump_json(indent=2) + "\n", "the run record")
     return result
