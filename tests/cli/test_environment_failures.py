@@ -60,3 +60,12 @@ def test_a_tune_whose_first_record_is_refused_stops_before_any_work(tmp_path):
     line = _one_error(proc)
     assert proc.returncode == 2 and "cannot write the tune's record" in line and "No space left" in line
     assert "baseline" not in proc.stdout
+
+
+def test_a_corrupted_study_storage_is_one_line_and_exit_2_before_any_work(tmp_path):
+    (tmp_path / ".tpu-agent").mkdir()
+    (tmp_path / ".tpu-agent" / "studies.db").write_bytes(bytes(range(256)) * 16)  # not a database
+    proc = run_tool("tune", MLP, "--trials", "1", "--offline", cwd=tmp_path)
+    line = _one_error(proc)
+    assert proc.returncode == 2 and "cannot open the study storage" in line and "not a database" in line
+    assert "baseline" not in proc.stdout
