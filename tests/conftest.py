@@ -38,7 +38,7 @@ from support.processes import clean_env, one_error_line, run_python, run_tool  #
 
 def pytest_addoption(parser):
     parser.addoption("--store-durations", action="store_true",
-                     help="rewrite tests/durations.json (the order tests start in) from this run's call times")
+                     help="update tests/durations.json (the order tests start in) with this run's call times")
 
 
 def pytest_configure(config):

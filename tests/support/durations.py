@@ -2,7 +2,7 @@
 measured to take SLOW_S or more is marked `slow`, so that `-m "not slow"` stays a quick pass.
 
 tests/durations.json holds each test's call time from an earlier run when it took KEEP_OVER_S or more
-(`bash scripts/test.sh --store-durations` rewrites it); tests missing from it keep their collection order,
+(`bash scripts/test.sh --store-durations` updates the tests it ran); tests missing from it keep their collection order,
 after the known ones.
 """
 
@@ -56,5 +56,9 @@ class Recorder:
             self.seen[report.nodeid] = round(report.duration, 1)
 
     def pytest_sessionfinish(self) -> None:
-        slow = {k: v for k, v in sorted(self.seen.items(), key=lambda kv: -kv[1]) if v >= KEEP_OVER_S}
+        # A run of some tests updates theirs and keeps the others' (of test files that still exist).
+        root = FILE.parent.parent
+        merged = {k: v for k, v in load().items() if k not in self.seen and (root / k.split("::")[0]).exists()}
+        merged.update(self.seen)
+        slow = {k: v for k, v in sorted(merged.items(), key=lambda kv: -kv[1]) if v >= KEEP_OVER_S}
         FILE.write_text(json.dumps(slow, indent=1) + "\n")
