@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up, then run the test suite on two workers (pytest-xdist; the suite is sized for a 2-core machine).
-# Tests are dealt longest first (tests/durations.json; `--store-durations` rewrites it) into one share per
+# Tests are dealt longest first (tests/durations.json; `--store-durations` updates it) into one share per
 # worker; an idle worker steals the other's short tail (`--dist worksteal`), so both finish together. Extra arguments go to pytest (`-n 0` runs it in one process,
 # `-m "not slow"` is the quick pass).
 set -euo pipefail
