@@ -18,12 +18,13 @@ from typing import Any, Callable
 from rich.console import Console
 
 from tpu_agent import interrupts
-from tpu_agent.config import TuneOptions
+from tpu_agent.config import ChosenProposer, TuneOptions
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.measure.runner import Runner
 from tpu_agent.paths import ignore_tool_dir, new_run_dir, writable_dir
 from tpu_agent.profilers.schema import Profile
 from tpu_agent.propose import knobs as knob_finder
+from tpu_agent.propose import ProposerChoice
 from tpu_agent.propose import make_proposer as _make_proposer
 from tpu_agent.propose.playbook import load_playbooks
 from tpu_agent.propose.scope import candidates_in_scope, knobs_in_scope
@@ -38,10 +39,12 @@ from tpu_agent.verify.ablation import settle
 from tpu_agent.verify.verdict import verify
 
 
-def run(script: Path, args: list[str], options: TuneOptions, *, console: Console, proposer: str = "offline",
-        runs_root: Path, model: str | None = None, proposer_why: str = "") -> TuneResult:
-    """The whole job; the result is written to the run directory (tune.json) as it goes."""
-    t = _start(script, args, options, TuneLines(console), proposer, runs_root, model, proposer_why)
+def run(script: Path, args: list[str], options: TuneOptions, *, console: Console,
+        proposer: ProposerChoice | ChosenProposer = "offline", runs_root: Path, model: str | None = None) -> TuneResult:
+    """The whole job; the result is written to the run directory (tune.json) as it goes. `proposer`: the CLI's
+    choice (choose_proposer), or a name already chosen."""
+    chosen = proposer if isinstance(proposer, ProposerChoice) else ProposerChoice(name=proposer, why="")
+    t = _start(script, args, options, TuneLines(console), chosen, runs_root, model)
     t.phase("baseline", baseline)
     try:
         t.phase("search", search_rounds)
@@ -95,14 +98,14 @@ class _Tune:
             self.say.script_failure(self.result.script_failure)
 
 
-def _start(script, args, options, say, proposer, runs_root, model, proposer_why) -> _Tune:
+def _start(script, args, options, say, proposer: ProposerChoice, runs_root, model) -> _Tune:
     """The study opened (a bad storage or study fails before any run directory), the run directory, the trials
     an earlier run of the study recorded."""
     t_start, fingerprint = time.perf_counter(), options.fingerprint(script.resolve(), args)
     name = options.study or f"{script.stem}-{fingerprint[:8]}"
     held = hold_optuna_log()  # our own lines say what happens; Optuna's, tracebacks among them, go to its log
     study = open_study(options, name, fingerprint, runs_root, about={"script": str(script), "args": args})
-    say.proposer(proposer, proposer_why)
+    say.proposer(proposer.name, proposer.why)
     run_dir = new_run_dir(script, runs_root)
     optuna_log_to(run_dir / "optuna.log", held)
     say.study(name, dashboard_command(storage_url(options, runs_root)))
@@ -111,7 +114,7 @@ def _start(script, args, options, say, proposer, runs_root, model, proposer_why)
     result.trials = earlier_records(study)
     say.resuming(name, len(result.trials))
     return _Tune(script, args, options, say, study, result, Runner(script, args, options, run_dir), t_start,
-                 dict(proposer=proposer, audit_dir=run_dir / "agent", model=model, script=script,
+                 dict(proposer=proposer.name, audit_dir=run_dir / "agent", model=model, script=script,
                       token_budget=options.token_budget))
 
 
@@ -205,7 +208,8 @@ def profile_plan(t: _Tune) -> None:
     t.result.parameters = [t.profile.parameters, measured.parameters]
 
 
-def make_proposer(proposer: str = "offline", *, audit_dir: Path, model: str | None, token_budget: int, script: Path):
+def make_proposer(proposer: ChosenProposer = "offline", *, audit_dir: Path, model: str | None, token_budget: int,
+                  script: Path):
     """The offline proposer, or Claude (which falls back to the offline one itself, out loud)."""
     options = {"audit_dir": audit_dir, "token_budget": token_budget, "source_root": script.resolve().parent}
     if model:
@@ -214,7 +218,7 @@ def make_proposer(proposer: str = "offline", *, audit_dir: Path, model: str | No
 
 
 def tune(script: Path, args: list[str], options: TuneOptions, *, console: Console,
-         proposer: str, proposer_why: str = "") -> tuple[TuneResult, dict[str, Path]]:
+         proposer: ProposerChoice | ChosenProposer) -> tuple[TuneResult, dict[str, Path]]:
     """run(), then the report: report.md, report.json, patch.diff, plan.json, plots. SIGTERM and SIGHUP stop it
     as Ctrl-C does (the exit code says which: interrupts.exit_code)."""
     from tpu_agent.report.markdown import write_all
@@ -224,5 +228,5 @@ def tune(script: Path, args: list[str], options: TuneOptions, *, console: Consol
     ignore_tool_dir(runs_root.parent)
     with interrupts.stop_signals_interrupt():
         result = run(script, args, options, console=console, proposer=proposer, runs_root=runs_root,
-                     model=options.model, proposer_why=proposer_why)
+                     model=options.model)
         return result, write_all(result, script)

@@ -99,8 +99,7 @@ def tune(
     console = stderr_console() if json_output else stdout_console()
     os.environ.update(mapped)  # every child of this tune (baseline, trials, verification) inherits the map
     try:
-        result, files = pipeline.tune(Path(script), script_args or [], opts, console=console, proposer=chosen.name,
-                                      proposer_why=chosen.why)
+        result, files = pipeline.tune(Path(script), script_args or [], opts, console=console, proposer=chosen)
     finally:
         for name in mapped:
             os.environ.pop(name, None)
