@@ -4,9 +4,11 @@ tune; no traceback of ours; nothing half-written left behind. Faults are injecte
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
-from support.paths import EXAMPLES, REPO
+from support.paths import EXAMPLES, REPO, TPU_AGENT
 from support.processes import clean_env, run_tool
 
 FAULTS = REPO / "tests" / "support" / "faults"
@@ -69,3 +71,16 @@ def test_a_corrupted_study_storage_is_one_line_and_exit_2_before_any_work(tmp_pa
     line = _one_error(proc)
     assert proc.returncode == 2 and "cannot open the study storage" in line and "not a database" in line
     assert "baseline" not in proc.stdout
+
+
+@pytest.mark.parametrize("command", [
+    ["diff", str(REPO / "tests" / "data" / "profile_odd_mlp.json"), str(REPO / "tests" / "data" / "profile_transformer.json")],
+    ["knobs", MLP, "--static"],
+    ["playbooks"],
+])
+def test_output_to_a_full_disk_is_one_line_and_exit_1(tmp_path, command):
+    with open("/dev/full", "w") as full:  # every write fails: No space left on device
+        proc = subprocess.run([str(TPU_AGENT), *command], cwd=tmp_path, env=clean_env(), stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.splitlines() == ["error: cannot write the output (standard output): No space left on device"]

@@ -9,6 +9,8 @@ present and future, fails the same way (exit 1 job failed, 2 bad usage/input).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import sys
 from typing import Annotated, NoReturn
@@ -109,7 +111,26 @@ def run_cli(argv: list[str] | None = None) -> int:
     except TpuAgentError as exc:
         _error(str(exc))
         return exc.exit_code
+    except OSError as exc:
+        if exc.errno not in REFUSALS:
+            raise
+        _stdout_refused(exc)  # a command's output to a full disk, a read-only file: the same one line
+        return 1
     return rv if isinstance(rv, int) else 0
+
+
+# What the environment refuses (tpu_agent.paths' policy): full disk, read-only, permissions, quota, I/O.
+REFUSALS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.EIO}
+
+
+def _stdout_refused(exc: OSError) -> None:
+    """One line for output that could not be written, and stdout pointed at the null device so that Python's
+    own flush at exit does not print a second complaint."""
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    where = f"the output {exc.filename}" if exc.filename else "the output (standard output)"
+    sys.stderr.write(f"error: cannot write {where}: {exc.strerror or exc.__class__.__name__}\n")
+    sys.stderr.flush()
 
 
 def main() -> NoReturn:
@@ -121,5 +142,10 @@ def main() -> NoReturn:
         sys.stdout.flush()
     except BrokenPipeError:  # `tpu-agent doctor | head -1`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = code or 1
+    except OSError as exc:  # the last of the output to a full disk
+        if exc.errno not in REFUSALS:
+            raise
+        _stdout_refused(exc)
         code = code or 1
     sys.exit(code)
