@@ -80,8 +80,12 @@ CPU_DDP = textwrap.dedent("""
             opt.step()
             out.write(f"rank {rank} step {step} loss {loss.item():.6f} gloo {dist.get_backend() in ('gloo', 'undefined')}\\n")
         out.write(f"weights {[round(v, 6) for v in model.module.weight.flatten().tolist()[:4]]}\\n")
+    dist.barrier()  # both ranks done before teardown (gloo aborted a rank leaving early: 'terminate called ...')
     dist.destroy_process_group()
 """)
+
+
+GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
 
 
 @pytest.mark.slow  # torchrun with 2 ranks, twice (about 20 s)
@@ -91,8 +95,12 @@ def test_a_cpu_ddp_script_under_torchrun_runs_the_same_with_the_tool_installed_a
     script.write_text(CPU_DDP)
     runs = {}
     for name, env in (("installed", clean_env()), ("off", clean_env(TPU_AGENT_DEVICE="off"))):
-        proc = run_python("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
-                          cwd=tmp_path, env=env, timeout=300)
+        for _ in range(2):
+            proc = run_python("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
+                              cwd=tmp_path, env=env, timeout=300)
+            # Once, with the tool off, PyTorch's gloo aborted a rank at teardown under load: not what is tested
+            if proc.returncode == 0 or GLOO_TEARDOWN_ABORT not in proc.stderr:
+                break
         assert proc.returncode == 0, f"{name}:\n{proc.stderr[-3000:]}"
         runs[name] = [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)]
     assert runs["installed"] == runs["off"]
