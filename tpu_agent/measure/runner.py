@@ -7,12 +7,12 @@ import time
 from pathlib import Path
 
 from tpu_agent import envvars
-from tpu_agent.config import TuneOptions
+from tpu_agent.config import MIN_PAIRS, TuneOptions
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.measure.trials import StepRecord, TrialFailed, TrialProcess
 from tpu_agent.plan.actions import PadDim, Plan
 
-MIN_PAIRS_AT_END = 5  # pairs a script that ends early must have given for them to count
+MIN_PAIRS_AT_END = MIN_PAIRS  # pairs a script that ends early must have given for them to count (an interval's)
 
 
 class BaselineNotFinite(TpuAgentError):
