@@ -9,9 +9,8 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from support.fake_tune import TwoGroups
 from support.fake_tune import tune as fake_tune
-from tpu_agent.propose.base import ProposalRound, Proposer
-from tpu_agent.propose.candidates import ActionTemplate, Candidate
 
 TRIALS = 5
 
@@ -19,19 +18,6 @@ TRIALS = 5
 def tune(project, monkeypatch, interrupt_at=None, resume=False):
     return fake_tune(project, monkeypatch, TwoGroups(), trials=TRIALS, interrupt_at=interrupt_at, resume=resume)
 
-
-class TwoGroups(Proposer):
-    """Operand padding and fused execution: a verified plan of two groups, so it is ablated."""
-
-    name = "offline"
-
-    def propose(self, profile, knobs=(), playbooks=None, results=(), round=1):
-        return ProposalRound(proposer="offline", requested="offline", candidates=[
-            Candidate(id="pad", title="operand padding", proposer="offline", rank=1, preserves_numerics=True,
-                      actions=[ActionTemplate(kind="pad_ops", choices={"multiple": [8, 16, 32]})]),
-            Candidate(id="fuse", title="fused execution", proposer="offline", rank=2, preserves_numerics=True,
-                      actions=[ActionTemplate(kind="compile", fixed={"mode": "fused"})]),
-        ])
 
 
 def db_states(project: Path) -> list[str]:

@@ -16,30 +16,19 @@ from pathlib import Path
 import optuna
 from rich.console import Console
 from support.fake_runner import FakeRunner
-from support.fake_tune import fake_profile
+from support.fake_tune import Padding, fake_profile
 from support.paths import REPO
 from support.tune import wait_for
 from tpu_agent import pipeline
 from tpu_agent.config import TuneOptions
-from tpu_agent.propose.base import ProposalRound, Proposer
-from tpu_agent.propose.candidates import ActionTemplate, Candidate
 
 TRIALS = 4
-
-
-class Padding(Proposer):
-    name = "offline"
-
-    def propose(self, profile, knobs=(), playbooks=None, results=(), round=1):
-        return ProposalRound(proposer="offline", requested="offline", candidates=[
-            Candidate(id="pad", title="operand padding", proposer="offline", rank=1, preserves_numerics=True,
-                      actions=[ActionTemplate(kind="pad_ops", choices={"multiple": [8, 16, 32, 64, 128]})])])
 
 
 def tune(project: Path, monkeypatch, runner, resume: bool):
     monkeypatch.setattr(pipeline, "Runner", lambda *args, **kwargs: runner)
     monkeypatch.setattr(pipeline, "profile_for_tune", fake_profile)
-    monkeypatch.setattr(pipeline, "make_proposer", lambda *args, **kwargs: Padding())
+    monkeypatch.setattr(pipeline, "make_proposer", lambda *args, **kwargs: Padding((8, 16, 32, 64, 128)))
     options = TuneOptions(trials=TRIALS, seed=0, study="s", resume=resume, verify=0,
                           storage=f"sqlite:///{project / 's.db'}", output_dir=str(project / "runs"))
     result, _ = pipeline.tune(project / "train.py", [], options, console=Console(file=io.StringIO()),

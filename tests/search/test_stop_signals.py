@@ -16,29 +16,14 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 from support.fake_runner import FakeRunner
-from support.fake_tune import fake_profile
+from support.fake_tune import TwoGroups, fake_profile
 from support.processes import clean_env, run_tool
 from tpu_agent import interrupts, pipeline
 from tpu_agent.config import TuneOptions
 from tpu_agent.measure.runner import interleave
-from tpu_agent.propose.base import ProposalRound, Proposer
-from tpu_agent.propose.candidates import ActionTemplate, Candidate
 
 TRIALS = 5
 
-
-class TwoGroups(Proposer):
-    """Operand padding and fused execution: a verified plan of two groups, so it is ablated."""
-
-    name = "offline"
-
-    def propose(self, profile, knobs=(), playbooks=None, results=(), round=1):
-        return ProposalRound(proposer="offline", requested="offline", candidates=[
-            Candidate(id="pad", title="operand padding", proposer="offline", rank=1, preserves_numerics=True,
-                      actions=[ActionTemplate(kind="pad_ops", choices={"multiple": [8, 16, 32]})]),
-            Candidate(id="fuse", title="fused execution", proposer="offline", rank=2, preserves_numerics=True,
-                      actions=[ActionTemplate(kind="compile", fixed={"mode": "fused"})]),
-        ])
 
 
 class SignallingRunner(FakeRunner):

@@ -11,21 +11,11 @@ from rich.console import Console
 
 from support.fake_profiles import make_profile
 from support.fake_runner import FakeRunner
+from support.fake_tune import Padding
 from tpu_agent import pipeline
 from tpu_agent.config import TuneOptions
-from tpu_agent.propose.base import ProposalRound, Proposer
-from tpu_agent.propose.candidates import ActionTemplate, Candidate
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-
-
-class Padding(Proposer):
-    name = "offline"
-
-    def propose(self, profile, knobs=(), playbooks=None, results=(), round=1):
-        return ProposalRound(proposer="offline", requested="offline", candidates=[
-            Candidate(id="pad", title="operand padding", proposer="offline", rank=1, preserves_numerics=True,
-                      actions=[ActionTemplate(kind="pad_ops", choices={"multiple": [8, 16, 32, 64]})])])
 
 
 def profiled(script, args, run_dir, options, plan=None):

@@ -13,6 +13,36 @@ from support.fake_runner import FACTORS, FakeRunner
 from tpu_agent import pipeline
 from tpu_agent.config import TuneOptions
 from tpu_agent.profilers.schema import Profile
+from tpu_agent.propose.base import ProposalRound, Proposer
+from tpu_agent.propose.candidates import ActionTemplate, Candidate
+
+
+class TwoGroups(Proposer):
+    """Operand padding and fused execution: a verified plan of two groups, so it is ablated."""
+
+    name = "offline"
+
+    def propose(self, profile, knobs=(), playbooks=None, results=(), round=1):
+        return ProposalRound(proposer="offline", requested="offline", candidates=[
+            Candidate(id="pad", title="operand padding", proposer="offline", rank=1, preserves_numerics=True,
+                      actions=[ActionTemplate(kind="pad_ops", choices={"multiple": [8, 16, 32]})]),
+            Candidate(id="fuse", title="fused execution", proposer="offline", rank=2, preserves_numerics=True,
+                      actions=[ActionTemplate(kind="compile", fixed={"mode": "fused"})]),
+        ])
+
+
+class Padding(Proposer):
+    """Operand padding alone, to one of `multiples`: one group, searched over its options."""
+
+    name = "offline"
+
+    def __init__(self, multiples=(8, 16, 32, 64)):
+        self.multiples = list(multiples)
+
+    def propose(self, profile, knobs=(), playbooks=None, results=(), round=1):
+        return ProposalRound(proposer="offline", requested="offline", candidates=[
+            Candidate(id="pad", title="operand padding", proposer="offline", rank=1, preserves_numerics=True,
+                      actions=[ActionTemplate(kind="pad_ops", choices={"multiple": self.multiples})])])
 
 
 def fake_profile(script, args, run_dir, options, plan=None, baseline: Profile | None = None):
