@@ -47,10 +47,11 @@ def execute(func, lowering: Lowering, args, kwargs, info: OpInfo | None = None):
         out = RECORDER.record(entry[1], dynamic) if recorded else run_program(*entry, dynamic, jit=jit)
     except Exception as exc:  # a lowering bug or an invalid argument, named by op
         raise _naming(exc, func) from exc
-    returns = (info or info_of(func)).returns
+    info = info or info_of(func)
+    returns = info.returns
     if len(returns) == 1 and returns[0] == "Tensor":
         return _wrap_array(out)
-    if recorded and not returns[0].startswith("List[") and any(r in _RETURN_CONVERTERS for r in returns):
+    if recorded and info.scalar_results:
         out = _static_scalars(key, func, flat, spec, out, returns)
     return _wrap_outputs(func, out)
 

@@ -139,7 +139,7 @@ class OpInfo:
     return types. Keyed by `id(op)` (ops live as long as the process): an OpOverload's own
     `__hash__` is Python code, and a dict lookup by it would run that on every op."""
 
-    __slots__ = ("func", "handler", "kind", "lowering", "returns", "name")
+    __slots__ = ("func", "handler", "kind", "lowering", "returns", "name", "scalar_results")
 
     def __init__(self, func):
         self.func = func
@@ -148,8 +148,13 @@ class OpInfo:
         self.lowering = LOWERINGS.get(func)
         self.returns = _return_types(func)
         self.name = str(func)
+        # Python numbers among its results (attention's sequence lengths): recorded, those come from
+        # the meta kernel (execute._static_scalars)
+        self.scalar_results = (bool(self.returns) and not self.returns[0].startswith("List[")
+                               and any(r in SCALAR_TYPES for r in self.returns))
 
 
+SCALAR_TYPES = frozenset({"bool", "int", "float", "SymInt", "Scalar"})  # results returned as Python numbers
 INFO: dict[int, OpInfo] = {}
 
 
