@@ -40,6 +40,27 @@ def sizes_of(module) -> tuple[tuple[str, object], ...]:
     return tuple((name, size) for name in SIZE_ATTRS if name in own and (size := _size(own[name])) is not None)
 
 
+ROUTER_NAMES = ("gate", "router", "w_gate")  # the router Linear of a Mixtral-style block, by its usual names
+TOP_K_NAMES = ("top_k", "num_experts_per_tok")
+
+
+def moe_parts(module):
+    """(router, experts, top_k) when `module` is a hand-written MoE block (a ModuleList `experts` of 2 or more, a
+    router Linear with one output per expert, an int top-k attribute, not transformers' experts interface),
+    else None."""
+    import torch.nn as nn
+
+    subs, own = module.__dict__.get("_modules", {}), module.__dict__
+    experts = subs.get("experts")
+    if not isinstance(experts, nn.ModuleList) or len(experts) < 2 or "has_gate" in own:
+        return None
+    router = next((subs[n] for n in ROUTER_NAMES if isinstance(subs.get(n), nn.Linear)), None)
+    top_k = next((own[n] for n in TOP_K_NAMES if type(own.get(n)) is int), None)
+    if router is None or router.out_features != len(experts) or top_k is None or not 1 <= top_k <= len(experts):
+        return None
+    return router, experts, top_k
+
+
 def _path(name: str) -> str:
     for prefix in WRAPPER_PREFIXES:
         while name.startswith(prefix):
@@ -107,13 +128,18 @@ class ModuleWatch:
 
     def _record_experts(self, name: str, module) -> None:
         """A Hugging Face MoE experts module (transformers' `use_experts_implementation` sets `has_gate` on it),
-        with the implementation its config runs: "eager" is a loop over the experts hit, data-dependent."""
+        with the implementation its config runs: "eager" is a loop over the experts hit, data-dependent; or a
+        hand-written MoE block (`moe_parts`), "loop": the script's own code over its experts list."""
         own = module.__dict__
         implementation = getattr(own.get("config"), "_experts_implementation", None)
-        if "has_gate" not in own or not isinstance(implementation, str):
+        parts = moe_parts(module)
+        if parts is not None:
+            key = (type(module).__name__, "loop", len(parts[1]))
+        elif "has_gate" not in own or not isinstance(implementation, str):
             return
-        experts = own.get("num_experts")
-        key = (type(module).__name__, implementation, experts if isinstance(experts, int) else 0)
+        else:
+            experts = own.get("num_experts")
+            key = (type(module).__name__, implementation, experts if isinstance(experts, int) else 0)
         group = self.experts.setdefault(key, [0, []])
         group[0] += 1
         if len(group[1]) < MAX_PATHS:

@@ -405,12 +405,14 @@ class ModuleSize(BaseModel):
 
 
 class ExpertsModules(BaseModel):
-    """Hugging Face MoE experts modules of one class, with the implementation their config runs."""
+    """MoE experts modules of one class, with the implementation they run: Hugging Face experts modules (their
+    config's), or a script's own MoE block (a router and a list of experts, "loop")."""
 
     kind: str
     implementation: str = Field(description="eager: a Python loop over the experts hit, each with a token count "
                                 "that changes every step (a new XLA program per count); grouped_mm, batched_mm: "
-                                "static shapes")
+                                "static shapes; loop: a script's own MoE block, its code looping over its experts "
+                                "list (Mixtral-style: each expert's tokens picked with torch.where)")
     experts: int = Field(description="experts per module (0: not read)")
     count: int
     paths: list[str] = Field(default_factory=list)

@@ -334,8 +334,42 @@ class ExpertsImplementation(_Action):
         use_experts_implementation(self.implementation, applied)
 
 
+class ExpertCapacity(_Action):
+    """A script's own MoE block (a router, a list of experts and a loop picking each expert's tokens with
+    `torch.where`, as in Mixtral's code) run with capacity padding: each expert takes a fixed number of slots, so
+    no shape depends on the routing. `capacity_factor` null: room for every token in every expert, none dropped,
+    the empty slots never reach a token (exact; the experts compute experts / top_k times the loop's rows); a
+    factor: ceil(factor * tokens * top_k / experts) slots, the tokens over them losing that expert (training)."""
+
+    group: ClassVar[Group] = "padding"
+    hint: ClassVar[str] = "{capacity_factor: null (every token, none dropped) or a number (slots per expert in " \
+                          "units of tokens * top_k / experts; tokens over it are dropped)}"
+    kind: Literal["expert_capacity"] = "expert_capacity"
+    capacity_factor: float | None = Field(None, gt=0, le=64)
+    effect: Literal["exact", "training"] = "exact"
+
+    effect_from: ClassVar = ("capacity_factor", lambda factor: "exact" if factor is None else "training")
+
+    def describe(self) -> str:
+        how = "every token" if self.capacity_factor is None else f"capacity factor {self.capacity_factor:g}"
+        return f"MoE experts capacity-padded ({how})"
+
+    def instruction(self) -> str:
+        size = ("tokens (every token fits)" if self.capacity_factor is None else
+                f"ceil({self.capacity_factor:g} * tokens * top_k / experts)")
+        return (f"capacity padding in the MoE block's forward: give each expert {size} slots, place its tokens in "
+                "them in token order (a cumulative sum over the one-hot routing), run each expert on all its slots "
+                "and gather each token's outputs back with its routing weights, instead of the `torch.where` loop "
+                "(what `tpu_agent.plan.capacity.dispatch` computes)")
+
+    def apply(self, applied: "Applied") -> None:
+        from tpu_agent.plan.capacity import use_expert_capacity
+
+        use_expert_capacity(self.capacity_factor, applied)
+
+
 ACTION_CLASSES: tuple[type[_Action], ...] = (PadDim, PadOps, PadBatch, Mesh, ShardRule, BatchSharding, Compile,
-                                             MatmulPrecision, ExpertsImplementation)
+                                             MatmulPrecision, ExpertsImplementation, ExpertCapacity)
 Action = Annotated[Union[ACTION_CLASSES], Field(discriminator="kind")]  # noqa: UP007 - a tuple of classes
 ACTION_MODELS: dict[str, type[_Action]] = {cls.model_fields["kind"].default: cls for cls in ACTION_CLASSES}
 ACTION_KINDS: tuple[str, ...] = tuple(ACTION_MODELS)

@@ -9,7 +9,7 @@ left as they are and said so in the trial's notes.
 
 from __future__ import annotations
 
-import torch
+from tpu_agent.plan.model_hook import until_first_model
 
 
 def loops_over_experts(config) -> bool:
@@ -20,41 +20,23 @@ def loops_over_experts(config) -> bool:
 def use_experts_implementation(implementation: str, applied):
     """Installs the hook until the step boundary after the first model (the second boundary at the latest),
     so measured steps pay nothing; returns a function that removes it early."""
-    from tpu_agent.backend import steps
-
     seen: set[int] = set()
-    state = {"models": 0, "boundaries": 0}
 
-    def switch(module, _args):
+    def switch(module) -> bool:
         if id(module) in seen:
-            return None
+            return False
         seen.add(id(module))
         if not hasattr(module, "set_experts_implementation"):
-            return None
+            return False
         seen.update(id(m) for m in module.modules())  # its submodels are switched with it
-        state["models"] += 1
         if not loops_over_experts(getattr(module, "config", None)):
-            return None
+            return True
         try:
             module.set_experts_implementation(implementation)
         except (ValueError, RuntimeError, ImportError) as exc:  # the model cannot switch: it runs as written
             applied.notes.append(f"{type(module).__name__} kept its experts loop: {str(exc).splitlines()[0][:160]}")
-            return None
+            return True
         applied.notes.append(f"{type(module).__name__}: MoE experts as {implementation} (was the expert loop)")
-        return None
+        return True
 
-    def remove() -> None:
-        if state.get("removed"):
-            return
-        state["removed"] = True
-        handle.remove()
-        stop_listening()
-
-    def on_step(_source: str) -> None:
-        state["boundaries"] += 1
-        if state["models"] or state["boundaries"] >= 2:
-            remove()
-
-    handle = torch.nn.modules.module.register_module_forward_pre_hook(switch)
-    stop_listening = steps.add_step_listener(on_step)
-    return remove
+    return until_first_model(switch)

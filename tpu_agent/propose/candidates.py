@@ -93,6 +93,8 @@ class ActionTemplate(BaseModel):
             return f"shard_rule@{self.fixed.get('pattern', '*')}"
         if self.kind == "pad_ops" and self.fixed.get("sizes"):  # targeted padding is another change than padding all
             return f"pad_ops@{','.join(map(str, sorted(self.fixed['sizes'])))}"
+        if self.kind == "expert_capacity":  # room for every token (exact) and a factor that drops (training): two
+            return f"expert_capacity@{'/'.join(sorted({a.effect for a in self.expand()}))}"  # changes, scoped apart
         return self.kind
 
 

@@ -60,6 +60,10 @@ METRICS: dict[str, tuple[str, Callable[[Profile], Any]]] = {
                       "token counts per expert: a new program per count on XLA)",
                       lambda p: sum(e.count for e in p.modules.experts if e.implementation == "eager")
                       if p.modules else 0),
+    "moe_loops": ("a script's own MoE blocks (a router, a list of experts) whose code loops over the experts, each "
+                  "expert's tokens picked by the routing (data-dependent counts: a new program per count on XLA)",
+                  lambda p: sum(e.count for e in p.modules.experts if e.implementation == "loop")
+                  if p.modules else 0),
     "devices": ("devices the profile ran on (simulated ones included)", _devices),
     "executables_per_step": ("XLA executables run per measured step",
                              lambda p: sum(e.calls_per_step for e in p.executables)),
