@@ -162,6 +162,36 @@ def planned_changes(actions: Iterable[PadDim] | Plan, script_dir: Path) -> list[
     return changes
 
 
+def source_changes(plan: Plan, script: Path) -> list[FileChange]:
+    """Every source edit of the plan, for the patch and `--apply`: its PadDim literals and, for a fixed-length
+    pad_batch, `pad_to_multiple_of` in the script's padding calls (batch_calls.py; the run-time form was measured)."""
+    from tpu_agent.plan.batch_calls import fixed_length, pad_calls_to, padding_calls
+
+    script = Path(script).resolve()
+    changes = planned_changes(plan, script.parent)
+    length = fixed_length(plan)
+    if length is None:
+        return changes
+    mine = next((c for c in changes if (script.parent / c.path).resolve() == script), None)
+    before = mine.before if mine else script.read_bytes()
+    current = mine.after if mine else before
+    if not padding_calls(current):
+        return changes
+    edited = FileChange(path=mine.path if mine else script.name, before=before, after=pad_calls_to(current, length),
+                        edits=mine.edits if mine else ())
+    return [edited if c is mine else c for c in changes] if mine else [*changes, edited]
+
+
+def write_source_patch(plan: Plan, script: Path, path: Path) -> Path | None:
+    """Write the plan's source edits as a patch (`git apply`) at `path`; None when the plan edits no source."""
+    changes = source_changes(plan, script)
+    if not changes:
+        return None
+    script_dir = Path(script).resolve().parent
+    patch = unified_diff(changes, script_dir=script_dir, patch_root=find_patch_root(script_dir))
+    return write_atomic(Path(path), patch.encode("utf-8", "surrogateescape"), "the patch")
+
+
 def find_patch_root(script_dir: Path) -> Path:
     """The git work tree holding the script (so `git apply` works from its top), else the script's directory."""
     here = script_dir.resolve()

@@ -24,11 +24,11 @@ def write_all(result: TuneResult, script: Path) -> dict[str, Path]:
         plan_path = run_dir / "plan.json"
         result.best.plan.save(plan_path)
         out["plan.json"] = plan_path
-        if result.best.plan.of(PadDim):
-            from tpu_agent.plan.rewrite import apply_pad_dims
+        from tpu_agent.plan.rewrite import write_source_patch
 
-            rewrite = apply_pad_dims(result.best.plan, script, run_dir / "workspaces" / "final")
-            out["patch.diff"] = rewrite.write_patch(run_dir / "patch.diff")
+        patch = write_source_patch(result.best.plan, script, run_dir / "patch.diff")  # literals, padding calls
+        if patch is not None:
+            out["patch.diff"] = patch
     out.update(_plots(result, run_dir))
     write_atomic(out["report.md"], markdown(result, out), "the report")
     return out
