@@ -81,6 +81,12 @@ class TuneOptions(BaseModel):
     study: str | None = option(None, "Optuna study name (default: from the script and settings).")
     storage: str | None = option(None, "Optuna storage URL (default: SQLite under .tpu-agent/).")
     resume: bool = option(False, "Continue the study; finished trials are not repeated.")
+    workers: int = option(1, "Workers on this host filling the study together, each measuring against its own "
+                          "warm baseline (a shared --storage lets other hosts --join).", ge=1)
+    join: str | None = option(None, "Be one more worker of the study STUDY in --storage: measure its plans on this "
+                              "host until it has its trials; the tune that started it verifies.", metavar="STUDY")
+    verify_on: str | None = option(None, "The host that verifies and ablates the study's best plans (default: the "
+                                   "one that started it).", metavar="HOST")
     min_gain: float = option(0.03, "Keep a speedup only if its CI's lower end exceeds 1 + this.", ge=0, lt=1)
     loss_tol: float = option(0.02, "A shape-changing plan may end with a loss this much worse.", ge=0, lt=1)
     apply: bool = option(False, "Write the verified source change into your files (backup kept).")

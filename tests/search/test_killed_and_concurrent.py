@@ -84,7 +84,7 @@ def test_a_trial_left_running_by_sigkill_is_failed_on_open_and_resume_runs_it_ag
     assert "RUNNING" not in states(tmp_path)
     trials = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's.db'}").trials
     assert trials[1].state == optuna.trial.TrialState.FAIL  # failed on open: its process was gone
-    retries = [t for t in trials if t.user_attrs.get("retry_of") == 1]
+    retries = [t for t in trials if t.system_attrs.get("failed_trial") == 1]  # RetryHeartbeatStaleTrialCallback's mark
     assert len(retries) == 1 and retries[0].params == killed.params  # run again, once
     assert retries[0].state == optuna.trial.TrialState.COMPLETE
     assert [t.number for t in result.trials if t.earlier] == [0] and len(result.trials) == TRIALS

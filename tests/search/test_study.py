@@ -9,7 +9,7 @@ import pytest
 
 from tpu_agent.config import TuneOptions
 from tpu_agent.errors import InputError
-from tpu_agent.search import study as study_mod
+from tpu_agent.search import storage as storage_mod
 from tpu_agent.search.study import counted, earlier_records, open_study
 
 
@@ -45,8 +45,8 @@ def _trial(study, state: str | None, final):
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")
 def test_interrupted_and_stale_trials_do_not_count_and_earlier_ones_are_listed(tmp_path, monkeypatch):
-    monkeypatch.setattr(study_mod, "GRACE_S", 1)
-    monkeypatch.setattr(study_mod, "HEARTBEAT_S", 1)
+    monkeypatch.setattr(storage_mod, "GRACE_S", 1)
+    monkeypatch.setattr(storage_mod, "HEARTBEAT_S", 1)
     s = open_study(options(tmp_path), "s", "fp", tmp_path)
     _trial(s, "complete", 1.2)  # finished
     _trial(s, None, optuna.trial.TrialState.FAIL)  # Ctrl-C: Optuna failed it, we recorded nothing

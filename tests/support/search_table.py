@@ -69,8 +69,9 @@ def space(*names: str) -> Space:
 
 
 def run(tmp_path: Path, sp: Space, order: list[str], pruner: str = "median"):
-    """Trials in the given order (each turns one candidate on), under `pruner`."""
-    options = TuneOptions(trials=len(order), steps=8, storage=f"sqlite:///{tmp_path / 'studies.db'}")
+    """Trials in the given order (each turns one candidate on), under `pruner`: a plan given twice is queued twice
+    (a repeat runs, recorded without measuring) and counts once against --trials."""
+    options = TuneOptions(trials=len(set(order)), steps=8, storage=f"sqlite:///{tmp_path / 'studies.db'}")
     study = open_study(options, f"s-{pruner}", "fp", tmp_path, pruner=pruner, about={"script": "train.py"})
     for on in order:
         study.enqueue_trial({c.id: ("0" if c.id == on else "off") for c in sp.candidates})

@@ -60,6 +60,9 @@ def tune(
     study: Annotated[str | None, flag("study")] = None,
     storage: Annotated[str | None, flag("storage")] = None,
     resume: Annotated[bool | None, flag("resume")] = None,
+    workers: Annotated[int | None, flag("workers")] = None,
+    join: Annotated[str | None, flag("join")] = None,
+    verify_on: Annotated[str | None, flag("verify_on")] = None,
     min_gain: Annotated[float | None, flag("min_gain")] = None,
     loss_tol: Annotated[float | None, flag("loss_tol")] = None,
     candidates: Annotated[int | None, flag("candidates")] = None,
@@ -97,6 +100,8 @@ def tune(
     chosen = choose_proposer(opts.proposer, offline)  # the one decision: which proposer, and why
     check_before_the_baseline(Path(script), opts, chosen)
     console = stderr_console() if json_output else stdout_console()
+    if opts.join:
+        return join_study(Path(script), script_args or [], opts, console)
     os.environ.update(mapped)  # every child of this tune (baseline, trials, verification) inherits the map
     try:
         result, files = pipeline.tune(Path(script), script_args or [], opts, console=console, proposer=chosen)
@@ -132,6 +137,17 @@ def tune(
                           + "; ".join(a.instruction() or a.describe() for a in result.best.plan.actions)
                           + "; `tpu-agent run SCRIPT --plan plan.json` applies them all", markup=False)
     return interrupts.exit_code() if result.interrupted else 0  # 130 for Ctrl-C, 128 + N for SIGTERM, SIGHUP
+
+
+def join_study(script: Path, args: list[str], opts, console) -> int:
+    """`--join STUDY`: this host's workers measure the study's plans (in --storage, or this folder's SQLite file);
+    the tune that started it verifies."""
+    from tpu_agent.paths import new_run_dir
+    from tpu_agent.search.worker import join_here
+
+    run_dir = new_run_dir(script, opts.runs_root())
+    join_here(script, args, opts, run_dir, say=lambda line: console.print(line, markup=False))
+    return 0
 
 
 def check_before_the_baseline(script: Path, opts, proposer: ProposerChoice) -> None:

@@ -6,6 +6,7 @@ stopping the study."""
 from __future__ import annotations
 
 import math
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -105,9 +106,10 @@ class Objective:
 
     def __init__(self, space: Space, runner: Runner, options: TuneOptions, baseline_batch: int | None,
                  baseline_losses: dict[int, float], *, measured: dict[str, Measured], per_pair: bool = False,
-                 on_trial: Callable[[TrialRecord], None] | None = None) -> None:
+                 on_trial: Callable[[TrialRecord], None] | None = None, study: optuna.Study | None = None) -> None:
         self.space, self.runner, self.options, self.baseline_batch = space, runner, options, baseline_batch
         self.baseline_losses, self.measured, self.per_pair, self.on_trial = baseline_losses, measured, per_pair, on_trial
+        self.study = study  # shared with other workers: a plan one of them started first is theirs to measure
         self.records: list[TrialRecord] = []
 
     def __call__(self, trial: optuna.Trial) -> float:
@@ -130,14 +132,33 @@ class Objective:
         trial.set_user_attr("plan_key", key)
         if key in self.measured:
             return self._repeat(trial, plan, self.measured[key])
+        first = self._started_elsewhere(trial, key)
+        if first is not None:
+            trial.set_user_attr("repeat_of", first)
+            return self._finish(trial, TrialRecord(number=trial.number, plan=plan, state=TrialState.REPEATED,
+                                                   reason=f"same plan as trial {first}, started first by another "
+                                                   "worker: not run again"), fail=True)
         invalid = invalid_for_devices(plan, self.options)
         if invalid:
             return self._finish(trial, TrialRecord(number=trial.number, plan=plan, state=TrialState.INVALID,
                                                    reason=invalid), fail=True)
         return self._measure(trial, plan, t0)
 
+    def _started_elsewhere(self, trial: optuna.Trial, key: str) -> int | None:
+        """The lowest-numbered other trial of the same plan that another worker runs or ran (two workers that
+        chose one plan at the same instant: the first one measures it), or None."""
+        if self.study is None:
+            return None
+        for t in self.study.get_trials(deepcopy=False):
+            if t.number >= trial.number or t.user_attrs.get("plan_key") != key or "repeat_of" in t.user_attrs:
+                continue
+            if t.state == optuna.trial.TrialState.RUNNING or (t.state.is_finished() and t.user_attrs.get("state")):
+                return t.number  # a killed trial (failed, none of our state) is not: its retry runs it
+        return None
+
     def _repeat(self, trial: optuna.Trial, plan: Plan, earlier: Measured) -> float:
         """A plan measured before: its figures again, not its time."""
+        trial.set_user_attr("repeat_of", earlier.number)
         for step, value in earlier.reported.items():  # its pairs, so a pruner comparing with the best finds them
             trial.report(value, step)
         for name, value in earlier.constraints.items():
@@ -223,6 +244,7 @@ class Objective:
         return value
 
     def _recorded(self, record: TrialRecord) -> None:
+        record.host = socket.gethostname()
         self.records.append(record)
         if self.on_trial:
             self.on_trial(record)

@@ -41,6 +41,7 @@ class TrialRecord(BaseModel):
     duration_s: float = 0.0
     warmup_s: float | None = None  # the candidate's start-up and warm-up steps (imports, compiles)
     earlier: bool = False  # recorded by an earlier run of the study (--resume)
+    host: str | None = None  # the host whose worker measured it
 
     def outcome(self) -> TrialOutcome:
         """The trial as the proposers read it."""

@@ -3,45 +3,29 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
-import re
-import shlex
 import socket
 import time
 import warnings
-from contextlib import contextmanager
 from pathlib import Path
 
 import optuna
 
 from tpu_agent.config import TuneOptions
-from tpu_agent.errors import InputError
+from tpu_agent.errors import InputError, TpuAgentError
 from tpu_agent.measure.compare import median
 from tpu_agent.measure.runner import Runner
 from tpu_agent.plan.actions import Plan
 from tpu_agent.search.objective import Failed, Measured, Objective
 from tpu_agent.search.records import TrialRecord, TrialState
+from tpu_agent.search.sampling import Plans, PlanSampler, plan_key, seeds, taken
 from tpu_agent.search.space import Space
-
-STUDY_DB = "studies.db"
+from tpu_agent.search.storage import (STUDY_DB, backoff, check_url, dashboard_command, first_line,  # noqa: F401
+                                      lost_storage_errors, open_storage, redact, retry_once, storage_url)
+from tpu_agent.search.storage import RECONNECT_S
 _COMPLETE = optuna.trial.TrialState.COMPLETE
 _PRUNED = optuna.trial.TrialState.PRUNED
 _RUNNING = optuna.trial.TrialState.RUNNING
-
-
-def storage_url(options: TuneOptions, runs_root: Path) -> str:
-    return options.storage or f"sqlite:///{(runs_root.parent / STUDY_DB).resolve()}"
-
-
-def redact(url: str) -> str:
-    return re.sub(r"//([^:/@]+):([^@]+)@", r"//\1:***@", url)
-
-
-def dashboard_command(url: str) -> str:
-    """The one command that opens the study's storage in optuna-dashboard (`pip install 'tpu-agent[dashboard]'`);
-    a password in the URL is shown as ***."""
-    return f"optuna-dashboard {shlex.quote(redact(url))}"
 
 
 class Pruner(optuna.pruners.BasePruner):
@@ -91,50 +75,19 @@ def feasible(trial: optuna.trial.FrozenTrial) -> bool:
     return all(v <= 0.0 for v in trial.constraints.values())
 
 
-HEARTBEAT_S = 30  # a RUNNING trial whose process stopped beating this long ago (kill -9) is failed as stale
-GRACE_S = 90
-SQLITE_TIMEOUT_S = 60  # several tunes sharing one SQLite file wait their turn to write, not fail
-
-
-def _storage(url: str):
-    """An RDB URL gets Optuna's heartbeat: a trial left RUNNING by a killed tune is failed at the next trial.
-    A SQLite file's tables are created under a file lock: tunes started together in a fresh folder would
-    otherwise race on creating them (`table version_info already exists`)."""
-    if "://" not in url:
-        return url
-    sqlite = url.startswith("sqlite:///") and url != "sqlite:///:memory:"
-    with warnings.catch_warnings(), _file_lock(Path(url[len("sqlite:///"):] + ".lock") if sqlite else None):
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-                                          engine_kwargs={"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if sqlite
-                                          else None)
-
-
-@contextmanager
-def _file_lock(path: Path | None):
-    if path is None:
-        yield
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _owner() -> dict:
     """The tune process running a trial, recorded on the trial: a tune killed outright leaves it RUNNING, and the
     next tune on this host that opens the study sees the process gone."""
     return {"host": socket.gethostname(), "pid": os.getpid()}
 
 
-def _gone(owner: dict) -> bool:
+def _gone(owner: dict, own: bool = False) -> bool:
+    """Whether a trial's process is gone: only this host's can be asked (another host's heartbeat says); our own
+    pid counts as gone with `own` (between trials: a trial of ours still RUNNING was cut off by a lost storage)."""
     if owner.get("host") != socket.gethostname() or not isinstance(owner.get("pid"), int):
-        return False  # another host's tune: its heartbeat says
-    if owner["pid"] == os.getpid():
         return False
+    if owner["pid"] == os.getpid():
+        return own
     try:
         os.kill(owner["pid"], 0)
     except ProcessLookupError:
@@ -144,47 +97,87 @@ def _gone(owner: dict) -> bool:
     return False
 
 
-def _fail_stale(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """Trials whose tune is gone (its process, on this host; or its heartbeat, anywhere: kill -9, a lost host) are
-    failed now, before resume counts them, and each is queued to run again, once (a retry that is itself left
+def fail_stale(study: optuna.Study, own: bool = False) -> list[optuna.trial.FrozenTrial]:
+    """Trials whose worker is gone (its process, on this host; or its heartbeat, anywhere: kill -9, a lost host)
+    are failed now, and each is queued to run again, once (RetryHeartbeatStaleTrialCallback: a retry that is itself left
     running is not retried). No trial stays RUNNING."""
     running = {t._trial_id for t in study.get_trials(deepcopy=False, states=(_RUNNING,))}
+    if not running:
+        return []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.fail_stale_trials(study)  # the heartbeat's verdict
+        optuna.storages.fail_stale_trials(study)  # the heartbeat's verdict, and its retry
+    retry = retry_once()
     for t in study.get_trials(deepcopy=False, states=(_RUNNING,)):
-        if _gone(t.user_attrs.get("process") or {}):
+        if _gone(t.user_attrs.get("process") or {}, own):
             try:
-                study._storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL)
+                if study._storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL):
+                    retry(study, study._storage.get_trial(t._trial_id))
             except optuna.exceptions.UpdateFinishedTrialError:  # another process failed it first
                 pass
-    stale = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
-             if t._trial_id in running]
-    for t in stale:
-        if t.params and "retry_of" not in t.user_attrs:
-            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
-    return stale
+    return [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+            if t._trial_id in running]
+
+
+def worker_key(script: Path, args: list[str], options: TuneOptions) -> dict:
+    """What a worker on another host must share with the study: the script (its name and content), its args and
+    the settings that decide what is measured and searched (not the script's path, which differs by host)."""
+    import hashlib
+
+    keep = options.model_dump(include={"steps", "warmup", "target", "objective", "min_gain", "loss_tol",
+                                       "devices", "allow"})
+    return {"script": script.name, "sha256": hashlib.sha256(Path(script).read_bytes()).hexdigest()[:16],
+            "args": list(args), "settings": keep}
+
+
+def _differs(theirs: dict, ours: dict) -> str | None:
+    """Which part of `worker_key` differs, in words; None when the study was made for this very run."""
+    if theirs.get("script") != ours["script"]:
+        return f"it was made for script {theirs.get('script')}, not {ours['script']}"
+    if theirs.get("sha256") != ours["sha256"]:
+        return f"it was made for another version of {ours['script']} (sha256 {theirs.get('sha256')}, here {ours['sha256']})"
+    if theirs.get("args") != ours["args"]:
+        return f"it was made for the script's arguments {theirs.get('args')}, not {ours['args']}"
+    for key, value in ours["settings"].items():
+        their = (theirs.get("settings") or {}).get(key)
+        if their != value:
+            what = "another search space" if key in ("allow", "devices") else "other measuring settings"
+            return f"it was made for {what}: --{key.replace('_', '-')} {their}, here {value}"
+    return None
 
 
 def open_study(options: TuneOptions, name: str, fingerprint: str, runs_root: Path, *,
-               pruner: str = PRUNER, about: dict | None = None) -> optuna.Study:
-    """The study `name` in the storage (created, or loaded for --resume); `about` goes into a new study's
-    user attributes, so the study reads well in optuna-dashboard."""
+               pruner: str = PRUNER, about: dict | None = None, key: dict | None = None,
+               join: bool = False) -> optuna.Study:
+    """The study `name` in the storage (created, or loaded for --resume or --join); `about` goes into a new
+    study's user attributes, so the study reads well in optuna-dashboard; `key` (worker_key) is what a worker
+    joining from another host must match."""
     storage = storage_url(options, runs_root)
+    check_url(storage)
     try:
-        backend = _storage(storage)
+        backend = open_storage(storage)
         existing = optuna.study.get_all_study_names(storage=backend)
     except Exception as exc:  # noqa: BLE001 - any backend failure: one clear line
-        raise InputError(f"cannot open the study storage {redact(storage)}: {type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0][:200]}") from None
+        raise InputError(f"cannot open the study storage {redact(storage)}: {first_line(exc, storage)}") from None
     if name in existing:
         study = optuna.load_study(study_name=name, storage=backend)
         study.pruner = PRUNERS.get(study.user_attrs.get("pruner"), PRUNERS[pruner])()  # as it was made with
-        _fail_stale(study)
-        return _checked(study, options, name, fingerprint)
-    if options.resume and options.study:
+        if join:
+            why = _differs(study.user_attrs.get("worker") or {}, key) if key else None
+            if why:
+                raise InputError(f"--join: study {name!r} cannot take this worker: {why}")
+            if "space" not in study.user_attrs:
+                raise InputError(f"--join: study {name!r} has no search space yet (its first tune is still "
+                                 "measuring its baseline, or it was made by an older tpu-agent); join once it "
+                                 "has started searching")
+            fail_stale(study)
+            return study
+        fail_stale(study)
+        return _checked(study, options, name, fingerprint, key=key)
+    if join or (options.resume and options.study):
         shown = ", ".join(repr(n) for n in sorted(existing)[:8]) or "none"
-        raise InputError(f"--resume: there is no study {name!r} in {redact(storage)} (studies there: {shown})")
+        flag = "--join" if join else "--resume"
+        raise InputError(f"{flag}: there is no study {name!r} in {redact(storage)} (studies there: {shown})")
     sampler = optuna.samplers.TPESampler(seed=options.seed)
     pruning = PRUNERS[pruner]()
     try:
@@ -194,14 +187,14 @@ def open_study(options: TuneOptions, name: str, fingerprint: str, runs_root: Pat
         return _checked(optuna.load_study(study_name=name, storage=backend, sampler=sampler, pruner=pruning),
                         options, name, fingerprint, wait_s=10.0)
     study.set_user_attr("fingerprint", fingerprint)
-    for key, value in {"objective": options.objective, "target": options.target, "pruner": pruner,
-                       **(about or {})}.items():
-        study.set_user_attr(key, value)
+    for attr, value in {"objective": options.objective, "target": options.target, "pruner": pruner,
+                        **({"worker": key} if key else {}), **(about or {})}.items():
+        study.set_user_attr(attr, value)
     return study
 
 
 def _checked(study: optuna.Study, options: TuneOptions, name: str, fingerprint: str,
-             wait_s: float = 0.0) -> optuna.Study:
+             wait_s: float = 0.0, key: dict | None = None) -> optuna.Study:
     """The study, if it was made with the same settings (a study created this instant gets `wait_s` for its
     creator to write them)."""
     deadline = time.monotonic() + wait_s
@@ -213,34 +206,136 @@ def _checked(study: optuna.Study, options: TuneOptions, name: str, fingerprint: 
         study.set_user_attr("fingerprint", fingerprint)
         theirs = fingerprint
     if theirs != fingerprint:
-        raise InputError(f"study {name!r} exists with different settings (script, args or measuring "
-                         "options); pick another --study name")
-    if not options.resume and counted(study):
-        raise InputError(f"study {name!r} already has {len(counted(study))} trials; pass --resume to continue it")
+        why = _differs(study.user_attrs.get("worker") or {}, key) if key and study.user_attrs.get("worker") else None
+        raise InputError(f"study {name!r} exists with different settings ({why or 'script, args or measuring options'}); "
+                         "pick another --study name")
+    if not options.resume and recorded(study):
+        raise InputError(f"study {name!r} already has {len(recorded(study))} trials; pass --resume to continue it")
     return study
 
 
-def counted(study: optuna.Study) -> list:
+MEASURED = ("complete", "numerics", "failed", "pruned")
+
+
+def recorded(study: optuna.Study) -> list:
     """The trials that ran to an end we recorded: a trial interrupted by Ctrl-C or left by a killed tune
-    (failed by Optuna, with no state of ours) does not count against --trials and is run again."""
+    (failed by Optuna, with no state of ours) is not among them, and is run again."""
     return [t for t in study.trials if t.state.is_finished() and t.user_attrs.get("state")]
 
 
+def counted(study: optuna.Study) -> list:
+    """The trials that count against --trials: each measured a plan (a repeat, an invalid plan or the baseline
+    itself is recorded but costs no measuring, and is not counted)."""
+    return [t for t in recorded(study) if t.user_attrs.get("state") in MEASURED and "repeat_of" not in t.user_attrs]
+
+
 def search(study: optuna.Study, space: Space, runner: Runner, options: TuneOptions, baseline_batch: int | None,
-           baseline_losses: dict[int, float], on_trial=None) -> list[TrialRecord]:
-    """Run the Optuna study; every finished trial is in the study's storage as it ends."""
+           baseline_losses: dict[int, float], on_trial=None, on_note=None, seed_offset: int = 0,
+           seeded: bool = True) -> list[TrialRecord]:
+    """Run the study until it holds --trials measured plans (from any worker), the space has none left, or
+    --timeout; every finished trial is in the study's storage as it ends. A storage that goes away mid-search is
+    retried (backoff.RECONNECT_S), then one line."""
+    plans = Plans(space, options)
+    sampler = PlanSampler(space, plans, options.trials, options.seed + seed_offset)
+    study.sampler = sampler
     objective = Objective(space, runner, options, baseline_batch, baseline_losses, measured=measured_plans(study),
-                          per_pair=getattr(study.pruner, "per_pair", False), on_trial=on_trial)
-    remaining = max(options.trials - len(counted(study)), 0)
+                          per_pair=getattr(study.pruner, "per_pair", False), on_trial=on_trial, study=study)
+    say = on_note or (lambda line: None)
+    say(plans.describe(options.trials))
+    if seeded:
+        mine = taken(study, space, options.devices)
+        for picks in seeds(space, plans, options.trials):
+            key = plan_key(space, picks, options.devices, options)
+            if key not in mine:
+                study.enqueue_trial(picks, user_attrs={"seeded": True})
+                mine.add(key)
+
+    procs = []
+    if seeded:  # the tune that started the study: what its other workers (--workers, --join) read
+        from tpu_agent.search import workers
+
+        workers.save_space(study, space, options.trials, baseline_batch, bool(getattr(runner, "fresh_baselines", 0)))
+        if options.workers > 1:
+            procs = workers.start(options.workers - 1, runner.script, runner.args, options, study.study_name,
+                                  runner.run_dir)
+            say(f"workers: this tune and {len(procs)} more on {socket.gethostname()} ({runner.run_dir}/workers/)")
+    seen = {t.number for t in recorded(study)}
+
+    def others() -> None:
+        """Trials other workers finished, told as this worker's are (the report lists every trial)."""
+        for t in recorded(study):
+            if t.number in seen:
+                continue
+            seen.add(t.number)  # this worker's own trials are in `seen` already
+            record = record_of(t, earlier=False)
+            if record is not None and on_trial is not None:
+                on_trial(record)
 
     def owned(trial: optuna.Trial):
         trial.set_user_attr("process", _owner())  # a tune killed outright: the next open sees its process gone
+        trial.set_user_attr("host", socket.gethostname())
         return objective(trial)
 
-    if remaining:
-        study.optimize(owned, n_trials=remaining, timeout=options.timeout, catch=(Failed,),
-                       gc_after_trial=False)
+    deadline = time.monotonic() + options.timeout if options.timeout else None
+    lost_since, attempt = None, 0
+    while deadline is None or time.monotonic() < deadline:
+        try:
+            fail_stale(study, own=True)
+            states = [t.state for t in study.get_trials(deepcopy=False)]
+            done = len(counted(study))
+            running, waiting = states.count(_RUNNING), states.count(optuna.trial.TrialState.WAITING)
+            if done >= options.trials and not waiting:  # a queued trial (a retry, a seed) runs all the same
+                break
+            if not waiting and done + running >= options.trials:
+                others()
+                time.sleep(1.0)  # the last trials run on other workers: one of them may die and be queued again
+                continue
+            if not waiting and sampler.untaken(study) == 0:
+                if not running:
+                    say(f"the space has no plan left to measure: {done} measured of {options.trials} asked")
+                    break
+                time.sleep(1.0)
+                continue
+            study.optimize(owned, n_trials=1, catch=(Failed,), gc_after_trial=False)
+            seen.update(r.number for r in objective.records)
+            others()
+            lost_since, attempt = None, 0
+        except Exception as exc:  # noqa: BLE001 - a lost server surfaces as whatever Optuna was doing then
+            if not isinstance(exc, lost_storage_errors()) and _reachable(study):
+                raise
+            url = getattr(getattr(study._storage, "engine", None), "url", None)
+            shown = url.render_as_string(hide_password=True) if url is not None else "the study storage"
+            lost_since = lost_since or time.monotonic()
+            wait = backoff(lost_since, attempt)
+            if wait is None:
+                raise StorageLost(f"the study storage {shown} is unreachable ({first_line(exc, '')}); the trials "
+                                  "that finished are in it: --resume goes on once it is back") from None
+            if attempt == 0:
+                say(f"the study storage {shown} is unreachable; retrying for up to "
+                    f"{int(RECONNECT_S)} s")
+            attempt += 1
+            time.sleep(wait)
+    if procs:
+        from tpu_agent.search import workers
+
+        try:
+            workers.wait(procs, say)
+        finally:
+            workers.stop(procs)
+        others()
     return objective.records
+
+
+def _reachable(study: optuna.Study) -> bool:
+    try:
+        study._storage.get_study_id_from_name(study.study_name)
+    except lost_storage_errors():
+        return False
+    return True
+
+
+class StorageLost(TpuAgentError):
+    """The study's database stayed unreachable past RECONNECT_S mid-search (exit 1; what finished is kept)."""
 
 
 def measured_plans(study: optuna.Study) -> dict[str, Measured]:
@@ -248,26 +343,28 @@ def measured_plans(study: optuna.Study) -> dict[str, Measured]:
     return {t.user_attrs["plan_key"]: Measured(t.number, t.value if t.state == _COMPLETE else None,
                                                dict(t.constraints), dict(t.intermediate_values),
                                                pruned=t.state == _PRUNED)
-            for t in counted(study) if t.state in (_COMPLETE, _PRUNED, optuna.trial.TrialState.FAIL)
+            for t in recorded(study) if t.state in (_COMPLETE, _PRUNED, optuna.trial.TrialState.FAIL)
             and t.user_attrs.get("plan_key")}
+
+
+def record_of(t: optuna.trial.FrozenTrial, earlier: bool = True) -> TrialRecord | None:
+    """A recorded trial as the report lists it (None: its plan no longer reads)."""
+    attrs = t.user_attrs
+    try:
+        plan = Plan.model_validate(attrs.get("plan") or {"actions": []})
+    except ValueError:
+        return None
+    speedup = attrs.get("speedup")
+    if speedup is None and attrs.get("state") == TrialState.REPEATED:
+        speedup = t.value
+    return TrialRecord(number=t.number, plan=plan, state=attrs["state"], value=t.value, speedup=speedup,
+                       memory_ratio=attrs.get("memory_ratio"), reason=attrs.get("reason", ""), earlier=earlier,
+                       host=attrs.get("host"))
 
 
 def earlier_records(study: optuna.Study) -> list[TrialRecord]:
     """The trials an earlier run of the study recorded, as this run's report lists them."""
-    out = []
-    for t in counted(study):
-        attrs = t.user_attrs
-        try:
-            plan = Plan.model_validate(attrs.get("plan") or {"actions": []})
-        except ValueError:
-            continue
-        speedup = attrs.get("speedup")
-        if speedup is None and attrs.get("state") == TrialState.REPEATED:
-            speedup = t.value
-        out.append(TrialRecord(number=t.number, plan=plan, state=attrs["state"], value=t.value, speedup=speedup,
-                               memory_ratio=attrs.get("memory_ratio"), reason=attrs.get("reason", ""),
-                               earlier=True))
-    return out
+    return [r for r in (record_of(t) for t in recorded(study)) if r is not None]
 
 
 def ranked_plans(study: optuna.Study) -> list[Plan]:

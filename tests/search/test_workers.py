@@ -1,0 +1,167 @@
+"""Several workers filling one study on a real PostgreSQL server (started by the `postgres` fixture) and on a
+journal file: each a process of its own (tests/support/fake_worker.py, measuring with a FakeRunner), the tune
+that started the study in this process. A SIGKILLed worker loses only its running trial, which Optuna's heartbeat
+fails and RetryHeartbeatStaleTrialCallback runs again, once; a server restarted mid-search loses nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from support.fake_worker import SlowRunner, quick_heartbeat
+from support.paths import REPO
+from support.tune import wait_for
+from tpu_agent.config import TuneOptions
+from tpu_agent.errors import InputError
+from tpu_agent.propose.candidates import ActionTemplate, Candidate
+from tpu_agent.search import storage as storage_mod
+from tpu_agent.search import workers
+from tpu_agent.search.space import Space
+from tpu_agent.search.study import counted, open_study, search, worker_key
+from tpu_agent.search.worker import join
+
+MULTIPLES = [8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96]
+
+
+def padding_space() -> Space:
+    cand = Candidate(id="pad", title="operand padding", proposer="offline", rank=1, preserves_numerics=True,
+                     actions=[ActionTemplate(kind="pad_ops", choices={"multiple": MULTIPLES})])
+    return Space(candidates=[cand], options={cand.id: cand.options()})
+
+
+@pytest.fixture()
+def project(tmp_path, monkeypatch):
+    (tmp_path / "train.py").write_text("import torch\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(workers, "WORKER_COMMAND", [sys.executable, str(REPO / "tests/support/fake_worker.py")])
+    monkeypatch.setattr(storage_mod, "HEARTBEAT_S", 1)
+    monkeypatch.setattr(storage_mod, "GRACE_S", 2)
+    return tmp_path
+
+
+def lead(project: Path, url: str, name: str, *, trials: int, n: int, said: list | None = None, gate=None):
+    """The tune that starts the study: its own worker in this process and n - 1 worker processes (`gate(k)` is
+    called as its k-th trial starts)."""
+    options = TuneOptions(trials=trials, workers=n, seed=0, storage=url, output_dir=str(project / "runs"))
+    script = project / "train.py"
+    study = open_study(options, name, "fp", project / "runs", key=worker_key(script, [], options),
+                       about={"script": "train.py"})
+    runner = SlowRunner(gate=gate)
+    runner.script, runner.args, runner.run_dir = script, [], project / "runs" / "lead"
+    records = search(study, padding_space(), runner, options, None, {},
+                     on_note=(said.append if said is not None else None))
+    return optuna.load_study(study_name=name, storage=storage_mod.open_storage(url)), records
+
+
+def plans_of(trials) -> list[str]:
+    return [t.user_attrs["plan_key"] for t in trials]
+
+
+def test_three_workers_fill_one_postgres_study_and_a_killed_one_loses_only_its_running_trial(project, postgres,
+                                                                                              monkeypatch):
+    url = postgres.create("three")
+    hang_file = project / "hung"
+    monkeypatch.setenv("FAKE_WORKER_HANG", "worker-2")
+    monkeypatch.setenv("FAKE_WORKER_HANG_FILE", str(hang_file))
+    killed: list[int] = []
+
+    def kill_when_hung():
+        wait_for(hang_file.exists, 120, "worker-2's hung trial")
+        pid = int(hang_file.read_text().split()[0])
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+
+    killer = threading.Thread(target=kill_when_hung, daemon=True)
+    killer.start()
+    said: list[str] = []
+    # this tune's second trial waits for worker-2 to hang: the kill lands mid-search, whatever the machine's load
+    study, _ = lead(project, url, "s", trials=9, n=3, said=said,
+                    gate=lambda k: k == 2 and wait_for(hang_file.exists, 120, "worker-2's hung trial"))
+    killer.join(timeout=5)
+    assert killed, "worker-2 never hung"
+    trials = study.trials
+    assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    lost = [t for t in trials if t.state == optuna.trial.TrialState.FAIL and "state" not in t.user_attrs]
+    assert len(lost) == 1 and lost[0].user_attrs["process"]["pid"] == killed[0]  # only its running trial
+    retries = [t for t in trials if t.system_attrs.get("failed_trial") == lost[0].number]
+    assert len(retries) == 1 and retries[0].state == optuna.trial.TrialState.COMPLETE  # run again, once
+    assert retries[0].params == lost[0].params
+    measured = counted(study)
+    assert len(measured) == 9 and len(set(plans_of(measured))) == 9  # 9 measured plans, none twice
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in measured)
+    pids = {t.user_attrs["process"]["pid"] for t in measured}
+    assert os.getpid() in pids and len(pids) >= 2  # the tune's own worker and the others
+    assert all(t.user_attrs["host"] for t in measured)
+    assert any("worker-2" in line and "exited -9" in line for line in said), said
+    assert any(line.startswith("sampler: TPE over 12 plans") for line in said), said
+
+
+def test_a_server_restarted_mid_search_loses_nothing(project, postgres):
+    url = postgres.create("restart")
+    said: list[str] = []
+
+    def restart():
+        wait_for(lambda: said, 60, "the search")  # the study and its tables exist
+        check = optuna.load_study(study_name="r", storage=storage_mod.open_storage(url))
+        wait_for(lambda: len({t.user_attrs["process"]["pid"] for t in counted(check)}) == 2, 60,
+                 "a trial of each worker")
+        postgres.stop()
+        time.sleep(2)
+        postgres.start()
+
+    thread = threading.Thread(target=restart, daemon=True)
+    thread.start()
+    study, _ = lead(project, url, "r", trials=8, n=2, said=said)
+    thread.join(timeout=5)
+    assert any("unreachable; retrying" in line for line in said), said
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    measured = counted(study)
+    assert len(measured) == 8 and len(set(plans_of(measured))) == 8
+    assert not [line for line in said if "exited" in line], said  # the other worker rode it out too
+
+
+def test_two_studies_share_one_database(project, postgres):
+    url = postgres.create("two")
+    a, _ = lead(project, url, "a", trials=3, n=1)
+    b, _ = lead(project, url, "b", trials=4, n=1)
+    assert sorted(optuna.study.get_all_study_names(url)) == ["a", "b"]
+    assert (len(counted(a)), len(counted(b))) == (3, 4)
+    assert a.user_attrs["space"] == b.user_attrs["space"] and b.user_attrs["trials"] == 4
+
+
+def test_two_workers_on_a_journal_in_a_shared_folder(project):
+    url = f"journal:{project / 'shared' / 'studies.log'}"
+    study, _ = lead(project, url, "j", trials=6, n=2)
+    measured = counted(study)
+    assert len(measured) == 6 and len(set(plans_of(measured))) == 6
+    assert len({t.user_attrs["process"]["pid"] for t in measured}) == 2
+
+
+def test_bad_storage_and_join_are_one_line_before_any_process(project, postgres):
+    url = postgres.create("bad")
+    options = TuneOptions(storage=url, join="nope")
+    script = project / "train.py"
+    with pytest.raises(InputError, match=r"--join: there is no study 'nope' in postgresql://tpu:\*\*\*@"):
+        join(script, [], options, project / "w", runner=SlowRunner())
+    with pytest.raises(InputError, match="password authentication failed") as wrong:
+        open_study(TuneOptions(storage=postgres.url("bad", password="not-it")), "s", "fp", project)
+    assert "not-it" not in str(wrong.value) and "***" in str(wrong.value)
+    with pytest.raises(InputError, match="unknown scheme 'postgresq'"):
+        open_study(TuneOptions(storage="postgresq://u:pw@h/db"), "s", "fp", project)
+    closed = f"postgresql://tpu:pw@127.0.0.1:{postgres.port + 1}/x"
+    with pytest.raises(InputError, match=r"cannot open the study storage postgresql://tpu:\*\*\*@127.0.0.1"):
+        open_study(TuneOptions(storage=closed), "s", "fp", project)
+    # a study made for another script, or another search space
+    lead(project, url, "made", trials=1, n=1)
+    (project / "other.py").write_text("import torch\n")
+    with pytest.raises(InputError, match="made for script train.py, not other.py"):
+        join(project / "other.py", [], options.model_copy(update={"join": "made"}), project / "w")
+    with pytest.raises(InputError, match="another search space: --allow \\[\\], here \\['model'\\]"):
+        join(script, [], options.model_copy(update={"join": "made", "allow": ["model"]}), project / "w")

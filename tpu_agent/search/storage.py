@@ -1,0 +1,141 @@
+"""Where a study lives: SQLite under .tpu-agent/ for one host (the default), PostgreSQL (or any SQLAlchemy RDB URL)
+for workers on many hosts, or an Optuna journal file (`journal:PATH`) in a folder the hosts share. Optuna's own
+storages: RDB ones beat a heartbeat for each running trial, and a trial whose worker died is failed and run again
+once (RetryHeartbeatStaleTrialCallback, Optuna 5's name for RetryFailedTrialCallback). A password in a URL is shown as *** everywhere we print or record it."""
+
+from __future__ import annotations
+
+import fcntl
+import re
+import shlex
+import time
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+import optuna
+
+from tpu_agent.errors import InputError
+
+STUDY_DB = "studies.db"
+JOURNAL = "journal:"
+RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb")
+HEARTBEAT_S = 30  # a RUNNING trial whose process stopped beating this long ago (kill -9) is failed as stale
+GRACE_S = 90
+SQLITE_TIMEOUT_S = 60  # several tunes sharing one SQLite file wait their turn to write, not fail
+CONNECT_TIMEOUT_S = 10  # an unreachable database server: one line after this long, not a TCP default of minutes
+RECONNECT_S = 120  # a database gone mid-search: its workers retry this long (1, 2, 4 ... s apart), then stop
+
+
+def retry_once() -> optuna.storages.RetryHeartbeatStaleTrialCallback:
+    """A trial whose worker died (its heartbeat stopped, or its process is gone) is queued once more."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)
+
+
+def storage_url(options, runs_root: Path) -> str:
+    return options.storage or f"sqlite:///{(runs_root.parent / STUDY_DB).resolve()}"
+
+
+def password_of(url: str) -> str | None:
+    found = re.search(r"//[^:/@]+:([^@]+)@", url)
+    return found.group(1) if found else None
+
+
+def redact(url: str) -> str:
+    return re.sub(r"//([^:/@]+):([^@]+)@", r"//\1:***@", url)
+
+
+def dashboard_command(url: str) -> str:
+    """The one command that opens the study's storage in optuna-dashboard (`pip install 'tpu-agent[dashboard]'`);
+    a password in the URL is shown as ***."""
+    shown = url[len(JOURNAL):] if url.startswith(JOURNAL) else redact(url)
+    return f"optuna-dashboard {shlex.quote(shown)}"
+
+
+def scheme_of(url: str) -> str:
+    if url.startswith(JOURNAL):
+        return "journal"
+    return url.split("://", 1)[0].split("+", 1)[0].lower() if "://" in url else ""
+
+
+def check_url(url: str) -> None:
+    """A URL we cannot open at all: one line, before anything connects."""
+    scheme = scheme_of(url)
+    if scheme == "journal":
+        if not url[len(JOURNAL):]:
+            raise InputError("--storage journal:PATH needs the journal file's path (journal:/shared/studies.log)")
+        return
+    if scheme not in RDB_SCHEMES:
+        said = f"unknown scheme {scheme!r}" if scheme else "not a storage URL"
+        raise InputError(f"--storage {redact(url)}: {said} (sqlite:///FILE, postgresql://USER@HOST/DB, "
+                         "mysql://USER@HOST/DB, or journal:FILE for a shared folder)")
+
+
+def open_storage(url: str):
+    """Optuna's storage for `url`: an RDB one with a heartbeat, or a journal file. A SQLite file's tables are
+    created under a file lock: tunes started together in a fresh folder would otherwise race on creating them
+    (`table version_info already exists`)."""
+    check_url(url)
+    retry = retry_once()
+    if url.startswith(JOURNAL):
+        from optuna.storages.journal import JournalFileBackend
+
+        path = Path(url[len(JOURNAL):]).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+    sqlite = url.startswith("sqlite:///") and url != "sqlite:///:memory:"
+    if sqlite:
+        engine = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}}
+    elif scheme_of(url) in ("postgresql", "postgres"):
+        engine = {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}, "pool_pre_ping": True}
+    else:
+        engine = {"pool_pre_ping": True}
+    import sqlalchemy.exc
+
+    for attempt in range(3):
+        with warnings.catch_warnings(), _file_lock(Path(url[len("sqlite:///"):] + ".lock") if sqlite else None):
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            try:
+                return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                                                  heartbeat_stale_trial_callback=retry, engine_kwargs=engine)
+            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+                if attempt == 2:  # workers on several hosts creating a fresh database's tables at once: one wins
+                    raise
+                time.sleep(0.5 + attempt)
+
+
+def first_line(exc: BaseException, url: str) -> str:
+    """An exception as one line, the URL's password (should a driver echo it) as ***."""
+    text = (str(exc).splitlines() or [""])[0][:200]
+    secret = password_of(url)
+    return f"{type(exc).__name__}: {text.replace(secret, '***') if secret else text}"
+
+
+def lost_storage_errors() -> tuple[type[BaseException], ...]:
+    """What a storage raises when its server goes away mid-search (not a bug of ours): retried, then one line."""
+    import sqlalchemy.exc
+
+    return (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError, optuna.exceptions.StorageInternalError)
+
+
+def backoff(began: float, attempt: int) -> float | None:
+    """Seconds to wait before reconnect attempt `attempt` (1, 2, 4 ... up to 16), or None past RECONNECT_S."""
+    if time.monotonic() - began > RECONNECT_S:
+        return None
+    return float(min(2 ** attempt, 16))
+
+
+@contextmanager
+def _file_lock(path: Path | None):
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

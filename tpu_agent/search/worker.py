@@ -1,0 +1,78 @@
+"""One worker of a study, in this process: `tpu-agent tune SCRIPT --storage URL --join STUDY`, or a process that
+`--workers N` started (`python -m tpu_agent.search.worker`, its spec on stdin). It measures the study's plans on
+this host until the study holds its budget of measured plans, and verifies nothing."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from pathlib import Path
+
+from tpu_agent.config import TuneOptions
+from tpu_agent.search.storage import redact, storage_url
+from tpu_agent.search.workers import load_space
+
+
+def join(script: Path, args: list[str], options: TuneOptions, run_dir: Path, *, runner=None, say=print,
+         seed_offset: int = 0) -> list:
+    """One worker of the study `options.join`: its trials until the study holds its budget of measured plans.
+    Bad input (no such study, another script or search space) is an InputError before any process starts."""
+    from tpu_agent.measure.runner import Runner
+    from tpu_agent.search.study import open_study, search, worker_key
+
+    url = storage_url(options, options.runs_root())
+    study = open_study(options, options.join, "", options.runs_root(), key=worker_key(script, args, options),
+                       join=True)
+    space = load_space(study)
+    budget = int(study.user_attrs.get("trials") or options.trials)
+    say(f"worker on {socket.gethostname()}: study {options.join!r} in {redact(url)}, {len(space.candidates)} "
+        f"candidates, {budget} trials in all")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    runner = runner or Runner(script, args, options, run_dir)
+    runner.fresh_baselines = bool(study.user_attrs.get("fresh_baselines"))
+
+    def line(record) -> None:
+        shown = f"{record.speedup:.3f}x" if record.speedup is not None else "-"
+        say(f"  trial {record.number:3d} {record.state.value:9s} {shown:>8s}  {record.plan.describe()}"
+            + (f"  {record.reason[:90]}" if record.reason and record.state != "complete" else ""))
+
+    try:
+        return search(study, space, runner, options.model_copy(update={"trials": budget}),
+                      study.user_attrs.get("baseline_batch"), {}, on_trial=line, on_note=say,
+                      seed_offset=seed_offset, seeded=False)
+    finally:
+        runner.close()
+
+
+def join_here(script: Path, args: list[str], options: TuneOptions, run_dir: Path, say=print) -> list:
+    """`--join STUDY` on this host: this process and `--workers` - 1 more, each a worker of the study."""
+    from tpu_agent.search import workers
+
+    procs = workers.start(options.workers - 1, script, args, options, options.join, run_dir) \
+        if options.workers > 1 else []
+    try:
+        return join(script, args, options, run_dir, say=say)
+    finally:
+        if procs:
+            workers.wait(procs, say)
+            workers.stop(procs)
+
+
+def main(runner=None) -> int:
+    """A worker started by `--workers N`: its spec on stdin (`runner`: a measuring double, in tests)."""
+    from tpu_agent.errors import TpuAgentError
+
+    spec = json.loads(sys.stdin.read())
+    options = TuneOptions.model_validate(spec["options"], strict=False)
+    try:
+        join(Path(spec["script"]), spec["args"], options, Path(spec["run_dir"]), seed_offset=spec["seed_offset"],
+             say=lambda line: print(line, flush=True), runner=runner)
+    except TpuAgentError as exc:
+        print(f"error: {exc}", flush=True)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
