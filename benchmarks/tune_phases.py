@@ -28,6 +28,7 @@ from tpu_agent.plan.actions import Plan
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("script")
+    parser.add_argument("--keep", type=Path, help="copy the tune's run directory (report.md, tune.json) here")
     parser.add_argument("tune_args", nargs=argparse.REMAINDER, help="after --: options for tpu-agent tune")
     args = parser.parse_args()
     extra = args.tune_args[1:] if args.tune_args[:1] == ["--"] else args.tune_args
@@ -44,6 +45,8 @@ def main() -> None:
             sys.exit(f"tune failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
         (run_dir,) = (Path(tmp) / ".tpu-agent" / "runs").iterdir()
         tune = json.loads((run_dir / "tune.json").read_text())
+        if args.keep is not None:
+            shutil.copytree(run_dir, args.keep / run_dir.name, ignore=shutil.ignore_patterns("workspaces", "hlo"))
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     total = sum(tune["phase_s"].values())
     for phase, seconds in tune["phase_s"].items():
