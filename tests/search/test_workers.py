@@ -165,3 +165,17 @@ def test_bad_storage_and_join_are_one_line_before_any_process(project, postgres)
         join(project / "other.py", [], options.model_copy(update={"join": "made"}), project / "w")
     with pytest.raises(InputError, match="another search space: --allow \\[\\], here \\['model'\\]"):
         join(script, [], options.model_copy(update={"join": "made", "allow": ["model"]}), project / "w")
+
+
+def test_the_command_line_refuses_bad_workers_storage_and_join_in_one_line_exit_2(project, postgres):
+    from support.processes import one_error_line, run_tool
+
+    cases = {("--workers", "0"): "--workers: Input should be greater than or equal to 1 (got 0)",
+             ("--storage", "foo://u:pw@h/db"): "error: --storage foo://u:***@h/db: unknown scheme 'foo'",
+             ("--join", "nope", "--storage", postgres.url("postgres", password="wrong-pw")):
+                 "password authentication failed"}
+    for args, said in cases.items():
+        proc = run_tool("tune", "train.py", "--offline", *args, cwd=project)
+        assert proc.returncode == 2, proc.stderr
+        line = one_error_line(proc)
+        assert said in line and "wrong-pw" not in line and not (project / ".tpu-agent" / "runs").exists(), line

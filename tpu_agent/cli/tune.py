@@ -142,10 +142,12 @@ def tune(
 def join_study(script: Path, args: list[str], opts, console) -> int:
     """`--join STUDY`: this host's workers measure the study's plans (in --storage, or this folder's SQLite file);
     the tune that started it verifies."""
-    from tpu_agent.paths import new_run_dir
+    import time
+
     from tpu_agent.search.worker import join_here
 
-    run_dir = new_run_dir(script, opts.runs_root())
+    # made once the study is found and fits this worker: bad input leaves no run directory behind
+    run_dir = opts.runs_root() / f"{time.strftime('%Y%m%d-%H%M%S')}-{script.stem}-worker-{os.getpid()}"
     join_here(script, args, opts, run_dir, say=lambda line: console.print(line, markup=False))
     return 0
 
