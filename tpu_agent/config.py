@@ -27,11 +27,12 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator
 
 from tpu_agent.errors import InputError
 
@@ -43,6 +44,11 @@ ChosenProposer = Literal["offline", "claude"]  # who proposes, once propose.choo
 ProposerName = Literal["auto", ChosenProposer]  # what --proposer asks for
 PATH_KEYS = ("playbooks", "output_dir")  # resolved against the folder of the file that names them
 MIN_PAIRS = 5  # the fewest pairs a comparison is judged on: --steps' and --pairs' lower limit, the statistics' floor
+
+
+def redact_url(url: str) -> str:
+    """A database URL with its password as ***: what the tool prints or writes of a --storage URL."""
+    return re.sub(r"//([^:/@]+):([^@]+)@", r"//\1:***@", url)
 
 
 def option(default: Any, help: str, *, shown: str | None = None, metavar: str | None = None,
@@ -112,6 +118,11 @@ class TuneOptions(BaseModel):
         if isinstance(items, list) and "data" in items:
             raise ValueError("data is never changed by the tuner (allow takes model, training)")
         return sorted(set(items)) if isinstance(items, list) else items
+
+    @field_serializer("storage")
+    def _no_password(self, url: str | None) -> str | None:
+        """Written out (tune.json, report.json), a storage URL's password is ***: only the live option holds it."""
+        return redact_url(url) if url else url
 
     @field_validator("playbooks", mode="before")
     @classmethod

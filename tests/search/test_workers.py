@@ -17,6 +17,7 @@ import pytest
 
 from support.fake_worker import SlowRunner, quick_heartbeat
 from support.paths import REPO
+from support.postgres import PASSWORD
 from support.tune import wait_for
 from tpu_agent.config import TuneOptions
 from tpu_agent.errors import InputError
@@ -147,6 +148,7 @@ def test_two_workers_on_a_journal_in_a_shared_folder(project):
 def test_bad_storage_and_join_are_one_line_before_any_process(project, postgres):
     url = postgres.create("bad")
     options = TuneOptions(storage=url, join="nope")
+    assert PASSWORD not in options.model_dump_json() and "tpu:***@" in options.model_dump_json()  # tune.json's
     script = project / "train.py"
     with pytest.raises(InputError, match=r"--join: there is no study 'nope' in postgresql://tpu:\*\*\*@"):
         join(script, [], options, project / "w", runner=SlowRunner())

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import optuna
 
+from tpu_agent.config import redact_url
 from tpu_agent.errors import InputError
 
 STUDY_DB = "studies.db"
@@ -44,7 +45,7 @@ def password_of(url: str) -> str | None:
 
 
 def redact(url: str) -> str:
-    return re.sub(r"//([^:/@]+):([^@]+)@", r"//\1:***@", url)
+    return redact_url(url)
 
 
 def dashboard_command(url: str) -> str:
