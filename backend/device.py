@@ -10,6 +10,7 @@ import torch
 # Loaded at `import torch` (the torch.backends entry point): only modules that do not
 # import JAX come in here; the rest arrive with the first op.
 from . import attention, auto_compile, autocast, checkpoints, memory, module, pinned
+from .distributed import process_group
 from .steps import install_optimizer_hook
 
 # Ops with no tensor argument reach a backend through the device they name:
@@ -95,6 +96,7 @@ def register() -> bool:
     _patch_torch_compile()
     _route_accelerator_synchronize()
     _accelerator_only_when_used()
+    process_group.register()
     memory.route_accelerator_memory()
     return True
 

@@ -7,6 +7,8 @@
   trial, each run of a script) otherwise compiles the same op programs again,
   and on a CPU that costs more than the ops. `TPU_AGENT_XLA_CACHE=DIR` moves it,
   `off` turns it off.
+- A rank of a torchrun job (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) joins the job's JAX runtime
+  (distributed/runtime.py).
 """
 
 from __future__ import annotations
@@ -49,3 +51,6 @@ def configure() -> None:
         # Every program, however small: an eager op's compile is the cost a new process repeats.
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    from .distributed import runtime
+
+    runtime.join()  # a rank of a torchrun job joins the job's JAX runtime before its first computation

@@ -1,0 +1,133 @@
+"""Collectives as XLA programs over the ranks' devices: no torch, no copy to the host.
+
+Each rank passes its local `jax.Array`; it becomes its block of a global array over a one-axis mesh of the
+group's devices (`jax.make_array_from_single_device_arrays`), a jitted `shard_map` runs the collective
+(`psum`, `all_gather`, `psum_scatter`, `all_to_all`...), and the rank reads back its own block. Every rank of
+the group must call the same collective in the same order, as with NCCL or gloo. One program per
+(collective, group, reduce op), compiled once per shape and dtype.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from .runtime import devices_of
+
+AXIS = "ranks"
+REDUCE_OPS = ("sum", "avg", "max", "min", "product", "band", "bor", "bxor")
+
+_meshes: dict[tuple, Mesh] = {}
+_programs: dict[tuple, object] = {}
+
+
+def mesh_of(ranks: tuple[int, ...]) -> Mesh:
+    mesh = _meshes.get(ranks)
+    if mesh is None:
+        mesh = _meshes[ranks] = Mesh(np.array(devices_of(ranks)), (AXIS,))
+    return mesh
+
+
+def _program(kind: str, ranks: tuple[int, ...], fn, **static):
+    key = (kind, ranks, tuple(sorted(static.items())))
+    program = _programs.get(key)
+    if program is None:
+        mesh = mesh_of(ranks)
+        body = partial(fn, n=len(ranks), **static)
+        program = _programs[key] = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS)))
+    return program
+
+
+def _run(kind: str, ranks: tuple[int, ...], local, fn, **static):
+    """`fn` on the group's blocks (each rank's array with a leading axis of 1); this rank's result block."""
+    mesh = mesh_of(ranks)
+    device = mesh.devices.flat[_position(mesh)]
+    local = jax.device_put(local, device)
+    block = local[None]
+    global_array = jax.make_array_from_single_device_arrays((len(ranks), *local.shape),
+                                                            NamedSharding(mesh, P(AXIS)), [block])
+    out = _program(kind, ranks, fn, **static)(global_array)
+    return out.addressable_data(0)[0]
+
+
+def _position(mesh: Mesh) -> int:
+    pid = jax.process_index()
+    for i, d in enumerate(mesh.devices.flat):
+        if d.process_index == pid:
+            return i
+    raise RuntimeError("tpu: this rank is not in the group it ran a collective on")
+
+
+def my_rank() -> int:
+    """This process's global rank (its JAX process index: runtime.py joins with process_id = RANK)."""
+    return jax.process_index()
+
+
+def _reduce(x, op: str, n: int):
+    """Reduce a block (1, ...) over the ranks."""
+    if op == "sum":
+        return jax.lax.psum(x, AXIS) if x.dtype != jnp.bool_ else jax.lax.pmax(x, AXIS)
+    if op == "avg":
+        total = jax.lax.psum(x, AXIS)
+        return (total / n).astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else total // n
+    if op == "max":
+        return jax.lax.pmax(x, AXIS)
+    if op == "min":
+        return jax.lax.pmin(x, AXIS)
+    gathered = jax.lax.all_gather(x[0], AXIS)  # (n, ...): the ops XLA has no collective for
+    if op == "product":
+        out = jnp.prod(gathered, axis=0, dtype=x.dtype)
+    else:
+        fn = {"band": jnp.bitwise_and, "bor": jnp.bitwise_or, "bxor": jnp.bitwise_xor}[op]
+        out = gathered[0]
+        for i in range(1, n):
+            out = fn(out, gathered[i])
+    return out[None]
+
+
+def all_reduce(local, ranks: tuple[int, ...], op: str = "sum"):
+    if op not in REDUCE_OPS:
+        raise NotImplementedError(f"tpu: all_reduce with reduce op {op!r} is not supported ({', '.join(REDUCE_OPS)})")
+    return _run("all_reduce", ranks, local, lambda x, n, op: _reduce(x, op, n), op=op)
+
+
+def all_gather(local, ranks: tuple[int, ...]):
+    """The ranks' arrays concatenated along dim 0 (`all_gather_into_tensor`)."""
+    return _run("all_gather", ranks, local, lambda x, n: jax.lax.all_gather(x[0], AXIS, axis=0, tiled=True)[None])
+
+
+def reduce_scatter(local, ranks: tuple[int, ...], op: str = "sum"):
+    """Reduce over the ranks, then this rank's 1/n slice of dim 0 (`reduce_scatter_tensor`)."""
+    if op not in ("sum", "avg"):
+        reduced = all_reduce(local, ranks, op)
+        n, i = len(ranks), _position(mesh_of(ranks))
+        size = local.shape[0] // n
+        return reduced[i * size:(i + 1) * size]
+
+    def body(x, n, op):
+        out = jax.lax.psum_scatter(x[0], AXIS, scatter_dimension=0, tiled=True)
+        if op == "avg":
+            out = (out / n).astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else out // n
+        return out[None]
+
+    return _run("reduce_scatter", ranks, local, body, op=op)
+
+
+def broadcast(local, ranks: tuple[int, ...], root: int):
+    """The root's array on every rank (`root`: its position in `ranks`). Exact: selected, not summed."""
+    return _run("broadcast", ranks, local, lambda x, n, root: jax.lax.all_gather(x[0], AXIS)[root][None], root=root)
+
+
+def all_to_all(local, ranks: tuple[int, ...]):
+    """Dim 0 split into n equal chunks, chunk j sent to rank j, received chunks concatenated in rank order."""
+    return _run("all_to_all", ranks, local,
+                lambda x, n: jax.lax.all_to_all(x[0], AXIS, 0, 0, tiled=True)[None])
+
+
+def barrier(ranks: tuple[int, ...]) -> None:
+    all_reduce(jnp.zeros((), jnp.int32), ranks).block_until_ready()

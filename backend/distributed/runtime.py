@@ -1,0 +1,85 @@
+"""One JAX runtime across the ranks of a torchrun job.
+
+PyTorch's launcher (`torchrun`, `python -m torch.distributed.run`, and `tpu-agent run --nproc N`, which starts
+it) gives each rank RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT. Before JAX starts its backends (the first
+tpu op: jax_setup.configure), a rank of a job of two or more joins `jax.distributed` with them: the
+coordinator on MASTER_ADDR at MASTER_PORT + 1 (MASTER_PORT is the launcher's own store), process id RANK. On a
+CPU host the processes' collectives go through gloo (`jax_cpu_collectives_implementation`); on TPUs, ICI. A
+process launched without those variables, or alone, stays a single-process runtime. No torch here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from dataclasses import dataclass
+
+PORT_OFFSET = 1  # the coordinator's port: MASTER_PORT + 1 (MASTER_PORT itself is torchrun's store)
+
+
+@dataclass(frozen=True)
+class Launch:
+    rank: int
+    world_size: int
+    coordinator: str  # host:port of JAX's coordination service
+
+
+_joined: Launch | None = None
+
+
+def from_environment(environ=os.environ) -> Launch | None:
+    """The job this process is a rank of, from the launcher's variables; None outside a job of two or more."""
+    try:
+        world = int(environ.get("WORLD_SIZE", "1"))
+        rank = int(environ.get("RANK", "0"))
+    except ValueError:
+        return None
+    addr, port = environ.get("MASTER_ADDR"), environ.get("MASTER_PORT")
+    if world < 2 or not addr or not port or not port.isdigit():
+        return None
+    coordinator_port = int(port) + PORT_OFFSET
+    if coordinator_port > 65535:
+        coordinator_port = int(port) - PORT_OFFSET
+    host = f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr
+    return Launch(rank, world, f"{host}:{coordinator_port}")
+
+
+def join() -> Launch | None:
+    """Join the job's JAX runtime (once; before any JAX computation). Called by jax_setup.configure."""
+    global _joined
+    if _joined is not None:
+        return _joined
+    launch = from_environment()
+    if launch is None:
+        return None
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    before = signal.getsignal(signal.SIGTERM)
+    jax.distributed.initialize(coordinator_address=launch.coordinator, num_processes=launch.world_size,
+                               process_id=launch.rank)
+    # JAX's preemption notifier takes SIGTERM (and the process then ignores it): torchrun stops the other
+    # ranks of a failed job with SIGTERM, so a rank must still die of it, as it would without JAX.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+    _joined = launch
+    return launch
+
+
+def joined() -> Launch | None:
+    return _joined
+
+
+def devices_of(ranks) -> list:
+    """The JAX device of each given rank (a process's first device: one device per rank), in the order given."""
+    import jax
+
+    first: dict[int, object] = {}
+    for device in jax.devices():
+        first.setdefault(device.process_index, device)
+    missing = [r for r in ranks if r not in first]
+    if missing:
+        raise RuntimeError(f"tpu: ranks {missing} have no device in this JAX runtime ({jax.process_count()} "
+                           "processes joined); was the job launched with torchrun?")
+    return [first[r] for r in ranks]

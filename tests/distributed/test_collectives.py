@@ -1,0 +1,95 @@
+"""The tpu process-group backend at world size 2, launched by torchrun: every collective DDP, FSDP2 and
+DTensor use gives the values gloo would, for the three ways a script names the backend (none, "tpu",
+"cpu:gloo,tpu:tpu"), with CPU tensors still going to gloo; the functional collectives and a DTensor on
+`init_device_mesh("tpu", ...)` too. The results are computed on the device (each rank's tensors stay tpu
+tensors) and compared here with values worked out by hand."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from support.processes import clean_env, run_python
+
+GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    import torch, torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    results = {}
+    for backend in (None, "tpu", "cpu:gloo,tpu:tpu"):
+        dist.init_process_group(backend)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        out = results[str(backend)] = {"group": type(dist.group.WORLD).__name__}
+
+        def keep(name, t):
+            assert t.device.type == ("cpu" if name == "cpu" else "tpu"), (name, t.device)
+            out[name] = t.cpu().flatten().tolist()
+
+        x = torch.arange(4, dtype=torch.float32, device="tpu") + 10 * rank
+        for op in ("SUM", "AVG", "MAX", "MIN", "PRODUCT"):
+            y = x.clone()
+            dist.all_reduce(y, op=getattr(dist.ReduceOp, op))
+            keep(op, y)
+        g = torch.empty(4 * world, device="tpu"); dist.all_gather_into_tensor(g, x); keep("gather", g)
+        parts = [torch.empty(4, device="tpu") for _ in range(world)]; dist.all_gather(parts, x); keep("gather_list", torch.cat(parts))
+        rs = torch.empty(4 // world, device="tpu"); dist.reduce_scatter_tensor(rs, x); keep("reduce_scatter", rs)
+        b = x.clone(); dist.broadcast(b, src=1); keep("broadcast", b)
+        a2a = torch.empty(4, device="tpu"); dist.all_to_all_single(a2a, x); keep("all_to_all", a2a)
+        i = torch.tensor([rank + 1], device="tpu"); dist.all_reduce(i); keep("int", i)
+        c = torch.ones(2) * (rank + 1); dist.all_reduce(c); keep("cpu", c)
+        dist.barrier()
+        keep("f_all_reduce", funcol.all_reduce(x, "sum", dist.group.WORLD))
+        keep("f_gather", funcol.all_gather_tensor(x, 0, dist.group.WORLD))
+        keep("f_reduce_scatter", funcol.reduce_scatter_tensor(x, "sum", 0, dist.group.WORLD))
+        mesh = init_device_mesh("tpu", (world,), mesh_dim_names=("dp",))
+        d = distribute_tensor(torch.arange(8, dtype=torch.float32).reshape(4, 2).to("tpu"), mesh, [Shard(0)])
+        keep("dtensor_local", d.to_local())
+        keep("dtensor_full", d.full_tensor())
+        keep("dtensor_sum", d.sum().full_tensor())
+        dist.barrier()
+        dist.destroy_process_group()
+    with open(f"rank{rank}.json", "w") as f:
+        json.dump(results, f)
+""")
+
+
+def expected(rank: int) -> dict:
+    x = [[float(v + 10 * r) for v in range(4)] for r in (0, 1)]
+    total = [a + b for a, b in zip(*x)]
+    return {
+        "group": "TpuProcessGroup",
+        "SUM": total, "AVG": [t / 2 for t in total], "MAX": x[1], "MIN": x[0],
+        "PRODUCT": [a * b for a, b in zip(*x)],
+        "gather": x[0] + x[1], "gather_list": x[0] + x[1],
+        "reduce_scatter": total[2 * rank:2 * rank + 2],
+        "broadcast": x[1],
+        "all_to_all": x[0][2 * rank:2 * rank + 2] + x[1][2 * rank:2 * rank + 2],
+        "int": [3], "cpu": [3.0, 3.0],
+        "f_all_reduce": total, "f_gather": x[0] + x[1], "f_reduce_scatter": total[2 * rank:2 * rank + 2],
+        "dtensor_local": [float(v) for v in range(4 * rank, 4 * rank + 4)],
+        "dtensor_full": [float(v) for v in range(8)], "dtensor_sum": [28.0],
+    }
+
+
+@pytest.mark.slow  # torchrun, 2 ranks joined in one JAX runtime (about 20 s)
+def test_every_collective_at_world_size_2_gives_gloos_values_whichever_way_the_backend_is_named(tmp_path):
+    script = tmp_path / "collectives.py"
+    script.write_text(SCRIPT)
+    for _ in range(2):
+        proc = run_python("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
+                          cwd=tmp_path, env=clean_env(), timeout=300)
+        if proc.returncode == 0 or GLOO_TEARDOWN_ABORT not in proc.stderr:
+            break
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for rank in (0, 1):
+        results = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert set(results) == {"None", "tpu", "cpu:gloo,tpu:tpu"}
+        for backend, got in results.items():
+            assert got == expected(rank), (rank, backend)
