@@ -19,7 +19,7 @@ ROOTS = {"tpu_agent": REPO / "tpu_agent", "tpu_agent.profilers": REPO / "profile
 APPLICATION = ("tpu_agent.cli", "tpu_agent.run", "tpu_agent.plan", "tpu_agent.propose", "tpu_agent.measure",
                "tpu_agent.search", "tpu_agent.verify", "tpu_agent.report", "tpu_agent.pipeline", "tpu_agent.config",
                "tpu_agent.paths",
-               "tpu_agent.errors")  # not tpu_agent.envvars: the settings' declarations sit below the profiler too
+               "tpu_agent.errors", "tpu_agent.project")  # not tpu_agent.envvars: the settings' declarations sit below the profiler too
 
 
 def _modules() -> dict[str, Path]:

@@ -23,7 +23,7 @@ except ImportError:  # pragma: no cover - older typer on real click
     from click import exceptions as click_exceptions
 
 from tpu_agent import __version__
-from tpu_agent.cli import diff, doctor, knobs, playbooks, profile, run, tune
+from tpu_agent.cli import diff, doctor, knobs, playbooks, profile, project, run, tune
 from tpu_agent.errors import TpuAgentError
 
 from tpu_agent.cli.options import PROG
@@ -56,7 +56,7 @@ def _root(
     """Run, profile and tune PyTorch training scripts on a `tpu` device."""
 
 
-COMMANDS = (doctor, run, profile, knobs, diff, tune, playbooks)  # in the order `--help` lists them
+COMMANDS = (doctor, run, profile, knobs, diff, tune, playbooks, project)  # in the order `--help` lists them
 for _command in COMMANDS:
     _command.register(app)
 

@@ -1,0 +1,90 @@
+"""A decoder-only training script at real size for `tpu-agent project` (the validation rows of projection_table.py).
+
+Hugging Face configs built here from published values (nothing downloaded); the model is built on the `tpu`
+device, which `tpu-agent project` reads as meta: no memory. Llama-style dense models, or Mixtral-style MoE
+(its experts run as a dense GShard-style dispatch: every expert sees capacity = tokens x top_k / experts).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from torch import nn
+
+
+def parse():
+    p = argparse.ArgumentParser()
+    p.add_argument("--hidden", type=int, required=True)
+    p.add_argument("--layers", type=int, required=True)
+    p.add_argument("--heads", type=int, required=True)
+    p.add_argument("--kv-heads", type=int)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--mlp", type=int, required=True)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--batch", type=int, required=True, help="global batch (sequences)")
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--experts", type=int, default=0)
+    p.add_argument("--top-k", type=int, default=2)
+    p.add_argument("--remat", action="store_true", help="checkpoint every decoder layer (MaxText remat_policy=full)")
+    p.add_argument("--steps", type=int, default=4)
+    return p.parse_args()
+
+
+class DenseMoE(nn.Module):
+    """Top-k routing with a fixed capacity per expert, computed densely (einsum dispatch), as MaxText's dropping
+    MoE does: shapes never depend on the data."""
+
+    def __init__(self, hidden, mlp, experts, top_k):
+        super().__init__()
+        self.router = nn.Linear(hidden, experts, bias=False)
+        self.w1 = nn.Parameter(torch.empty(experts, hidden, mlp))
+        self.w3 = nn.Parameter(torch.empty(experts, hidden, mlp))
+        self.w2 = nn.Parameter(torch.empty(experts, mlp, hidden))
+        self.experts, self.top_k = experts, top_k
+
+    def forward(self, x):
+        b, s, h = x.shape
+        capacity = s * self.top_k // self.experts  # per sequence (one routing group per sequence)
+        probs = self.router(x).softmax(-1)
+        weights, _ = probs.topk(self.top_k, dim=-1)
+        # dispatch: [batch, experts, capacity, seq], one-hot in a real router; its values do not matter here
+        dispatch = (probs.transpose(1, 2)[:, :, None, :] * 0).expand(b, self.experts, capacity, s).to(x.dtype)
+        inputs = torch.einsum("becs,bsh->bech", dispatch, x)
+        act = nn.functional.silu(torch.einsum("bech,ehm->becm", inputs, self.w1)) \
+            * torch.einsum("bech,ehm->becm", inputs, self.w3)
+        out = torch.einsum("becm,emh->bech", act, self.w2)
+        return torch.einsum("becs,bech->bsh", dispatch, out) * weights.sum(-1, keepdim=True)
+
+
+def build(a):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.mlp, num_hidden_layers=a.layers,
+                      num_attention_heads=a.heads, num_key_value_heads=a.kv_heads or a.heads, head_dim=a.head_dim,
+                      max_position_embeddings=a.seq, tie_word_embeddings=False, attn_implementation="sdpa")
+    with torch.device("tpu"):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+        if a.experts:
+            for layer in model.model.layers:
+                layer.mlp = DenseMoE(a.hidden, a.mlp, a.experts, a.top_k).to(torch.bfloat16)
+    if a.remat:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def main():
+    a = parse()
+    model = build(a)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for _ in range(a.steps):
+        ids = torch.randint(0, a.vocab, (a.batch, a.seq), device="tpu")
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""Validation of `tpu-agent project` against published MFU: each row a PyTorch model at its real size (Hugging Face
+Llama config, meta init; benchmarks/projection_model.py) with the published slice, mesh and batch.
+
+    .venv/bin/python benchmarks/projection_table.py [--cache DIR] [--rows NAME,...]
+
+Rows marked `fit` set the cost model's one fitted constant per generation (MXU efficiency, solved so the fit row's
+projected MFU equals the published one); `check` rows are projected with those constants and never move them.
+Published MFU counts full (non-causal) attention FLOPs, as MaxText did before July 2025, which the projection does too.
+Partitioned programs are cached as JSON in --cache so a re-fit does not re-trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from tpu_agent.project import cost, run, slices
+from tpu_agent.project.results import Partitioned
+
+MODEL = str(Path(__file__).with_name("projection_model.py"))
+V5E = "https://github.com/AI-Hypercomputer/maxtext/blob/main/MaxText/configs/v5e/README.md"
+V5P = "https://github.com/AI-Hypercomputer/maxtext/blob/main/docs/reference/performance_metrics.md (TPU v5p table)"
+V6E = "https://github.com/AI-Hypercomputer/maxtext/blob/main/docs/reference/models/tiering.md (Trillium, Gold)"
+
+
+def maxtext(scale: int) -> list[str]:
+    """MaxText's base.yml model (emb 2048, 16 heads of 128, mlp 7168, 16 layers, vocab 32000) scaled by
+    global_parameter_scale as pyconfig.get_individual_scales does."""
+    import math
+
+    log2 = int(math.log2(scale))
+    base, rem = divmod(log2, 3)
+    heads = 16 * 2 ** (base + int(rem > 0))
+    mlp = 7168 * 2 ** (base + int(rem > 0))
+    emb = 2048 * 2 ** (base + int(rem > 1))
+    layers = 16 * 2 ** base
+    return ["--hidden", str(emb), "--heads", str(heads), "--mlp", str(mlp), "--layers", str(layers), "--vocab", "32000"]
+
+
+LLAMA31_8B = ["--hidden", "4096", "--heads", "32", "--kv-heads", "8", "--mlp", "14336", "--layers", "32",
+              "--vocab", "128256"]
+
+# name, role, slice, mesh, model args, per-chip batch, seq, remat, published MFU, source (config file)
+ROWS = [
+    ("maxtext-32b-v5e", "fit", "v5e-256", {"fsdp": 256}, maxtext(32), 4, 2048, True, 66.86, V5E + "; configs/v5e/32b.sh"),
+    ("maxtext-16b-v5e", "check", "v5e-256", {"fsdp": 256}, maxtext(16), 6, 2048, True, 61.10, V5E + "; configs/v5e/16b.sh"),
+    ("maxtext-64b-v5e", "check", "v5e-256", {"fsdp": 256}, maxtext(64), 2, 2048, True, 59.90, V5E + "; configs/v5e/64b.sh"),
+    ("maxtext-128b-v5e", "check", "v5e-256", {"fsdp": 16, "tensor": 16}, maxtext(128), 1, 2048, False, 56.06,
+     V5E + "; configs/v5e/128b.sh"),
+    ("maxtext-32b-v5p", "fit", "v5p-128", {"fsdp": 16, "tensor": 4}, maxtext(32), 6, 2048, False, 71.47,
+     V5P + "; configs/v5p/32b.sh"),
+    ("maxtext-64b-v5p", "check", "v5p-128", {"fsdp": 16, "tensor": 4}, maxtext(64), 3, 2048, False, 70.31,
+     V5P + "; configs/v5p/64b.sh"),
+    ("maxtext-128b-v5p", "check", "v5p-256", {"fsdp": 16, "tensor": 8}, maxtext(128), 1, 2048, False, 68.68,
+     V5P + "; configs/v5p/128b.sh"),
+    ("llama3.1-8b-v6e", "fit", "v6e-256", {"fsdp": 256}, LLAMA31_8B, 4, 8192, False, 45.46,
+     V6E + "; benchmarks/maxtext_trillium_model_configs.py llama3_1_8b_8192"),
+]
+
+
+def partitioned(row, cache: Path) -> tuple[Partitioned, float]:
+    name, _role, target, mesh, model, per_chip, seq, remat, *_ = row
+    path = cache / f"{name}.json"
+    if path.exists():
+        data = json.loads(path.read_text())
+        return Partitioned.model_validate(data["partitioned"]), data["wall_s"]
+    sl = slices.parse(target)
+    args = [*model, "--batch", str(per_chip * sl.chips), "--seq", str(seq)] + (["--remat"] if remat else [])
+    t0 = time.perf_counter()
+    part = run.partition(MODEL, args, sl, mesh)
+    wall = time.perf_counter() - t0
+    path.write_text(json.dumps({"partitioned": part.model_dump(), "wall_s": wall}))
+    return part, wall
+
+
+def fit(part: Partitioned, sl, published: float) -> float:
+    lo, hi = 0.05, 1.5
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        cost.MXU_EFFICIENCY[sl.generation] = mid
+        if cost.project(part, sl).mfu * 100 < published:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--cache", default=".tpu-agent/projection-table")
+    p.add_argument("--rows", default="")
+    a = p.parse_args()
+    cache = Path(a.cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    rows = [r for r in ROWS if not a.rows or r[0] in a.rows.split(",")]
+    parts = {}
+    for row in rows:
+        parts[row[0]] = partitioned(row, cache)
+        print(f"traced {row[0]} in {parts[row[0]][1]:.0f} s", file=sys.stderr, flush=True)
+    fitted = dict(cost.MXU_EFFICIENCY)
+    for row in rows:
+        if row[1] == "fit":
+            fitted[slices.parse(row[2]).generation] = fit(parts[row[0]][0], slices.parse(row[2]), row[8])
+    cost.MXU_EFFICIENCY.update(fitted)
+    print("| row | role | slice | mesh | per-chip batch x seq | remat | projected MFU | published MFU | error (points) "
+          "| fits HBM | traced in | source |")
+    print("|---|---|---|---|---|---|---:|---:|---:|---|---:|---|")
+    errors = []
+    for row in rows:
+        name, role, target, mesh, _model, per_chip, seq, remat, published, source = row
+        sl = slices.parse(target)
+        part, wall = parts[name]
+        proj = cost.project(part, sl)
+        err = proj.mfu * 100 - published
+        if role == "check":
+            errors.append(abs(err))
+        print(f"| {name} | {role} | {target} | {','.join(f'{k}={v}' for k, v in mesh.items())} | {per_chip} x {seq} | "
+              f"{'full' if remat else 'none'} | {proj.mfu * 100:.1f}% | {published:.2f}% | {err:+.1f} | "
+              f"{'yes' if proj.fits else 'no'} ({proj.hbm_bytes_per_chip / 2**30:.1f} GiB) | {wall:.0f} s | {source} |")
+    print()
+    print("fitted MXU efficiency per generation: " + ", ".join(f"{g} {fitted[g]:.3f}" for g in sorted(
+        {slices.parse(r[2]).generation for r in rows})))
+    if errors:
+        print(f"check rows: {len(errors)}; median |error| {statistics.median(errors):.1f} points, largest "
+              f"{max(errors):.1f} (goal: median <= 5, none > 12)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

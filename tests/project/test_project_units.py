@@ -1,0 +1,117 @@
+"""Slices, meshes, placement, replica groups and the cost model: no tracing, no compiling."""
+
+from __future__ import annotations
+
+import pytest
+
+from tpu_agent.errors import InputError
+from tpu_agent.project import collectives, cost, placement, slices
+from tpu_agent.project.results import Collective, Partitioned, Traced
+
+
+def test_slice_names_count_cores_on_v5p_and_chips_on_v6e():
+    v5p = slices.parse("v5p-256")
+    assert (v5p.generation, v5p.chips, v5p.torus) == ("v5p", 128, (4, 4, 8))
+    v6e = slices.parse("v6e-256")
+    assert (v6e.chips, v6e.torus, v6e.wraparound) == (256, (16, 16), (True, True))
+    assert slices.parse("v5litepod-16").torus == (4, 4)
+    assert slices.parse("v5e-16").wraparound == (False, False)  # only the full 16x16 pod wraps around
+
+
+@pytest.mark.parametrize("bad, words", [("v5e-512", "v5e offers slices of"), ("v9-8", "expected a slice"),
+                                        ("v5p-100", "no slice of 50 chips"), ("v5p-7", "not a multiple of 2")])
+def test_slices_a_generation_does_not_offer_are_refused_by_name(bad, words):
+    with pytest.raises(InputError) as err:
+        slices.parse(bad)
+    assert words in str(err.value) and bad in str(err.value)
+
+
+def test_a_mesh_must_multiply_to_the_chip_count():
+    assert slices.parse_mesh("data=16,fsdp=16", 256) == {"data": 16, "fsdp": 16}
+    with pytest.raises(InputError, match="product is 128, the slice has 256"):
+        slices.parse_mesh("data=8,fsdp=16", 256)
+    with pytest.raises(InputError, match="NAME=SIZE"):
+        slices.parse_mesh("data16", 16)
+
+
+def test_default_placement_is_fsdp_plus_megatron_tensor_parallel():
+    mesh = {"fsdp": 4, "tensor": 2}
+    assert placement.default_spec("model.layers.0.mlp.up_proj.weight", (128, 64), mesh) == ("tensor", "fsdp")
+    assert placement.default_spec("model.layers.0.mlp.down_proj.weight", (64, 128), mesh) == ("fsdp", "tensor")
+    assert placement.default_spec("model.norm.weight", (64,), {"fsdp": 4}) == ("fsdp",)
+    assert placement.default_spec("odd", (6,), {"fsdp": 4}) == (None,)  # nothing divides: replicated
+    assert placement.batch_spec((32, 16), {"data": 2, "fsdp": 4, "tensor": 2}, None) == (("data", "fsdp"), None)
+
+
+def test_an_explicit_rule_whose_dim_does_not_divide_names_the_dim_and_axis():
+    with pytest.raises(InputError, match=r"w: dim 0 of size 6 does not divide by mesh axis fsdp=4"):
+        placement.rule_spec("w", (6, 8), [("w", ("fsdp", None))], {"fsdp": 4})
+
+
+def test_replica_groups_explicit_and_iota():
+    assert collectives.replica_groups("replica_groups={{0,1},{2,3}}, dimensions={0}", 4) == [[0, 1], [2, 3]]
+    assert collectives.replica_groups("replica_groups=[2,4]<=[8], to_apply=%add", 8) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert collectives.replica_groups("replica_groups=[4,2]<=[2,4]T(1,0), x=1", 8) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    mesh = {"data": 2, "fsdp": 4}
+    assert collectives.axes_of([0, 1, 2, 3], mesh) == ["fsdp"]
+    assert collectives.axes_of([0, 4], mesh) == ["data"]
+    assert collectives.axes_of(list(range(8)), mesh) == ["data", "fsdp"]
+
+
+def test_an_all_gather_costs_its_ring_over_the_torus_dims_its_axis_spans():
+    sl = slices.parse("v5p-128")  # 64 chips, 4x4x4 torus with wraparound, 90 GB/s per link and direction
+    mesh = {"data": 4, "fsdp": 16}  # fsdp: 16 consecutive ids = torus dims 0 and 1
+    c = Collective(kind="all-gather", result_bytes=16 * 2**20, group_size=16, groups=4, axes=["fsdp"])
+    expected = 16 * 2**20 * 15 / 16 / (2 * 2 * 9e10) + 6 * cost.HOP_LATENCY_S
+    assert cost.collective_seconds(c, sl, mesh) == pytest.approx(expected)
+    data = c.model_copy(update={"axes": ["data"], "group_size": 4, "groups": 16})
+    assert cost._axis_dims(mesh, ["data"], sl.torus) == [2]
+    assert cost.collective_seconds(data.model_copy(update={"kind": "all-reduce"}), sl, mesh) == pytest.approx(
+        2 * 16 * 2**20 * 3 / 4 / (2 * 9e10) + 3 * cost.HOP_LATENCY_S)
+
+
+def _program(blocks, dot_flops, collectives_=()):
+    return Traced(blocks=blocks, flops=dot_flops, dot_flops=dot_flops, bytes_accessed=0.0, dot_bytes=0.0,
+                  argument_bytes=blocks * 2**30, output_bytes=0, alias_bytes=0, temp_bytes=2**30,
+                  model_flops=dot_flops * 64, collectives=list(collectives_), compile_s=0.0, ops=1)
+
+
+def test_fsdp_collectives_hide_under_compute_tensor_ones_add_and_blocks_scale_linearly():
+    sl = slices.parse("v5p-128")
+    gen_peak = 459e12 * cost.MXU_EFFICIENCY["v5p"]
+    big = Collective(kind="all-gather", result_bytes=2**20, group_size=16, groups=4, axes=["fsdp"])
+    tp = Collective(kind="all-reduce", result_bytes=2**20, group_size=4, groups=16, axes=["tensor"])
+    one, two = _program(1, gen_peak * 1.0, [big, tp]), _program(2, gen_peak * 1.5, [big, tp, big, tp])
+    part = Partitioned(slice=sl.name, generation="v5p", chips=64, mesh={"tensor": 4, "fsdp": 16}, blocks_total=10,
+                       blocks_name="layers", programs=[two, one], placements={})
+    p = cost.project(part, sl)
+    assert p.compute_s == pytest.approx(1.0 + 9 * 0.5)  # 1 block: 1 s; every further block 0.5 s
+    tp_s = cost.collective_seconds(tp, sl, part.mesh)
+    assert p.exposed_collective_s == pytest.approx(10 * tp_s)  # fsdp gathers hidden, tensor all-reduces not
+    assert p.step_s == pytest.approx(p.compute_s + 10 * tp_s)
+    assert p.hbm_bytes_per_chip == pytest.approx(11 * 2**30) and p.fits
+    assert p.mfu == pytest.approx(p.model_flops / (p.step_s * 459e12 * 64))
+
+
+HLO = """HloModule m
+
+ENTRY %main (p0: bf16[4,8], c: s32[]) -> f32[4,8] {
+  %p0 = bf16[4,8]{1,0} parameter(0)
+  %c = s32[] parameter(1)
+  %convert_fusion = f32[4,8]{1,0} convert(%p0)
+  %all-gather = f32[16,8]{1,0} all-gather(%convert_fusion), channel_id=1, replica_groups=[2,4]<=[8], dimensions={0}
+  %all-reduce = f32[16,8]{1,0} all-reduce(%all-gather), channel_id=2, replica_groups={{0,4},{1,5},{2,6},{3,7}}, to_apply=%add
+  ROOT %dynamic-slice = f32[8,8]{1,0} dynamic-slice(%all-reduce, %c, %c), dynamic_slice_sizes={8,8}
+}
+"""
+
+
+def test_collectives_read_from_hlo_with_cpu_artifacts_undone():
+    from tpu_agent.profilers import hlo
+
+    found = collectives.collectives(hlo.parse_module(HLO), {"data": 2, "fsdp": 4})
+    gather, reduce = found
+    # converted up from bf16 right before it: a TPU gathers bf16
+    assert (gather.kind, gather.result_bytes, gather.axes, gather.group_size) == ("all-gather", 16 * 8 * 2, ["fsdp"], 4)
+    # sliced to 1/2 by its only consumer: a reduce-scatter of that half (f32: nothing narrows it)
+    assert (reduce.kind, reduce.result_bytes, reduce.axes) == ("reduce-scatter", 8 * 8 * 4, ["data"])

@@ -1,0 +1,67 @@
+"""`tpu-agent project SCRIPT --target v5p-256 [--mesh ...|--plan ...] -- ARGS`: the step projected onto a TPU slice."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tpu_agent.cli.inputs import check_script
+from tpu_agent.cli.options import ScriptArg, ScriptArgs
+from tpu_agent.errors import InputError
+
+
+def _plan_sharding(path: str, chips: int):
+    from tpu_agent.cli.run import load_plan
+    from tpu_agent.plan.actions import BatchSharding, ShardRule
+
+    plan = load_plan(path)
+    if plan.mesh is None:
+        raise InputError(f"--plan {path}: the plan has no mesh action; give --mesh")
+    rules = [(a.pattern, tuple(a.spec)) for a in plan.actions if isinstance(a, ShardRule)]
+    batch = next((a.axis for a in plan.actions if isinstance(a, BatchSharding)), None)
+    return dict(plan.mesh.axes), rules, batch
+
+
+def project(
+    script: ScriptArg,
+    script_args: ScriptArgs = None,
+    target: Annotated[str, typer.Option("--target", metavar="SLICE", help="A TPU slice, e.g. v5p-256, v6e-256.")] = ...,
+    mesh: Annotated[str | None, typer.Option("--mesh", metavar="AXIS=N,...",
+                                             help="Mesh axes (data, fsdp, tensor, expert); product = chips. "
+                                                  "Default: fsdp over every chip.")] = None,
+    plan: Annotated[str | None, typer.Option("--plan", metavar="PLAN.json",
+                                             help="A plan's mesh, shard_rule and batch_sharding actions.")] = None,
+    whole: Annotated[bool, typer.Option("--whole", help="Trace every repeated block instead of 2 and 1, scaled.")] = False,
+    json_out: Annotated[str | None, typer.Option("--json", metavar="PATH", help="Also write the projection as JSON.")] = None,
+) -> int:
+    """Project the script's training step onto a TPU slice it has no access to: memory per chip, step time, MFU,
+    collectives (an estimate; see docs/projection.md)."""
+    from tpu_agent.project import run, slices
+    from tpu_agent.project.report import render
+
+    sl = slices.parse(target)
+    path = check_script(script)
+    if mesh and plan:
+        raise InputError("give --mesh or --plan, not both")
+    rules, batch = [], None
+    if plan:
+        axes, rules, batch = _plan_sharding(plan, sl.chips)
+        slices.check_mesh(axes, sl.chips, f"--plan {plan}")
+    elif mesh:
+        axes = slices.parse_mesh(mesh, sl.chips)
+    else:
+        axes = {"fsdp": sl.chips}
+    t0 = time.perf_counter()
+    partitioned, projection = run.project(str(path), list(script_args or []), sl, axes, rules=rules,
+                                          batch_axis=batch, scale_layers=not whole)
+    print(render(partitioned, projection, time.perf_counter() - t0))
+    if json_out:
+        Path(json_out).write_text(projection.model_dump_json(indent=2) + "\n")
+    return 0
+
+
+def register(app: typer.Typer) -> None:
+    app.command("project")(project)

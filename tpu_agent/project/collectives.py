@@ -1,0 +1,106 @@
+"""Collectives in a partitioned HLO module: kind, bytes, replica groups, and the mesh axes they run over."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+from tpu_agent.profilers import hlo
+
+from .results import Collective
+
+KINDS = {"all-gather": "all-gather", "all-reduce": "all-reduce", "reduce-scatter": "reduce-scatter",
+         "all-to-all": "all-to-all", "collective-permute": "collective-permute"}
+_IOTA = re.compile(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
+
+
+def replica_groups(attrs: str, devices: int) -> list[list[int]]:
+    """The groups of an instruction's `replica_groups` (explicit `{{0,1},{2,3}}` or iota `[2,2]<=[4]`)."""
+    m = re.search(r"replica_groups=(\{\{[^=]*?\}\}|\{\}|\[[\d,]+\]<=\[[\d,]+\](?:T\([\d,]+\))?)", attrs)
+    if m is None:
+        m = re.search(r"source_target_pairs=\{([^=]*?)\}(?:,|$)", attrs)
+        if m is None:
+            return [list(range(devices))]
+        pairs = [tuple(map(int, p)) for p in re.findall(r"\{(\d+),(\d+)\}", m.group(0))]
+        return [list(p) for p in pairs]
+    text = m.group(1)
+    if text == "{}":
+        return [list(range(devices))]
+    iota = _IOTA.fullmatch(text)
+    if iota:
+        shape = [int(x) for x in iota.group(1).split(",")]
+        dims = [int(x) for x in iota.group(2).split(",")]
+        ids = np.arange(math.prod(dims)).reshape(dims)
+        if iota.group(3):
+            ids = ids.transpose([int(x) for x in iota.group(3).split(",")])
+        return ids.reshape(shape).tolist()
+    return [[int(x) for x in g.split(",") if x.strip()] for g in re.findall(r"\{([\d,\s]*)\}", text[1:-1])]
+
+
+def axes_of(group: list[int], mesh: dict[str, int]) -> list[str]:
+    """The mesh axes along which the devices of one group differ (the mesh laid out row-major over ids)."""
+    names, sizes = list(mesh), list(mesh.values())
+    coords = np.array(np.unravel_index(np.array(group), sizes)).T
+    return [names[i] for i in range(len(names)) if len(set(coords[:, i].tolist())) > 1]
+
+
+NARROW = {"bf16": 16, "f16": 16}
+
+
+def _narrowed_bits(inst: hlo.Instruction, by_name: dict, consumers: dict) -> int | None:
+    """XLA:CPU runs bf16 dots in f32 and moves the conversion next to the collective: a f32 collective whose
+    operand was converted up from bf16, or whose every consumer converts down to bf16, moves bf16 on a TPU."""
+    if not inst.shape or inst.shape[0].dtype != "f32":
+        return None
+    operand = by_name.get(inst.operands[0]) if inst.operands else None
+    if operand is not None and operand.operands:
+        inputs = [by_name[o].shape[0].dtype for o in operand.operands if o in by_name and by_name[o].shape]
+        if inputs and all(d in NARROW for d in inputs) and ("convert" in operand.name or operand.opcode == "convert"):
+            return NARROW[inputs[0]]
+    users = consumers.get(inst.name, [])
+    if users and all(u.shape and u.shape[0].dtype in NARROW and ("convert" in u.name or u.opcode == "convert")
+                     for u in users):
+        return NARROW[users[0].shape[0].dtype]
+    return None
+
+
+def _scatters(inst: hlo.Instruction, consumers: dict, group: int) -> bool:
+    """An all-reduce whose every consumer keeps 1/group of it (a dynamic slice): a reduce-scatter on a TPU
+    (XLA:CPU has no reduce-scatter creator pass)."""
+    users = consumers.get(inst.name, [])
+    whole = sum(a.elements for a in inst.shape)
+    return bool(users) and group > 1 and all(
+        u.shape and u.shape[0].elements * group == whole and ("slice" in u.name or u.opcode == "dynamic-slice")
+        for u in users)
+
+
+def collectives(module: hlo.Module, mesh: dict[str, int]) -> list[Collective]:
+    devices = math.prod(mesh.values())
+    found = []
+    for computation, insts in module.computations.items():
+        by_name = {i.name: i for i in insts}
+        consumers: dict[str, list] = {}
+        for i in insts:
+            for o in i.operands:
+                consumers.setdefault(o, []).append(i)
+        for inst in insts:
+            op = inst.opcode.removesuffix("-start")
+            if op not in KINDS or inst.opcode.endswith("-done"):
+                continue
+            groups = replica_groups(inst.attrs, devices)
+            size = len(groups[0]) if groups else 1
+            if op == "collective-permute":
+                size = 2
+            shapes = inst.shape
+            if inst.opcode.endswith("-start") and len(shapes) > 1:
+                shapes = shapes[len(shapes) // 2:]  # (operands, results)
+            bits = _narrowed_bits(inst, by_name, consumers)
+            result_bytes = sum(a.elements * (bits or a.bits) // 8 for a in shapes)
+            if op == "all-reduce" and _scatters(inst, consumers, size):
+                op, result_bytes = "reduce-scatter", result_bytes // size
+            axes = axes_of(groups[0], mesh) if groups and op != "collective-permute" else []
+            found.append(Collective(kind=op, result_bytes=result_bytes, group_size=size, groups=len(groups),
+                                    axes=axes, name=inst.name, example_group=groups[0][:16] if groups else []))
+    return found

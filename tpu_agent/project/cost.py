@@ -1,0 +1,143 @@
+"""The cost model: a partitioned step's figures (per chip) -> projected step time, MFU, memory on a slice.
+
+Per generation, never per configuration: peak bf16 FLOP/s, HBM bandwidth and capacity
+(backend/generations.py), ICI per link and torus (profilers/topology.py), and one fitted constant,
+`MXU_EFFICIENCY` (the share of peak that large matmuls reach), fitted on the rows marked `fit` in
+benchmarks/projection_table.py and checked on the others.
+
+- compute: dot FLOPs / (peak x efficiency); other work: the bytes XLA's cost analysis says the non-dot ops
+  move / HBM bandwidth. A chip's time is the larger of the two (roofline: the MXU and the vector/memory
+  pipelines overlap).
+- a collective over mesh axes runs as a ring along each torus dim those axes span, every spanned dim's links
+  in both directions at once: all-gather and reduce-scatter move (n-1)/n of the full array, all-reduce twice
+  that, all-to-all (n-1)/n over a quarter of the ring's bandwidth (bisection); plus 1 us per hop.
+- overlap rule: collectives over the data-parallel and FSDP axes (weights gathered, gradients reduced) run
+  asynchronously beside compute and cost only what exceeds it; collectives over any other axis (tensor,
+  expert) sit on the critical path and add in full.
+- a step traced with 2 and 1 repeated blocks is scaled to all of them linearly: per block = (2) - (1).
+"""
+
+from __future__ import annotations
+
+import math
+
+from tpu_agent.backend.generations import GENERATIONS
+from tpu_agent.profilers.topology import INTERCONNECTS
+
+from .results import Collective, Partitioned, Projection, Traced
+from .slices import Slice
+
+MXU_EFFICIENCY = {"v4": 0.80, "v5e": 0.80, "v5p": 0.80, "v6e": 0.80, "v7x": 0.80}  # fitted: benchmarks/projection_table.py
+HOP_LATENCY_S = 1e-6
+OVERLAPPED_AXES = ("data", "fsdp")
+
+
+def _axis_dims(mesh: dict[str, int], axes: list[str], torus: tuple[int, ...]) -> list[int]:
+    """The torus dims along which devices of a group spanning `axes` differ (mesh row-major over device ids,
+    device ids laid over the torus with dim 0 fastest)."""
+    import numpy as np
+
+    names, sizes = list(mesh), list(mesh.values())
+    chips = math.prod(sizes)
+    ids = np.arange(chips).reshape(sizes)
+    index = tuple(slice(None) if n in axes else 0 for n in names)
+    members = ids[index].reshape(-1)
+    coords = np.array(np.unravel_index(members, tuple(reversed(torus)))).T[:, ::-1]
+    return [d for d in range(len(torus)) if len(set(coords[:, d].tolist())) > 1]
+
+
+def collective_seconds(c: Collective, sl: Slice, mesh: dict[str, int]) -> float:
+    ic = INTERCONNECTS[sl.generation]
+    n = c.group_size
+    if n <= 1 or c.result_bytes == 0:
+        return 0.0
+    if c.kind == "collective-permute":
+        return c.result_bytes / ic.ici_link_bandwidth + HOP_LATENCY_S
+    dims = _axis_dims(mesh, c.axes, sl.torus) if c.axes else list(range(len(sl.torus)))
+    bandwidth = sum(ic.ici_link_bandwidth * (2 if sl.wraparound[d] else 1) for d in dims) or ic.ici_link_bandwidth
+    hops = sum(sl.torus[d] - 1 for d in dims)
+    share = (n - 1) / n
+    if c.kind == "all-gather":
+        moved = c.result_bytes * share
+    elif c.kind == "reduce-scatter":
+        moved = c.result_bytes * n * share
+    elif c.kind == "all-reduce":
+        moved = 2 * c.result_bytes * share
+    else:  # all-to-all
+        moved = c.result_bytes * share * 4
+    return moved / bandwidth + hops * HOP_LATENCY_S
+
+
+def _scaled(programs: list[Traced], total: int | None, value) -> float:
+    if len(programs) == 1 or not total:
+        return value(programs[0])
+    two, one = (programs[0], programs[1]) if programs[0].blocks == 2 else (programs[1], programs[0])
+    return value(one) + (total - 1) * (value(two) - value(one))
+
+
+def assumptions(sl: Slice, partitioned: Partitioned) -> list[str]:
+    gen = GENERATIONS[sl.generation]
+    ic = INTERCONNECTS[sl.generation]
+    out = [
+        f"chip: {gen.peak_bf16_flops / 1e12:.0f} TFLOP/s bf16 peak, MXU efficiency {MXU_EFFICIENCY[sl.generation]:.2f} "
+        f"(fitted, one per generation), HBM {gen.hbm_bandwidth / 1e12:.2f} TB/s, {gen.hbm_bytes / 2**30:.0f} GiB",
+        f"slice: {sl.chips} chips as a {'x'.join(map(str, sl.torus))} {ic.torus_dims}-D "
+        f"{'torus' if all(sl.wraparound) else 'mesh/torus (wraparound: ' + str(list(sl.wraparound)) + ')'}, ICI "
+        f"{ic.ici_link_bandwidth / 1e9:.0f} GB/s per link and direction; mesh axes laid row-major over device ids, "
+        "device ids over the torus dim 0 first",
+        "collectives: rings along each spanned torus dim, both directions; data/fsdp collectives overlap compute, "
+        "others add in full",
+        "chip time = max(dot FLOPs / (peak x efficiency), non-dot bytes / HBM bandwidth) (roofline); no host, "
+        "input-pipeline or launch time",
+        "FLOPs, bytes and memory from XLA's CPU compile of the partitioned step: fusion and layouts differ from a "
+        "TPU compile; attention as one query-chunked op (flash-like: the scores are not saved)",
+        "MFU counts 3x the forward matmul FLOPs (attention included, non-causal) over peak x chips",
+    ]
+    if partitioned.blocks_total:
+        out.append(f"traced with 2 and 1 of the {partitioned.blocks_total} repeated blocks "
+                   f"({partitioned.blocks_name}); every figure scaled linearly to {partitioned.blocks_total}")
+    return out
+
+
+def project(partitioned: Partitioned, sl: Slice) -> Projection:
+    gen = GENERATIONS[sl.generation]
+    mesh = partitioned.mesh
+    programs, total = partitioned.programs, partitioned.blocks_total
+    for p in programs:
+        for c in p.collectives:
+            c.seconds = collective_seconds(c, sl, mesh)
+
+    def times(p: Traced) -> tuple[float, float, float, float]:
+        compute = p.dot_flops / (gen.peak_bf16_flops * MXU_EFFICIENCY[sl.generation])
+        memory = max(p.bytes_accessed - p.dot_bytes, 0.0) / gen.hbm_bandwidth
+        overlapped = sum(c.seconds for c in p.collectives if c.axes and set(c.axes) <= set(OVERLAPPED_AXES))
+        exposed = sum(c.seconds for c in p.collectives) - overlapped
+        return compute, memory, overlapped, exposed
+
+    compute = _scaled(programs, total, lambda p: times(p)[0])
+    memory = _scaled(programs, total, lambda p: times(p)[1])
+    overlapped = _scaled(programs, total, lambda p: times(p)[2])
+    critical = _scaled(programs, total, lambda p: times(p)[3])
+    local = max(compute, memory)
+    exposed = max(0.0, overlapped - local) + critical
+    step = local + exposed
+    model_flops = _scaled(programs, total, lambda p: p.model_flops)
+    hbm = _scaled(programs, total, lambda p: p.argument_bytes + p.output_bytes - p.alias_bytes + p.temp_bytes)
+    by_axis: dict[str, float] = {}
+    by_kind: dict[str, float] = {}
+    for key in {"+".join(c.axes) or "-" for p in programs for c in p.collectives}:
+        by_axis[key] = _scaled(programs, total, lambda p: sum(c.seconds for c in p.collectives
+                                                               if ("+".join(c.axes) or "-") == key))
+    for kind in {c.kind for p in programs for c in p.collectives}:
+        by_kind[kind] = _scaled(programs, total, lambda p: sum(c.result_bytes for c in p.collectives if c.kind == kind))
+    widest = max(programs, key=lambda p: p.blocks or 0)
+    return Projection(
+        slice=sl.name, generation=sl.generation, chips=sl.chips, mesh=mesh, step_s=step, compute_s=compute,
+        memory_s=memory, collective_s=overlapped + critical, exposed_collective_s=exposed,
+        collective_by_axis=by_axis, collective_bytes_by_kind=by_kind,
+        flops_per_chip=_scaled(programs, total, lambda p: p.flops),
+        dot_flops_per_chip=_scaled(programs, total, lambda p: p.dot_flops), model_flops=model_flops,
+        mfu=model_flops / (step * gen.peak_bf16_flops * sl.chips) if step > 0 else 0.0,
+        hbm_bytes_per_chip=hbm, hbm_capacity=float(gen.hbm_bytes), fits=hbm <= gen.hbm_bytes,
+        collectives=widest.collectives, assumptions=assumptions(sl, partitioned),
+        sources=[gen.source, INTERCONNECTS[sl.generation].source])

@@ -1,0 +1,193 @@
+"""The child process: record the script's step on meta, lower it, partition it for N devices, read XLA's figures.
+
+Runs as `python -m tpu_agent.project.partition REQUEST.json RESULT.json` with XLA_FLAGS naming N host devices
+(set by the parent before JAX starts). Nothing is allocated: the program is lowered from abstract arrays.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import warnings
+
+from .results import Partitioned, Traced
+
+
+def _matmul_flops(graph) -> float:
+    """3 x the forward matmul FLOPs of the step (forward once, backward twice): the MFU numerator."""
+    import torch
+
+    from . import attention
+
+    aten = torch.ops.aten
+    shapes = {}
+    total = 0.0
+    for vid, (shape, *_rest) in graph.inputs.items():
+        shapes[vid] = shape
+    for node in graph.nodes:
+        for vid, shape in zip(node.outs, node.out_shapes):
+            if vid is not None:
+                shapes[vid] = shape
+        if node.backward:
+            continue
+        arg = [shapes.get(a.vid) if hasattr(a, "vid") else a for a in node.args]
+        if node.func in (aten.mm.default, aten.bmm.default):
+            a, b = arg[0], arg[1]
+            total += 2.0 * _prod(a) * b[-1]
+        elif node.func is aten.addmm.default:
+            a, b = arg[1], arg[2]
+            total += 2.0 * _prod(a) * b[-1]
+        elif node.func is torch.ops.tpu_project.attention.default:
+            total += attention.flops(arg[0], arg[1], arg[2], backward=False)
+    return 3.0 * total
+
+
+def _prod(shape) -> float:
+    out = 1.0
+    for d in shape:
+        out *= d
+    return out
+
+
+def _dtype(torch_dtype):
+    import jax.numpy as jnp
+
+    return jnp.dtype(str(torch_dtype).replace("torch.", ""))
+
+
+def _activation_rule(mesh, mesh_axes: dict, batch_sizes: set, graph, batch_axis, param_specs: dict):
+    """Activations keep the batch split (dim 0 of the size of a batch input, or batch x sequence, over the
+    batch axes), as a framework's activation sharding annotations do; other dims are left to XLA. In backward,
+    a value shaped like a parameter (its gradient) is placed as that parameter is (gradients reduce-scattered,
+    never activations gathered to make them)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from . import placement
+
+    axes = [batch_axis] if batch_axis else [a for a in mesh_axes if a in placement.BATCH_AXES and mesh_axes[a] > 1]
+    size = 1
+    for a in axes:
+        size *= mesh_axes[a]
+    lead = set()
+    for v, (shape, *_rest) in graph.inputs.items():
+        if graph.inputs[v][2] == "data" and len(shape) >= 1 and shape[0] in batch_sizes:
+            lead.add(shape[0])
+            if len(shape) >= 2:
+                lead.add(shape[0] * shape[1])
+    lead = {n for n in lead if n % size == 0} if axes and size > 1 else set()
+    entry = tuple(axes) if len(axes) > 1 else axes[0]
+    cache = {}
+
+    grads = {shape: NamedSharding(mesh, PartitionSpec(*spec)) for shape, spec in param_specs.items()
+             if spec is not None and any(spec)}
+
+    def rule(shape, backward=False):
+        if backward and shape in grads:
+            return grads[shape]
+        if not shape or shape[0] not in lead:
+            return None
+        if len(shape) not in cache:
+            cache[len(shape)] = NamedSharding(mesh, PartitionSpec(entry, *([PartitionSpec.UNCONSTRAINED] * (len(shape) - 1))))
+        return cache[len(shape)]
+
+    return rule
+
+
+def partition_graph(graph, mesh_axes: dict, rules, batch_axis, placements: dict) -> Traced:
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from tpu_agent.profilers import hlo
+
+    from . import collectives, lower, placement
+
+    n = 1
+    for v in mesh_axes.values():
+        n *= v
+    devices = np.array(jax.devices()[:n]).reshape(tuple(mesh_axes.values()))
+    mesh = Mesh(devices, tuple(mesh_axes))
+    batch_sizes = {graph.inputs[v][0][0] for v in graph.inputs if graph.inputs[v][2] == "data" and graph.inputs[v][0]}
+    param_specs: dict = {}
+    for shape, _kind, role, name in graph.inputs.values():
+        if role == "param":
+            spec = placement.spec_for(role, name, shape, mesh_axes, rules, batch_axis)
+            param_specs[tuple(shape)] = spec if param_specs.get(tuple(shape), spec) == spec else None
+    fn = lower.Lowered(graph, _activation_rule(mesh, mesh_axes, batch_sizes, graph, batch_axis, param_specs))
+    avals, shardings, specs = [], [], {}
+    for vid in fn.input_ids:
+        shape, dtype, role, name = graph.inputs[vid]
+        spec = placement.spec_for(role, name, shape, mesh_axes, rules, batch_axis)
+        specs[vid] = spec
+        if role == "param" and len(placements) < 400:
+            placements[name] = list(spec)
+        sharding = NamedSharding(mesh, PartitionSpec(*spec))
+        avals.append(jax.ShapeDtypeStruct(shape, _dtype(dtype), sharding=sharding))
+        shardings.append(sharding)
+    index = {vid: i for i, vid in enumerate(fn.input_ids)}
+    out_shardings = [shardings[index[v]] if v in index else None for v in fn.output_ids]
+    donate = tuple(index[v] for v in fn.output_ids if v in index)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = jax.jit(fn, in_shardings=shardings, out_shardings=out_shardings,
+                           donate_argnums=donate).lower(*avals).compile()
+    compile_s = time.perf_counter() - t0
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    memory = compiled.memory_analysis()
+    module = hlo.parse_module(compiled.as_text())
+    dot_flops = dot_bytes = 0.0
+    for op in hlo.hot_ops(module):
+        for c in op.contractions:
+            dot_flops += c.flops
+            dot_bytes += sum(a.elements * a.bits / 8 for a in (c.lhs, c.rhs, c.out))
+    return Traced(
+        blocks=graph.blocks, flops=float(cost.get("flops", 0.0)), dot_flops=dot_flops,
+        bytes_accessed=float(cost.get("bytes accessed", 0.0)), dot_bytes=dot_bytes,
+        argument_bytes=int(memory.argument_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),
+        alias_bytes=int(memory.alias_size_in_bytes), temp_bytes=int(memory.temp_size_in_bytes),
+        model_flops=_matmul_flops(graph), collectives=collectives.collectives(module, mesh_axes),
+        compile_s=compile_s, ops=len(graph.nodes))
+
+
+def run(request: dict) -> Partitioned:
+    from . import lower, record
+
+    t0 = time.perf_counter()
+    recording = record.record(request["script"], request["args"], scale_layers=request.get("scale_layers", True),
+                              lowerable=lower.lowerable)
+    record_s = time.perf_counter() - t0
+    rules = [(p, tuple(s)) for p, s in request.get("rules", [])]
+    placements: dict = {}
+    programs = [partition_graph(g, request["mesh"], rules, request.get("batch_axis"), placements)
+                for g in recording.graphs]
+    return Partitioned(slice=request["slice"], generation=request["generation"], chips=request["chips"],
+                       mesh=request["mesh"], blocks_total=recording.blocks_total,
+                       blocks_name=recording.blocks_name, programs=programs, placements=placements,
+                       record_s=record_s)
+
+
+def main(argv: list[str]) -> int:
+    request = json.loads(open(argv[0]).read())
+    try:
+        result = run(request)
+    except Exception as exc:  # the parent shows one line
+        from tpu_agent.errors import InputError
+
+        kind = "input" if isinstance(exc, InputError) else "failed"
+        with open(argv[1], "w") as f:
+            json.dump({"error": f"{type(exc).__name__}: {exc}", "kind": kind}, f)
+        if kind == "failed":
+            import traceback
+
+            traceback.print_exc()
+        return 2 if kind == "input" else 1
+    with open(argv[1], "w") as f:
+        f.write(result.model_dump_json())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

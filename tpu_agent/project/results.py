@@ -1,0 +1,75 @@
+"""What a projection reads and reports, as pydantic models (projection.json)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class Collective(BaseModel):
+    kind: str  # all-gather, reduce-scatter, all-reduce, all-to-all, collective-permute
+    result_bytes: int  # per chip
+    group_size: int
+    groups: int
+    axes: list[str]  # the mesh axes its replica groups span
+    name: str = ""
+    example_group: list[int] = Field(default_factory=list)
+    seconds: float = 0.0  # costed over the torus (cost.py)
+
+
+class Traced(BaseModel):
+    """One partitioned program (the step with `blocks` repeated blocks), per chip."""
+
+    blocks: int | None
+    flops: float  # XLA cost analysis, per chip
+    dot_flops: float  # dots and convolutions in the partitioned HLO, per chip
+    bytes_accessed: float
+    dot_bytes: float
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    temp_bytes: int
+    model_flops: float  # whole step, all chips: 3 x forward matmul FLOPs (the MFU convention)
+    collectives: list[Collective]
+    compile_s: float
+    ops: int
+
+
+class Partitioned(BaseModel):
+    """What the child read: the traced programs and how they were placed."""
+
+    slice: str
+    generation: str
+    chips: int
+    mesh: dict[str, int]
+    blocks_total: int | None
+    blocks_name: str | None
+    programs: list[Traced]
+    placements: dict[str, list]  # parameter name -> spec (first few)
+    notes: list[str] = Field(default_factory=list)
+    record_s: float = 0.0
+
+
+class Projection(BaseModel):
+    """The step on the slice, per chip, as the cost model projects it."""
+
+    slice: str
+    generation: str
+    chips: int
+    mesh: dict[str, int]
+    step_s: float
+    compute_s: float
+    memory_s: float
+    collective_s: float
+    exposed_collective_s: float
+    collective_by_axis: dict[str, float]
+    collective_bytes_by_kind: dict[str, float]
+    flops_per_chip: float
+    dot_flops_per_chip: float
+    model_flops: float
+    mfu: float
+    hbm_bytes_per_chip: float
+    hbm_capacity: float
+    fits: bool
+    collectives: list[Collective]
+    assumptions: list[str]
+    sources: list[str]

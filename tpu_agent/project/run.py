@@ -1,0 +1,49 @@
+"""The parent side: start the partitioning child with N host devices, read its result, cost it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from tpu_agent.errors import InputError, TpuAgentError
+
+from . import cost
+from .results import Partitioned, Projection
+from .slices import Slice
+
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+
+
+def partition(script: str, args: list[str], sl: Slice, mesh: dict[str, int], rules=(), batch_axis=None,
+              scale_layers: bool = True, timeout: float | None = None) -> Partitioned:
+    request = {"script": str(script), "args": list(args), "slice": sl.name, "generation": sl.generation,
+               "chips": sl.chips, "mesh": mesh, "rules": [list(r) for r in rules], "batch_axis": batch_axis,
+               "scale_layers": scale_layers}
+    with tempfile.TemporaryDirectory(prefix="tpu-agent-project-") as tmp:
+        req, out = Path(tmp, "request.json"), Path(tmp, "result.json")
+        req.write_text(json.dumps(request))
+        env = dict(os.environ)
+        flags = " ".join(f for f in env.get("XLA_FLAGS", "").split() if "force_host_platform_device_count" not in f)
+        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={sl.chips} {FAST_COMPILE}".strip()
+        env["JAX_PLATFORMS"] = "cpu"
+        proc = subprocess.run([sys.executable, "-m", "tpu_agent.project.partition", str(req), str(out)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+        if not out.exists():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise TpuAgentError(f"projection failed (exit {proc.returncode}): {tail[0]}")
+        data = json.loads(out.read_text())
+    if "error" in data:
+        if data.get("kind") == "input":
+            raise InputError(data["error"].split(": ", 1)[-1])
+        raise TpuAgentError(f"projection failed: {data['error']}")
+    return Partitioned.model_validate(data)
+
+
+def project(script: str, args: list[str], sl: Slice, mesh: dict[str, int], **kw) -> tuple[Partitioned, Projection]:
+    partitioned = partition(script, args, sl, mesh, **kw)
+    return partitioned, cost.project(partitioned, sl)
