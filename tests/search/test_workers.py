@@ -181,3 +181,24 @@ def test_the_command_line_refuses_bad_workers_storage_and_join_in_one_line_exit_
         assert proc.returncode == 2, proc.stderr
         line = one_error_line(proc)
         assert said in line and "wrong-pw" not in line and not (project / ".tpu-agent" / "runs").exists(), line
+
+
+def test_verify_on_a_joined_host_verifies_the_study_there_and_records_the_verdicts(project, monkeypatch):
+    import io
+    import socket
+
+    from rich.console import Console
+
+    from support.fake_runner import FakeRunner
+    from tpu_agent.cli.tune import verify_joined
+    from tpu_agent.measure import runner as runner_mod
+
+    url = f"sqlite:///{project / 'studies.db'}"
+    lead(project, url, "v", trials=3, n=1)
+    monkeypatch.setattr(runner_mod, "Runner", lambda *a, **k: FakeRunner())
+    options = TuneOptions(storage=url, join="v", verify_on=socket.gethostname(), output_dir=str(project / "runs"))
+    out = io.StringIO()
+    verify_joined(project / "train.py", [], options, project / "runs" / "w", Console(file=out, width=200))
+    study = optuna.load_study(study_name="v", storage=url)
+    assert study.user_attrs["verified"]["accepted"] and study.user_attrs["verified"]["plan"].startswith("pad_ops")
+    assert "accepted" in out.getvalue()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -149,7 +150,57 @@ def join_study(script: Path, args: list[str], opts, console) -> int:
     # made once the study is found and fits this worker: bad input leaves no run directory behind
     run_dir = opts.runs_root() / f"{time.strftime('%Y%m%d-%H%M%S')}-{script.stem}-worker-{os.getpid()}"
     join_here(script, args, opts, run_dir, say=lambda line: console.print(line, markup=False))
+    if opts.verify_on and opts.verify_on == socket.gethostname():
+        verify_joined(script, args, opts, run_dir, console)
     return 0
+
+
+class _JoinedVerification:
+    """What verify_best reports to, on a host that joined a study and verifies it (--verify-on this host)."""
+
+    def __init__(self, console) -> None:
+        from tpu_agent.report.console import TuneLines
+
+        self.say, self.console, self.verdicts, self.best = TuneLines(console), console, [], None
+
+    def enter(self, phase: str) -> None:
+        pass
+
+    def verifying(self, plan) -> None:
+        self.say.verifying(plan)
+
+    def verified(self, verdict) -> None:
+        self.verdicts.append(verdict)
+        self.say.verdict(verdict)
+
+    def standing(self, verdict) -> None:
+        self.best = verdict
+
+    def script_failure(self, failure) -> None:
+        pass
+
+
+def verify_joined(script: Path, args: list[str], opts, run_dir: Path, console) -> None:
+    """--verify-on this host: once no worker runs a trial, the study's best plans verified here in fresh
+    processes; the verdicts go into the study's attributes (`verified`, `verifications`)."""
+    import time
+
+    import optuna
+
+    from tpu_agent.measure.runner import Runner
+    from tpu_agent.search.study import note_verdicts, open_study, ranked_plans, worker_key
+    from tpu_agent.verify.best import verify_best
+
+    study = open_study(opts, opts.join, "", opts.runs_root(), key=worker_key(script, args, opts), join=True)
+    busy = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
+    while study.get_trials(deepcopy=False, states=busy):
+        time.sleep(2.0)
+    watcher, runner = _JoinedVerification(console), Runner(script, args, opts, run_dir)
+    try:
+        verify_best(ranked_plans(study), runner, opts, study.user_attrs.get("baseline_batch"), None, watcher)
+    finally:
+        runner.close()
+    note_verdicts(study, watcher.verdicts, watcher.best)
 
 
 def check_before_the_baseline(script: Path, opts, proposer: ProposerChoice) -> None:
