@@ -10,8 +10,10 @@ process launched without those variables, or alone, stays a single-process runti
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -63,8 +65,35 @@ def join() -> Launch | None:
     # ranks of a failed job with SIGTERM, so a rank must still die of it, as it would without JAX.
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+    _exit_promptly_after_a_failure()
     _joined = launch
     return launch
+
+
+def _exit_promptly_after_a_failure() -> None:
+    """A rank whose script raised leaves at once, with its traceback printed and exit status 1 (130 for
+    Ctrl-C), as it would without JAX. At exit JAX waits (up to 5 minutes) for every rank at a shutdown
+    barrier, which ranks still blocked in a collective with the failed one never reach: torchrun, which stops
+    the job when a rank exits, would never hear of the failure. Registered after JAX's own exit handler, so
+    it runs first; a clean exit still waits at the barrier (the coordinator must outlive the other ranks)."""
+    failed: list[type] = []
+    previous = sys.excepthook
+
+    def excepthook(kind, value, tb):
+        failed.append(kind)
+        previous(kind, value, tb)
+
+    def leave() -> None:
+        if failed:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            os._exit(130 if issubclass(failed[0], KeyboardInterrupt) else 1)
+
+    sys.excepthook = excepthook
+    atexit.register(leave)
 
 
 def joined() -> Launch | None:

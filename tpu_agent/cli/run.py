@@ -60,13 +60,15 @@ def run(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary line after the run.")] = False,
     plan: Annotated[str | None, typer.Option("--plan", metavar="PLAN.json", help="Run with a plan: source edits on a copy, run-time actions in the backend.", show_default=False)] = None,
     device_map: DeviceMapOption = None,
+    nproc: Annotated[int, typer.Option("--nproc", min=1, metavar="N", help="Ranks on this host: PyTorch's launcher (torch.distributed.run, as torchrun --nproc-per-node N) starts the script once per rank.")] = 1,
 ) -> int:
     """Run SCRIPT with the bundled `tpu` device loaded, as `python SCRIPT ARGS...` would.
 
     Same argv, working directory and sys.path[0]; the exit code is the script's own.
     A run whose model trained without touching tpu ends with a warning saying so.
     Example: [bold]tpu-agent run train.py -- --epochs 1[/bold]; a script written for CUDA:
-    [bold]tpu-agent run --device-map cuda=tpu train.py[/bold]
+    [bold]tpu-agent run --device-map cuda=tpu train.py[/bold]; a torchrun script on 2 ranks:
+    [bold]tpu-agent run --nproc 2 train.py[/bold]
     """
     from tpu_agent.run.launch import run_script  # keeps `--help` and `doctor` lean
 
@@ -78,7 +80,7 @@ def run(
     if mapped:
         env = {**(env if env is not None else os.environ), **mapped}
     try:
-        result = run_script(ran, script_args or [], env=env, run_dir=run_dir)  # as typed, like `python SCRIPT`
+        result = run_script(ran, script_args or [], env=env, run_dir=run_dir, nproc=nproc)  # as typed, like `python SCRIPT`
     except OSError as exc:
         raise TpuAgentError(f"could not start the run: {exc}") from None
     if not quiet:

@@ -52,17 +52,25 @@ READ_STDIN_MARK = "EOF when reading a line"  # input() with stdin at the null de
 READ_STDIN = "the script waits for terminal input, which a tune's processes do not get (their stdin is the null device)"
 
 
-def child_command(script: str | Path, args: Sequence[str]) -> list[str]:
+def child_command(script: str | Path, args: Sequence[str], nproc: int = 1) -> list[str]:
+    """The child's command line; with `nproc` > 1, PyTorch's launcher (torch.distributed.run, as `torchrun
+    --standalone --nproc-per-node N`) starting that child once per rank (run/torchrun.py: torchrun itself,
+    exiting with the failed rank's exit code)."""
     # -P: nothing is prepended to sys.path for us; the child puts the script's dir there.
-    return [sys.executable, "-P", "-m", "tpu_agent.run.child", str(script), *args]
+    child = [sys.executable, "-P", "-m", "tpu_agent.run.child", str(script), *args]
+    if nproc <= 1:
+        return child
+    return [sys.executable, "-P", "-m", "tpu_agent.run.torchrun", "--standalone", f"--nproc-per-node={nproc}",
+            "--no-python", *child]
 
 
 def launch(script: str | Path, args: Sequence[str], *, env: Mapping[str, str], cwd: Path | None = None,
            stdin=None, stdout=None, stderr=None, pass_fds: Sequence[int] = (),
-           new_session: bool = False) -> subprocess.Popen:
-    """Start `python -P -m tpu_agent.run.child SCRIPT ARGS...` (what the child does is in `env`). `stdin`:
-    inherited unless given (a tune's processes get the null device: no one answers a prompt there)."""
-    return subprocess.Popen(child_command(script, args), cwd=cwd, env=dict(env), stdin=stdin, stdout=stdout,
+           new_session: bool = False, nproc: int = 1) -> subprocess.Popen:
+    """Start `python -P -m tpu_agent.run.child SCRIPT ARGS...` (what the child does is in `env`), once per
+    rank under torch.distributed.run when `nproc` > 1. `stdin`: inherited unless given (a tune's processes
+    get the null device: no one answers a prompt there)."""
+    return subprocess.Popen(child_command(script, args, nproc), cwd=cwd, env=dict(env), stdin=stdin, stdout=stdout,
                             stderr=stderr, pass_fds=tuple(pass_fds), start_new_session=new_session)
 
 
@@ -130,6 +138,7 @@ def run_script(
     timeout: float | None = None,
     deadline: Callable[[], float] | None = None,
     run_dir: Path | None = None,
+    nproc: int = 1,
 ) -> RunResult:
     """Run `script` with `args` as `python script args` would, in the current cwd.
 
@@ -141,9 +150,10 @@ def run_script(
     `timeout` (seconds in all) or `deadline()` (a monotonic time, asked as
     the child runs) stops the child when passed (`timed_out` in the result).
     `run_dir` is a run directory made already (`run --plan` writes its rewritten copy there).
+    `nproc` > 1: one child per rank, started by torch.distributed.run (`child_command`).
     """
     run_dir = run_dir if run_dir is not None else new_run_dir(Path(script), runs_root)
-    command = child_command(script, args)  # as given: the child resolves it like python does
+    command = child_command(script, args, nproc)  # as given: the child resolves it like python does
     child_env = dict(os.environ if env is None else env)
     child_env[RUN_DIR_ENV] = str(run_dir)
 
@@ -152,7 +162,8 @@ def run_script(
     if timeout is not None and deadline is None:
         end = time.monotonic() + timeout
         deadline = lambda: end  # noqa: E731
-    proc = launch(script, args, env=child_env, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=pass_fds)
+    proc = launch(script, args, env=child_env, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=pass_fds,
+                  nproc=nproc)
     with monitor(proc) if monitor is not None else nullcontext():
         returncode, timed_out, interrupted = _wait(proc, deadline)
     duration = time.perf_counter() - t0
