@@ -148,6 +148,12 @@ def test_the_action_says_its_class_and_how_to_get_it_without_the_tool():
     assert ExpertCapacity(capacity_factor=2.0, effect="exact").effect == "training"  # decided, never given
     assert exact.describe() == "MoE experts capacity-padded (every token)"
     assert "ceil(1.25 * tokens * top_k / experts)" in drop.instruction()
+    from tpu_agent.report.effects import effect_line
+
+    assert effect_line(drop, []).startswith("training (different training (batch, sequence length, or the tokens an "
+                                            "expert takes)): MoE experts capacity-padded (capacity factor 1.25); a "
+                                            "token routed to an expert past its slots loses that expert's output")
+    assert "no token is dropped" in effect_line(exact, [])
     assert Plan.model_validate_json(Plan(actions=[drop]).model_dump_json()) == Plan(actions=[drop])
 
 

@@ -19,7 +19,7 @@ def test_each_class_says_what_it_does():
     assert vocab.startswith("model (a different architecture): vocab_size 50257->50432 (train.py:12); "
                             "parameters 3,383,552 -> 3,394,752 (+11,200, measured)")
     assert "the 175 added vocabulary rows never appear in the data, so they are never labels" in vocab
-    assert batch.startswith("training (different training (batch or sequence length))") and "per sample" in batch
+    assert batch.startswith("training (different training (batch, sequence length") and "per sample" in batch
     assert bf16.startswith("numerics (same model, other rounding)") and "--loss-tol" in bf16
 
 

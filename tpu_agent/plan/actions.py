@@ -30,12 +30,12 @@ SCHEMA_VERSION = 1
 MeshAxes = dict[str, int]
 Group = Literal["padding", "execution", "precision", "sharding"]
 # What an action does to the model, for the user: the same math (exact), the same model with other rounding
-# (numerics), another architecture (model), another batch or sequence length (training), or other data (data:
+# (numerics), another architecture (model), another batch, sequence length or expert capacity (training), or other data (data:
 # the tuner never proposes it). The search covers exact and numerics unless `--allow` opens more.
 Effect = Literal["exact", "numerics", "model", "training", "data"]
 EFFECTS: tuple[str, ...] = ("exact", "numerics", "model", "training", "data")
 EFFECT_TEXT = {"exact": "same math", "numerics": "same model, other rounding", "model": "a different architecture",
-               "training": "different training (batch or sequence length)", "data": "a change to the data"}
+               "training": "different training (batch, sequence length, or the tokens an expert takes)", "data": "a change to the data"}
 
 
 class _Action(BaseModel):
@@ -67,6 +67,10 @@ class _Action(BaseModel):
 
     def instruction(self) -> str | None:
         """How to get this action without tpu-agent, in the script or its environment (None: a source edit)."""
+        return None
+
+    def effect_note(self) -> str | None:
+        """What its class means for the user's training, beyond the class's name (None: nothing more)."""
         return None
 
     def apply(self, applied: "Applied") -> None:
@@ -353,6 +357,12 @@ class ExpertCapacity(_Action):
     def describe(self) -> str:
         how = "every token" if self.capacity_factor is None else f"capacity factor {self.capacity_factor:g}"
         return f"MoE experts capacity-padded ({how})"
+
+    def effect_note(self) -> str | None:
+        if self.capacity_factor is None:
+            return "no token is dropped and the empty slots reach no token; the losses were held to the baseline's"
+        return ("a token routed to an expert past its slots loses that expert's output (its residual carries it), "
+                "so training changes; the losses were held to the loss tolerance (--loss-tol)")
 
     def instruction(self) -> str:
         size = ("tokens (every token fits)" if self.capacity_factor is None else

@@ -26,7 +26,8 @@ def effect_line(action, parameters: list[int | None]) -> str:
         return (f"{text}; an Adam-style optimizer's update runs its capturable form, the same math in another "
                 "order (about 1e-5 relative in the loss after a few dozen steps); the losses were held to the "
                 "loss tolerance (--loss-tol), not to the baseline's")
-    return text
+    note = action.effect_note()
+    return f"{text}; {note}" if note else text
 
 
 def effect_lines(plan: Plan, parameters: list[int | None]) -> list[str]:
