@@ -30,12 +30,12 @@ from pathlib import Path
 
 import optuna
 
-from tpu_agent import pipeline
 from tpu_agent.config import TuneOptions
 from tpu_agent.measure.compare import MIN_STEADY, median, steady_ratios
 from tpu_agent.measure.runner import Runner
 from tpu_agent.measure.trials import StepRecord, TrialFailed
 from tpu_agent.propose import knobs as knob_finder
+from tpu_agent.propose import make_proposer
 from tpu_agent.propose.playbook import load_playbooks
 from tpu_agent.run.tune_profile import profile_for_tune
 from tpu_agent.search.space import build_space
@@ -143,8 +143,7 @@ def record(example: str, trials: int, seed: int, work: Path):
     knobs = knob_finder.discover(script, profile=profile, script_args=[], profile_path=str(path)).knobs
     batch_knob = next((k for k in knobs if k.batch and not k.overridden), None)
     batch = batch_knob.value if batch_knob else None
-    agent = pipeline.make_proposer("offline", audit_dir=run_dir / "agent", model=None,
-                                   token_budget=options.token_budget, script=script)
+    agent = make_proposer("offline")
     space = build_space(agent.propose(profile, knobs, load_playbooks([]), [], 1), options.candidates)
     runner = RecordingRunner(script, [], options, run_dir)
     study = open_study(options, "recorded", options.fingerprint(script, []), work, pruner="none")

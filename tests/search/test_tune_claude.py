@@ -56,9 +56,9 @@ def test_fake_claude_drives_a_full_tune_to_a_verification(tmp_path: Path, monkey
     client = FakeClient([message([use("profile_summary", {}, "t1")]),
                          message([use("submit_proposals", PROPOSAL, "t2")])])
 
-    def make_proposer(proposer, *, audit_dir, model, token_budget, script):
+    def make_proposer(proposer, *, audit_dir, token_budget, source_root, **_model):
         return ClaudeProposer(client=client, audit_dir=audit_dir, token_budget=token_budget,
-                              source_root=script.parent, say=lambda _m: None)
+                              source_root=source_root, say=lambda _m: None)
 
     monkeypatch.setattr(tune, "make_proposer", make_proposer)
     monkeypatch.chdir(tmp_path)

@@ -1,0 +1,57 @@
+"""The search phase: round after round, the proposer's candidates (those in the search's classes) make the space
+an Optuna study searches, each round with its share of --trials; later rounds see the trials before them."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from rich.console import Console
+
+from tpu_agent.config import TuneOptions
+from tpu_agent.measure.runner import Runner
+from tpu_agent.propose.base import ProposalRound, Proposer
+from tpu_agent.propose.playbook import load_playbooks
+from tpu_agent.propose.scope import candidates_in_scope
+from tpu_agent.search.progress import TrialProgress
+from tpu_agent.search.records import TrialRecord
+from tpu_agent.search.space import Space, build_space
+from tpu_agent.search.study import search
+
+
+class Watcher(Protocol):
+    """Who records and says what the search does (report.progress.TuneProgress)."""
+    console: Console
+
+    def round(self, number: int, round_: ProposalRound, out_of_scope: list[str], space: Space,
+              budget: int) -> None: ...
+
+    def trial(self, record: TrialRecord) -> None: ...
+
+    def script_failure(self, failure: tuple[int, str] | None) -> None: ...
+
+
+def search_rounds(study, runner: Runner, proposer: Proposer, profile, knobs: list, options: TuneOptions,
+                  baseline_batch: int | None, watcher: Watcher, *, done: int = 0) -> None:
+    """`done`: trials an earlier run of the study recorded (the progress bar counts them; the proposer sees only
+    this run's, so a resumed study keeps its search space)."""
+    playbooks, space, baseline_losses, this_run = load_playbooks(options.playbooks), Space(candidates=[]), {}, []
+    runner.fresh_baselines = profile.recompiling is not None  # each trial's baseline sees the batches anew
+    bar = TrialProgress(watcher.console, options.trials, done=done)
+
+    def on_trial(record: TrialRecord) -> None:
+        watcher.script_failure(runner.script_failure)
+        watcher.trial(record)
+        this_run.append(record)
+        bar.advance()
+
+    for number in range(1, options.rounds + 1):
+        round_ = proposer.propose(profile, knobs, playbooks, [r.outcome() for r in this_run], number)
+        round_, out_of_scope = candidates_in_scope(round_, options.allow)
+        space = build_space(round_, options.candidates, space)
+        budget = options.trials * number // options.rounds
+        watcher.round(number, round_, out_of_scope, space, budget)
+        if not space.candidates:
+            return
+        with bar:
+            search(study, space, runner, options.model_copy(update={"trials": budget}), baseline_batch,
+                   baseline_losses, on_trial=on_trial)

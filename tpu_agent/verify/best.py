@@ -1,0 +1,50 @@
+"""The verification phase: the search's best plans verified in turn, in fresh processes; the first accepted one
+is ablated, and the plan left standing after its ablation is the tune's result."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from rich.console import Console
+
+from tpu_agent.config import TuneOptions
+from tpu_agent.measure.runner import Runner
+from tpu_agent.plan.actions import Plan
+from tpu_agent.verify.ablation import settle
+from tpu_agent.verify.verdict import Verdict, verify
+
+
+class Watcher(Protocol):
+    """Who records and says what the verification does (report.progress.TuneProgress)."""
+    console: Console
+    verdicts: list[Verdict]
+
+    def enter(self, phase: str) -> None: ...
+
+    def verifying(self, plan: Plan) -> None: ...
+
+    def verified(self, verdict: Verdict) -> None: ...
+
+    def standing(self, verdict: Verdict | None) -> None: ...
+
+    def script_failure(self, failure: tuple[int, str] | None) -> None: ...
+
+
+def verify_best(plans: list[Plan], runner: Runner, options: TuneOptions, baseline_batch: int | None, profile,
+                watcher: Watcher) -> None:
+    """A verified plan stands from the moment it is verified, so an interrupted ablation keeps it."""
+    for plan in plans[:options.verify]:
+        watcher.verifying(plan)
+        verdict = verify(plan, runner, options, baseline_batch, profile)
+        watcher.script_failure(runner.script_failure)
+        watcher.verified(verdict)
+        if not verdict.accepted:
+            continue
+        watcher.standing(verdict)
+        if options.objective != "memory" and not verdict.estimate_note:
+            watcher.enter("ablation")
+            verdict = settle(verdict, runner, options, baseline_batch, profile, watcher.console, watcher.verdicts)
+            watcher.enter("verification")
+        watcher.standing(verdict if verdict.accepted else None)  # rejected: its gain needed what was left out
+        if verdict.accepted:
+            return
