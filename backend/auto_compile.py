@@ -72,6 +72,9 @@ def _first_forward(module, args):
 
     if isinstance(module, CompiledModule) or "forward" in module.__dict__:
         return None  # compiled already, by the script (torch.compile) or by us
+    if isinstance(module, torch.nn.parallel.DistributedDataParallel):
+        return None  # DDP's own forward (its reducer's bookkeeping) runs as written; the model it wraps, next
+    # called, is the one compiled
     param = next(module.parameters(), None)
     if not isinstance(param, TpuTensor):
         return None

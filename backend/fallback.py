@@ -28,7 +28,15 @@ def decompose(func, args, kwargs):
         return decomp(*args, **kwargs)
     if func.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
         return func.decompose(*args, **kwargs)
+    if func.namespace not in _OWN_NAMESPACES and func.has_kernel_for_dispatch_key(_PRIVATE_USE1):
+        # A library's own op with a kernel for devices like ours (FSDP2's fsdp.all_gather_copy_in,
+        # split_with_sizes_copy, chunk_cat): that kernel, written in torch ops, runs them here.
+        return func._op_dk(_PRIVATE_USE1, *args, **kwargs)
     return NotImplemented
+
+
+_OWN_NAMESPACES = ("aten", "prims", "c10d", "_c10d_functional")
+_PRIVATE_USE1 = torch._C.DispatchKey.PrivateUse1
 
 
 def _describe(x) -> str:

@@ -24,11 +24,12 @@ DEVICE = torch.device("tpu", 0)
 class Storage:
     """A mutable box around the base array, shared by all views of it."""
 
-    __slots__ = ("array", "version", "__weakref__")
+    __slots__ = ("array", "version", "freed", "__weakref__")
 
     def __init__(self, array):
         self.array = array
         self.version = 0
+        self.freed = None  # (shape, dtype) while its memory is given back (`untyped_storage().resize_(0)`)
         if type(array) is Lazy:  # a pending value: this storage is an output of the next flush
             RECORDER.track(self)
 
@@ -41,6 +42,35 @@ class Storage:
         self.version += 1
         if type(array) is Lazy:
             RECORDER.track(self)
+
+    def nbytes(self) -> int:
+        return 0 if self.freed is not None else self.array.size * self.array.dtype.itemsize
+
+    def resize(self, nbytes: int) -> None:
+        """`untyped_storage().resize_(n)` as FSDP2 uses it: 0 gives the memory back (the value is lost), the
+        full size brings back a zeroed array of the base's shape (to be written into), anything else raises."""
+        import jax.numpy as jnp
+
+        if nbytes == 0:
+            if self.freed is None:
+                self.freed = (tuple(self.array.shape), self.array.dtype)
+                self.write(jnp.zeros((0,), self.array.dtype))
+            return
+        if self.freed is not None:
+            shape, dtype = self.freed
+            if nbytes == int(jnp.zeros((), dtype).dtype.itemsize * _numel(shape)):
+                self.freed = None
+                self.write(jnp.zeros(shape, dtype))
+                return
+        if nbytes != self.nbytes():
+            raise RuntimeError(f"tpu: a storage can be resized only to 0 bytes and back ({nbytes} bytes asked)")
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 class TpuTensor(torch.Tensor):
@@ -129,8 +159,10 @@ class TpuTensor(torch.Tensor):
         box, so views share it): libraries that tell shared tensors apart by it (safetensors'
         save_file, transformers' save_pretrained) work; the real pointer does not exist."""
         storage = super().untyped_storage()
-        box_id = id(self._storage_box)
-        storage.data_ptr = lambda: box_id
+        box = self._storage_box
+        storage.data_ptr = lambda: id(box)
+        storage.size = storage.nbytes = box.nbytes  # FSDP2 frees and re-allocates unsharded parameters
+        storage.resize_ = box.resize
         return storage
 
     def data_ptr(self):

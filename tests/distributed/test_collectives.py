@@ -1,12 +1,14 @@
 """The tpu process-group backend at world size 2, launched by torchrun: every collective DDP, FSDP2 and
 DTensor use gives the values gloo would, for the three ways a script names the backend (none, "tpu",
 "cpu:gloo,tpu:tpu"), with CPU tensors still going to gloo; the functional collectives and a DTensor on
-`init_device_mesh("tpu", ...)` too. The results are computed on the device (each rank's tensors stay tpu
+`init_device_mesh("tpu", ...)` too; and FSDP2 (`fully_shard` per layer and on the root, AdamW) trains
+as the same model does on the CPU given both ranks' batches, as does DDP with compiled steps. The results are computed on the device (each rank's tensors stay tpu
 tensors) and compared here with values worked out by hand."""
 
 from __future__ import annotations
 
 import json
+import math
 import textwrap
 
 import pytest
@@ -19,6 +21,7 @@ SCRIPT = textwrap.dedent("""
     import json, sys
     import torch, torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
+    from tpu_agent.backend.auto_compile import STATE as AUTO_COMPILE
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
@@ -55,6 +58,56 @@ SCRIPT = textwrap.dedent("""
         keep("dtensor_sum", d.sum().full_tensor())
         dist.barrier()
         dist.destroy_process_group()
+
+    # FSDP2, fully_shard per layer and on the root, against the same model on the CPU in this process trained
+    # on both ranks' batches (FSDP2 averages the ranks' gradients: the gradient of the mean of their losses).
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group()
+    def net():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4))
+    model, reference = net().to("tpu"), net()
+    for layer in (model[0], model[3]):
+        fully_shard(layer)
+    fully_shard(model)
+    opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, reference))
+    batches = [torch.Generator().manual_seed(r) for r in range(world)]
+
+    def train(steps, model, opt, reference, ref_opt):
+        # each rank's loss on its batch, and the reference's on that batch (trained on every rank's)
+        out = {"losses": [], "reference": [], "params": {}, "reference_params": {}}
+        for step in range(steps):
+            xs = [torch.randn(8, 16, generator=g) for g in batches]
+            loss = F.mse_loss(model(xs[rank].to("tpu")), xs[rank][:, :4].to("tpu"))
+            loss.backward(); opt.step(); opt.zero_grad()
+            ref_losses = [F.mse_loss(reference(x), x[:, :4]) for x in xs]
+            (sum(ref_losses) / world).backward(); ref_opt.step(); ref_opt.zero_grad()
+            out["losses"].append(loss.item()); out["reference"].append(ref_losses[rank].item())
+        return out
+
+    fsdp = results["fsdp"] = train(3, model, opt, reference, ref_opt)
+    for (name, p), ref in zip(model.named_parameters(), reference.parameters()):
+        fsdp["params"][name] = p.full_tensor().cpu().flatten().tolist()
+        fsdp["shard"] = list(p.to_local().shape)
+        fsdp["reference_params"][name] = ref.detach().flatten().tolist()
+
+    # DDP with compiled steps (no change to the script: compile_steps, fused mode): the wrapped model is
+    # compiled, DDP's reducer still all-reduces its gradients (compiling DDP itself lost them).
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.tpu.compile_steps()
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        model, reference = DDP(net().to("tpu")), net()
+        opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference))
+        ddp = results["ddp_compiled"] = train(4, model, opt, reference, ref_opt)
+        ddp["params"] = [p.cpu().flatten().tolist() for p in model.module.parameters()]
+        ddp["reference_params"] = [p.detach().flatten().tolist() for p in reference.parameters()]
+        ddp["compiled"] = len(AUTO_COMPILE.modules)
+    dist.barrier()
+    dist.destroy_process_group()
     with open(f"rank{rank}.json", "w") as f:
         json.dump(results, f)
 """)
@@ -78,8 +131,13 @@ def expected(rank: int) -> dict:
     }
 
 
-@pytest.mark.slow  # torchrun, 2 ranks joined in one JAX runtime (about 20 s)
+def _norm_close(a: list[float], b: list[float], rel: float) -> bool:
+    return math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b))) <= rel * math.sqrt(sum(y * y for y in b))
+
+
+@pytest.mark.slow  # torchrun, 2 ranks joined in one JAX runtime (about 30 s)
 def test_every_collective_at_world_size_2_gives_gloos_values_whichever_way_the_backend_is_named(tmp_path):
+    # ... and FSDP2 on tpu trains as the same model on the CPU does.
     script = tmp_path / "collectives.py"
     script.write_text(SCRIPT)
     for _ in range(2):
@@ -90,6 +148,15 @@ def test_every_collective_at_world_size_2_gives_gloos_values_whichever_way_the_b
     assert proc.returncode == 0, proc.stderr[-4000:]
     for rank in (0, 1):
         results = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        fsdp, ddp = results.pop("fsdp"), results.pop("ddp_compiled")
         assert set(results) == {"None", "tpu", "cpu:gloo,tpu:tpu"}
         for backend, got in results.items():
             assert got == expected(rank), (rank, backend)
+        assert fsdp["shard"] == [2]  # the last bias (4 values) is held half by each rank
+        assert all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(fsdp["losses"], fsdp["reference"])), fsdp
+        for name, values in fsdp["params"].items():  # AdamW magnifies rounding in near-zero gradients: by norm
+            assert _norm_close(values, fsdp["reference_params"][name], 1e-5), name
+        assert ddp["compiled"] == 1  # the model DDP wraps, not DDP
+        assert all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(ddp["losses"], ddp["reference"])), ddp
+        for values, reference in zip(ddp["params"], ddp["reference_params"]):
+            assert _norm_close(values, reference, 1e-5)
