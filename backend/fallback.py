@@ -51,6 +51,9 @@ def unsupported(func, args, kwargs):
     flat, _ = tree_flatten((args, kwargs))
     shapes = ", ".join(_describe(x) for x in flat if isinstance(x, torch.Tensor))
     label = "aten op" if func.namespace == "aten" else "op"
+    if func.namespace == "c10d":  # PyTorch routes a group's collectives here when its backend has no tpu one
+        raise RuntimeError(f"{func} on tpu tensors ({shapes}): the process group has no tpu backend; start it "
+                           "with init_process_group() with no backend, 'tpu' or 'cpu:gloo,tpu:tpu'")
     raise NotImplementedError(
         f"{label} {func} is not supported on the tpu device (arguments: {shapes}); "
         "set TPU_AGENT_CPU_FALLBACK=1 to run it on the CPU"

@@ -47,6 +47,8 @@ SCRIPT = textwrap.dedent("""
         a2a = torch.empty(4, device="tpu"); dist.all_to_all_single(a2a, x); keep("all_to_all", a2a)
         i = torch.tensor([rank + 1], device="tpu"); dist.all_reduce(i); keep("int", i)
         c = torch.ones(2) * (rank + 1); dist.all_reduce(c); keep("cpu", c)
+        w = dist.all_reduce(y := x.clone(), async_op=True); w.wait(); keep("async", y)
+        keep("future", dist.all_reduce(x.clone(), async_op=True).get_future().wait()[0])
         dist.barrier()
         keep("f_all_reduce", funcol.all_reduce(x, "sum", dist.group.WORLD))
         keep("f_gather", funcol.all_gather_tensor(x, 0, dist.group.WORLD))
@@ -58,6 +60,14 @@ SCRIPT = textwrap.dedent("""
         keep("dtensor_sum", d.sum().full_tensor())
         dist.barrier()
         dist.destroy_process_group()
+
+    dist.init_process_group("gloo")  # a group without the tpu backend: one clear error for tpu tensors
+    try:
+        dist.all_reduce(x)
+    except RuntimeError as exc:
+        results["gloo_error"] = str(exc)
+    dist.barrier()
+    dist.destroy_process_group()
 
     # FSDP2, fully_shard per layer and on the root, against the same model on the CPU in this process trained
     # on both ranks' batches (FSDP2 averages the ranks' gradients: the gradient of the mean of their losses).
@@ -124,7 +134,7 @@ def expected(rank: int) -> dict:
         "reduce_scatter": total[2 * rank:2 * rank + 2],
         "broadcast": x[1],
         "all_to_all": x[0][2 * rank:2 * rank + 2] + x[1][2 * rank:2 * rank + 2],
-        "int": [3], "cpu": [3.0, 3.0],
+        "int": [3], "cpu": [3.0, 3.0], "async": total, "future": total,
         "f_all_reduce": total, "f_gather": x[0] + x[1], "f_reduce_scatter": total[2 * rank:2 * rank + 2],
         "dtensor_local": [float(v) for v in range(4 * rank, 4 * rank + 4)],
         "dtensor_full": [float(v) for v in range(8)], "dtensor_sum": [28.0],
@@ -149,6 +159,7 @@ def test_every_collective_at_world_size_2_gives_gloos_values_whichever_way_the_b
     for rank in (0, 1):
         results = json.loads((tmp_path / f"rank{rank}.json").read_text())
         fsdp, ddp = results.pop("fsdp"), results.pop("ddp_compiled")
+        assert "the process group has no tpu backend" in results.pop("gloo_error")
         assert set(results) == {"None", "tpu", "cpu:gloo,tpu:tpu"}
         for backend, got in results.items():
             assert got == expected(rank), (rank, backend)
