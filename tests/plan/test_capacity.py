@@ -147,7 +147,8 @@ def test_the_action_says_its_class_and_how_to_get_it_without_the_tool():
     assert Plan(actions=[drop]).effects() == ["training"] and not drop.preserves_numerics
     assert ExpertCapacity(capacity_factor=2.0, effect="exact").effect == "training"  # decided, never given
     assert exact.describe() == "MoE experts capacity-padded (every token)"
-    assert "ceil(1.25 * tokens * top_k / experts)" in drop.instruction()
+    assert "give each expert ceil(1.25 * tokens * top_k / experts) slots, place" in drop.instruction()
+    assert "give each expert as many slots as the batch has tokens (none is dropped), place" in exact.instruction()
     from tpu_agent.report.effects import effect_line
 
     assert effect_line(drop, []).startswith("training (different training (batch, sequence length, or the tokens an "

@@ -365,9 +365,9 @@ class ExpertCapacity(_Action):
                 "so training changes; the losses were held to the loss tolerance (--loss-tol)")
 
     def instruction(self) -> str:
-        size = ("tokens (every token fits)" if self.capacity_factor is None else
-                f"ceil({self.capacity_factor:g} * tokens * top_k / experts)")
-        return (f"capacity padding in the MoE block's forward: give each expert {size} slots, place its tokens in "
+        size = ("as many slots as the batch has tokens (none is dropped)" if self.capacity_factor is None else
+                f"ceil({self.capacity_factor:g} * tokens * top_k / experts) slots")
+        return (f"capacity padding in the MoE block's forward: give each expert {size}, place its tokens in "
                 "them in token order (a cumulative sum over the one-hot routing), run each expert on all its slots "
                 "and gather each token's outputs back with its routing weights, instead of the `torch.where` loop "
                 "(what `tpu_agent.plan.capacity.dispatch` computes)")
