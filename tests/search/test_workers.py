@@ -128,13 +128,38 @@ def test_a_server_restarted_mid_search_loses_nothing(project, postgres):
     assert not [line for line in said if "exited" in line], said  # the other worker rode it out too
 
 
+def test_a_server_down_for_good_is_one_line_and_resume_goes_on_once_it_is_back(project, postgres, monkeypatch):
+    url = postgres.create("down")
+    monkeypatch.setattr(storage_mod, "RECONNECT_S", 2)
+    stopped = threading.Event()
+
+    def stop_after_one(k: int) -> None:
+        if k == 2:
+            postgres.stop()
+            stopped.set()
+
+    try:
+        with pytest.raises(storage_mod.StorageLost, match=r"the study storage postgresql://tpu:\*\*\*@127.0.0.1:\d+/down "
+                           r"is unreachable \(.*\); the trials that finished are in it: --resume goes on"):
+            lead(project, url, "d", trials=3, n=1, gate=stop_after_one)
+    finally:
+        if stopped.is_set():
+            postgres.start()
+    options = TuneOptions(trials=3, seed=0, storage=url, resume=True)
+    again = open_study(options, "d", "fp", project / "runs", key=worker_key(project / "train.py", [], options))
+    assert len(counted(again)) == 1  # the trial before the outage, kept; the one cut off is queued again
+    search(again, padding_space(), SlowRunner(), options, None, {}, seeded=False)
+    measured = counted(again)
+    assert len(measured) == 3 and len(set(plans_of(measured))) == 3
+
+
 def test_two_studies_share_one_database(project, postgres):
     url = postgres.create("two")
-    a, _ = lead(project, url, "a", trials=3, n=1)
-    b, _ = lead(project, url, "b", trials=4, n=1)
+    a, _ = lead(project, url, "a", trials=2, n=1)
+    b, _ = lead(project, url, "b", trials=3, n=1)
     assert sorted(optuna.study.get_all_study_names(url)) == ["a", "b"]
-    assert (len(counted(a)), len(counted(b))) == (3, 4)
-    assert a.user_attrs["space"] == b.user_attrs["space"] and b.user_attrs["trials"] == 4
+    assert (len(counted(a)), len(counted(b))) == (2, 3)
+    assert a.user_attrs["space"] == b.user_attrs["space"] and b.user_attrs["trials"] == 3
 
 
 def test_two_workers_on_a_journal_in_a_shared_folder(project):
@@ -194,7 +219,7 @@ def test_verify_on_a_joined_host_verifies_the_study_there_and_records_the_verdic
     from tpu_agent.measure import runner as runner_mod
 
     url = f"sqlite:///{project / 'studies.db'}"
-    lead(project, url, "v", trials=3, n=1)
+    lead(project, url, "v", trials=2, n=1)
     monkeypatch.setattr(runner_mod, "Runner", lambda *a, **k: FakeRunner())
     options = TuneOptions(storage=url, join="v", verify_on=socket.gethostname(), output_dir=str(project / "runs"))
     out = io.StringIO()

@@ -19,7 +19,7 @@ from support.fake_runner import FakeRunner  # noqa: E402
 from tpu_agent.search import storage, worker  # noqa: E402
 from tpu_agent.search import study as study_mod  # noqa: E402
 
-SLOW_S = 0.3
+SLOW_S = 0.2
 
 
 class SlowRunner(FakeRunner):

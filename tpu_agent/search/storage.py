@@ -16,7 +16,7 @@ from pathlib import Path
 import optuna
 
 from tpu_agent.config import redact_url
-from tpu_agent.errors import InputError
+from tpu_agent.errors import InputError, TpuAgentError
 
 STUDY_DB = "studies.db"
 JOURNAL = "journal:"
@@ -121,11 +121,45 @@ def lost_storage_errors() -> tuple[type[BaseException], ...]:
     return (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError, optuna.exceptions.StorageInternalError)
 
 
-def backoff(began: float, attempt: int) -> float | None:
-    """Seconds to wait before reconnect attempt `attempt` (1, 2, 4 ... up to 16), or None past RECONNECT_S."""
-    if time.monotonic() - began > RECONNECT_S:
-        return None
-    return float(min(2 ** attempt, 16))
+def _root(exc: BaseException) -> BaseException:
+    """The driver's own error under Optuna's wrappers ("An exception is raised during the commit")."""
+    seen = exc
+    while seen.__cause__ is not None or seen.__context__ is not None:
+        seen = seen.__cause__ or seen.__context__
+        if isinstance(seen, lost_storage_errors()[:2]):
+            return seen
+    return exc
+
+
+class StorageLost(TpuAgentError):
+    """The study's database stayed unreachable past RECONNECT_S mid-search (exit 1; what finished is kept)."""
+
+
+class Reconnect:
+    """A search's storage gone away: waits 1, 2, 4 ... 16 s between attempts, for up to RECONNECT_S, said once;
+    then StorageLost."""
+
+    def __init__(self, study: optuna.Study, say) -> None:
+        backend = getattr(study._storage, "_backend", study._storage)  # Optuna caches an RDB storage in a wrapper
+        engine_url = getattr(getattr(backend, "engine", None), "url", None)
+        self.shown = engine_url.render_as_string(hide_password=True) if engine_url is not None else ""
+        self.secret = engine_url.password if engine_url is not None else None
+        self.say, self.since, self.attempt = say, None, 0
+
+    def wait(self, exc: BaseException) -> None:
+        where = f"the study storage {self.shown}".rstrip()
+        self.since = self.since or time.monotonic()
+        if time.monotonic() - self.since > RECONNECT_S:
+            text = first_line(_root(exc), "")
+            raise StorageLost(f"{where} is unreachable ({text.replace(self.secret, '***') if self.secret else text});"
+                              " the trials that finished are in it: --resume goes on once it is back") from None
+        if self.attempt == 0:
+            self.say(f"{where} is unreachable; retrying for up to {int(RECONNECT_S)} s")
+        time.sleep(min(2 ** self.attempt, 16))
+        self.attempt += 1
+
+    def ok(self) -> None:
+        self.since, self.attempt = None, 0
 
 
 @contextmanager

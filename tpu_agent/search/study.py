@@ -12,7 +12,7 @@ from pathlib import Path
 import optuna
 
 from tpu_agent.config import TuneOptions
-from tpu_agent.errors import InputError, TpuAgentError
+from tpu_agent.errors import InputError
 from tpu_agent.measure.compare import median
 from tpu_agent.measure.runner import Runner
 from tpu_agent.plan.actions import Plan
@@ -20,9 +20,8 @@ from tpu_agent.search.objective import Failed, Measured, Objective
 from tpu_agent.search.records import TrialRecord, TrialState
 from tpu_agent.search.sampling import Plans, PlanSampler, plan_key, seeds, taken
 from tpu_agent.search.space import Space
-from tpu_agent.search.storage import (STUDY_DB, backoff, check_url, dashboard_command, first_line,  # noqa: F401
+from tpu_agent.search.storage import (STUDY_DB, Reconnect, check_url, dashboard_command, first_line,  # noqa: F401
                                       lost_storage_errors, open_storage, redact, retry_once, storage_url)
-from tpu_agent.search.storage import RECONNECT_S
 _COMPLETE = optuna.trial.TrialState.COMPLETE
 _PRUNED = optuna.trial.TrialState.PRUNED
 _RUNNING = optuna.trial.TrialState.RUNNING
@@ -234,7 +233,7 @@ def search(study: optuna.Study, space: Space, runner: Runner, options: TuneOptio
            seeded: bool = True) -> list[TrialRecord]:
     """Run the study until it holds --trials measured plans (from any worker), the space has none left, or
     --timeout; every finished trial is in the study's storage as it ends. A storage that goes away mid-search is
-    retried (backoff.RECONNECT_S), then one line."""
+    retried (storage.Reconnect), then one line."""
     plans = Plans(space, options)
     sampler = PlanSampler(space, plans, options.trials, options.seed + seed_offset)
     study.sampler = sampler
@@ -277,44 +276,41 @@ def search(study: optuna.Study, space: Space, runner: Runner, options: TuneOptio
         return objective(trial)
 
     deadline = time.monotonic() + options.timeout if options.timeout else None
-    lost_since, attempt = None, 0
-    while deadline is None or time.monotonic() < deadline:
-        try:
-            fail_stale(study, own=True)
-            states = [t.state for t in study.get_trials(deepcopy=False)]
-            done = len(counted(study))
-            running, waiting = states.count(_RUNNING), states.count(optuna.trial.TrialState.WAITING)
-            if done >= options.trials and not waiting:  # a queued trial (a retry, a seed) runs all the same
-                break
-            if not waiting and done + running >= options.trials:
-                others()
-                time.sleep(1.0)  # the last trials run on other workers: one of them may die and be queued again
-                continue
-            if not waiting and sampler.untaken(study) == 0:
-                if not running:
-                    say(f"the space has no plan left to measure: {done} measured of {options.trials} asked")
+    reconnect = Reconnect(study, say)
+    try:
+        while deadline is None or time.monotonic() < deadline:
+            try:
+                fail_stale(study, own=True)
+                states = [t.state for t in study.get_trials(deepcopy=False)]
+                done = len(counted(study))
+                running, waiting = states.count(_RUNNING), states.count(optuna.trial.TrialState.WAITING)
+                if done >= options.trials and not waiting:  # a queued trial (a retry, a seed) runs all the same
                     break
-                time.sleep(1.0)
-                continue
-            study.optimize(owned, n_trials=1, catch=(Failed,), gc_after_trial=False)
-            seen.update(r.number for r in objective.records)
-            others()
-            lost_since, attempt = None, 0
-        except Exception as exc:  # noqa: BLE001 - a lost server surfaces as whatever Optuna was doing then
-            if not isinstance(exc, lost_storage_errors()) and _reachable(study):
-                raise
-            url = getattr(getattr(study._storage, "engine", None), "url", None)
-            shown = url.render_as_string(hide_password=True) if url is not None else "the study storage"
-            lost_since = lost_since or time.monotonic()
-            wait = backoff(lost_since, attempt)
-            if wait is None:
-                raise StorageLost(f"the study storage {shown} is unreachable ({first_line(exc, '')}); the trials "
-                                  "that finished are in it: --resume goes on once it is back") from None
-            if attempt == 0:
-                say(f"the study storage {shown} is unreachable; retrying for up to "
-                    f"{int(RECONNECT_S)} s")
-            attempt += 1
-            time.sleep(wait)
+                if not waiting and done + running >= options.trials:
+                    others()
+                    time.sleep(1.0)  # the last trials run on other workers: one of them may die and be queued again
+                    continue
+                if not waiting and sampler.untaken(study) == 0:
+                    if not running:
+                        say(f"the space has no plan left to measure: {done} measured of {options.trials} asked")
+                        break
+                    time.sleep(1.0)
+                    continue
+                study.optimize(owned, n_trials=1, catch=(Failed,), gc_after_trial=False)
+                seen.update(r.number for r in objective.records)
+                others()
+            except Exception as exc:  # noqa: BLE001 - a lost server surfaces as whatever Optuna was doing then
+                if not isinstance(exc, lost_storage_errors()) and _reachable(study):
+                    raise
+                reconnect.wait(exc)  # or StorageLost, past RECONNECT_S
+            else:
+                reconnect.ok()
+    except BaseException:
+        if procs:  # Ctrl-C, SIGTERM, a lost storage: the other workers of this tune stop with it
+            from tpu_agent.search import workers
+
+            workers.stop(procs)
+        raise
     if procs:
         from tpu_agent.search import workers
 
@@ -332,10 +328,6 @@ def _reachable(study: optuna.Study) -> bool:
     except lost_storage_errors():
         return False
     return True
-
-
-class StorageLost(TpuAgentError):
-    """The study's database stayed unreachable past RECONNECT_S mid-search (exit 1; what finished is kept)."""
 
 
 def measured_plans(study: optuna.Study) -> dict[str, Measured]:

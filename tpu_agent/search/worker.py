@@ -61,16 +61,21 @@ def join_here(script: Path, args: list[str], options: TuneOptions, run_dir: Path
 
 def main(runner=None) -> int:
     """A worker started by `--workers N`: its spec on stdin (`runner`: a measuring double, in tests)."""
+    from tpu_agent import interrupts
     from tpu_agent.errors import TpuAgentError
 
     spec = json.loads(sys.stdin.read())
     options = TuneOptions.model_validate(spec["options"], strict=False)
     try:
-        join(Path(spec["script"]), spec["args"], options, Path(spec["run_dir"]), seed_offset=spec["seed_offset"],
-             say=lambda line: print(line, flush=True), runner=runner)
+        with interrupts.stop_signals_interrupt():  # the tune stopping: this worker's processes stopped too
+            join(Path(spec["script"]), spec["args"], options, Path(spec["run_dir"]), seed_offset=spec["seed_offset"],
+                 say=lambda line: print(line, flush=True), runner=runner)
     except TpuAgentError as exc:
         print(f"error: {exc}", flush=True)
         return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted: what finished is in the study", flush=True)
+        return interrupts.exit_code()
     return 0
 
 
