@@ -88,7 +88,14 @@ class Lowered:
 
     def __init__(self, graph: Graph, constrain=None):
         self.graph = graph
-        self.constrain = constrain  # (shape, in backward) -> a sharding for a value of that shape, or None
+        self.constrain = constrain  # (shape, in backward, batch-led) -> a sharding for such a value, or None
+        # values whose dim 0 runs over the batch: the batch inputs, then what ops make from them
+        self.batch_led = {v for v, (_shape, _dtype, role, _name) in graph.inputs.items() if role == "data"}
+        self.shapes = {v: tuple(i[0]) for v, i in graph.inputs.items()}
+        for n in graph.nodes:
+            for v, shape in zip(n.outs, n.out_shapes):
+                if v is not None and shape is not None:
+                    self.shapes[v] = tuple(shape)
         self.input_ids = list(graph.inputs)
         self.output_ids = list(graph.outputs)
         self.lowerings, self.opinfo = _tables()
@@ -129,8 +136,14 @@ class Lowered:
         if self.constrain is not None and not node.written:
             import jax
 
+            leads = self._leads(node)
             for i, array in enumerate(flat):
-                sharding = self.constrain(tuple(array.shape), node.backward) if hasattr(array, "shape") else None
+                if not hasattr(array, "shape") or node.outs[i] is None:
+                    continue
+                led = self._led(tuple(array.shape), leads)
+                if led:
+                    self.batch_led.add(node.outs[i])
+                sharding = self.constrain(tuple(array.shape), node.backward, led)
                 if sharding is not None:
                     flat[i] = jax.lax.with_sharding_constraint(array, sharding)
         for vid, array in zip(node.outs, flat):
@@ -140,6 +153,24 @@ class Lowered:
         for vid, array in zip(node.outs, flat):
             if vid is not None and vid not in written:
                 env[vid] = array
+
+    def _leads(self, node: Node) -> set:
+        """Leading dims of the node's batch-led tensor inputs (and their first two dims merged)."""
+        flat, _ = tree_flatten((node.args, node.kwargs))
+        leads = set()
+        for x in flat:
+            if isinstance(x, Ref) and x.vid in self.batch_led:
+                shape = self.shapes.get(x.vid, ())
+                if shape:
+                    leads.add(shape[0])
+                    if len(shape) > 1:
+                        leads.add(shape[0] * shape[1])
+        return leads
+
+    @staticmethod
+    def _led(shape: tuple, leads: set) -> bool:
+        """A value is batch-led when its dim 0 is a batch-led input's dim 0, or those dims merged or split."""
+        return bool(shape) and (shape[0] in leads or (len(shape) > 1 and shape[0] * shape[1] in leads))
 
     def _mutating(self, node: Node, func, args, kwargs, env):
         opinfo = self.opinfo

@@ -59,8 +59,8 @@ def _dtype(torch_dtype):
 def _activation_rule(mesh, mesh_axes: dict, batch_sizes: set, graph, batch_axis, param_specs: dict):
     """Activations keep the batch split (dim 0 of the size of a batch input, or batch x sequence, over the
     batch axes), as a framework's activation sharding annotations do; other dims are left to XLA. In backward,
-    a value shaped like a parameter (its gradient) is placed as that parameter is (gradients reduce-scattered,
-    never activations gathered to make them)."""
+    a value shaped like a sharded parameter (its gradient) is placed as the parameter is, so that XLA reduce-scatters
+    it rather than choosing to gather activations (it still does in some cases: docs/projection.md)."""
     from jax.sharding import NamedSharding, PartitionSpec
 
     from . import placement
@@ -82,10 +82,10 @@ def _activation_rule(mesh, mesh_axes: dict, batch_sizes: set, graph, batch_axis,
     grads = {shape: NamedSharding(mesh, PartitionSpec(*spec)) for shape, spec in param_specs.items()
              if spec is not None and any(spec)}
 
-    def rule(shape, backward=False):
-        if backward and shape in grads:
+    def rule(shape, backward=False, led=True):
+        if backward and shape in grads:  # before the batch rule: a feature dim may equal the batch size
             return grads[shape]
-        if not shape or shape[0] not in lead:
+        if not led or not shape or shape[0] not in lead:
             return None
         if len(shape) not in cache:
             cache[len(shape)] = NamedSharding(mesh, PartitionSpec(entry, *([PartitionSpec.UNCONSTRAINED] * (len(shape) - 1))))
