@@ -7,6 +7,7 @@ path. Only verified changes are reported as gains.
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 
@@ -73,6 +74,9 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
     def verification() -> None:
         if not options.verify:
             return out.say.verify_none()
+        if options.verify_on and options.verify_on != socket.gethostname():  # a joined worker there verifies
+            return out.say.console.print(f"verify: on {options.verify_on} (--verify-on), not on this host; its "
+                                         "verdicts go into the study's attributes", markup=False)
         verify_best(studies.ranked_plans(study), runner, options, batch, out.profile, out)
 
     def profile_plan() -> None:  # every figure `diff` compares, measured with the verified plan

@@ -50,3 +50,13 @@ def test_tpe_on_a_larger_space_never_proposes_a_measured_plan_and_seeds_come_fir
     assert [t.params for t in seeded] == [{"pad": "0", "fuse": "off"}, {"pad": "off", "fuse": "0"},
                                           {"pad": "0", "fuse": "0"}]
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in seeded)
+
+
+def test_the_tune_says_how_it_samples_and_that_the_space_ran_out(tmp_path, monkeypatch):
+    from support.fake_tune import TwoGroups, tune
+
+    (tmp_path / "train.py").write_text("import torch\n")
+    result, _, said = tune(tmp_path, monkeypatch, TwoGroups(), trials=20)
+    assert "sampler: every plan once (the space has 7 plans, 20 trials asked: 7 trials)" in said
+    assert "the space has no plan left to measure: 7 measured of 20 asked" in said
+    assert len({t.plan.key() for t in result.trials}) == len(result.trials) == 7

@@ -3,6 +3,7 @@ an Optuna study searches, each round with its share of --trials; later rounds se
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Protocol
 
 from rich.console import Console
@@ -54,4 +55,8 @@ def search_rounds(study, runner: Runner, proposer: Proposer, profile, knobs: lis
             return
         with bar:
             search(study, space, runner, options.model_copy(update={"trials": budget}), baseline_batch,
-                   baseline_losses, on_trial=on_trial)
+                   baseline_losses, on_trial=on_trial, on_note=lambda line: watcher.console.print(line, markup=False))
+    hosts = Counter(r.host for r in this_run if r.host)
+    if options.workers > 1 or len(hosts) > 1:  # other workers' trials are in this_run too: where each ran
+        watcher.console.print("trials by host: " + ", ".join(f"{h} {n}" for h, n in hosts.most_common()),
+                              markup=False)
