@@ -177,12 +177,11 @@ def _modules_of(optimizer) -> list:
 
     params = {id(p) for g in optimizer.param_groups for p in g["params"]}
     found = []
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # isinstance on deprecated module attributes warns
         warnings.simplefilter("ignore")
-        objects = gc.get_objects()
-    for o in objects:
-        if isinstance(o, torch.nn.Module) and any(id(p) in params for p in o.parameters()):
-            found.append(o)
+        for o in gc.get_objects():
+            if isinstance(o, torch.nn.Module) and any(id(p) in params for p in o.parameters()):
+                found.append(o)
     # the outermost modules: not a child of another found module
     children = {id(c) for m in found for c in m.modules() if c is not m}
     return [m for m in found if id(m) not in children]
