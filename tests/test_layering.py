@@ -186,3 +186,13 @@ def test_the_declarations_sit_below_everything():
                             target == b or target.startswith(b + ".") for b in below):
                         wrong.setdefault(str(path.relative_to(REPO)), []).append(target)
     assert wrong == {}
+
+
+def test_every_package_is_in_the_wheel():
+    """pyproject lists the packages by name: one left out installs in editable mode and is missing from a wheel."""
+    import tomllib
+
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = {".".join([package, *p.parent.relative_to(REPO / folder).parts])
+             for package, folder in setuptools["package-dir"].items() for p in (REPO / folder).rglob("__init__.py")}
+    assert len(found) > 10 and found - set(setuptools["packages"]) == set()
