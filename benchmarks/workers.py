@@ -1,8 +1,8 @@
 """Search at scale on one machine: measured plans per hour with 1, 2 and 4 workers filling one study, and how
 often a plan that changes nothing (an A/A trial) looks like a gain when workers share the cores.
 
-    .venv/bin/python benchmarks/workers.py                                   # mlp, 1 2 4 workers, 14 trials each
-    .venv/bin/python benchmarks/workers.py --workers 1 2 --trials 6 --steps 10
+    .venv/bin/python benchmarks/workers.py                            # odd_shapes, 1 2 4 workers, 14 trials each
+    .venv/bin/python benchmarks/workers.py --workers 1 2 --trials 6 --script examples/mlp.py -- --steps 200
 
 Every trial is an A/A trial: operand padding of dims of one size the script has none of (pad_ops sizes=[100003 +
 i]), so the plan runs the very program the baseline runs, yet each is a distinct plan (the search never proposes a
@@ -75,8 +75,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--trials", type=int, default=14, help="measured plans per worker count")
-    parser.add_argument("--steps", type=int, default=10, help="pairs per trial")
-    parser.add_argument("--script", default=str(REPO / "examples" / "mlp.py"))
+    parser.add_argument("--steps", type=int, default=20, help="pairs per trial (tune's default)")
+    parser.add_argument("--script", default=str(REPO / "examples" / "odd_shapes.py"))
     parser.add_argument("script_args", nargs="*", default=["--steps", "200"])
     ns = parser.parse_args()
     print(header(f"search workers: {ns.script} {' '.join(ns.script_args)}, {ns.trials} A/A trials per worker "
