@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tpu_agent.plan.actions import Compile, PadBatch, PadDim, Plan
-from tpu_agent.plan.batch_calls import padding_calls, pad_calls_to
+from tpu_agent.plan.batch_calls import padding_calls, pad_calls_to, run_time_actions
 from tpu_agent.plan.patch import apply_patch
 from tpu_agent.plan.rewrite import source_changes, write_source_patch
 
@@ -98,3 +98,36 @@ def test_without_a_fixed_length_apply_leaves_the_padding_calls(tmp_path: Path, m
     apply_patch(plan, script, force=True, say=said.append)
     assert script.read_text() == SCRIPT
     assert len(said) == 1 and said[0].startswith("not applied")
+
+
+def test_the_run_time_part_of_a_plan_leaves_out_what_the_patch_holds(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    fused = Compile(mode="fused")
+    assert run_time_actions(Plan(actions=[FIXED, fused]), script) == [fused]  # report.md lists only fused
+    assert run_time_actions(Plan(actions=[BUCKETS, fused]), script) == [BUCKETS, fused]
+    (tmp_path / "collate.py").write_text("ids = pad_sequence(batch, batch_first=True)\n")
+    assert run_time_actions(Plan(actions=[FIXED]), tmp_path / "collate.py") == [FIXED]
+    assert run_time_actions(Plan(actions=[FIXED]), tmp_path / "gone.py") == [FIXED]
+
+
+def test_report_md_lists_a_patched_pad_batch_in_the_patch_not_among_the_run_time_changes(tmp_path: Path):
+    from tpu_agent.config import TuneOptions
+    from tpu_agent.report import markdown as report
+    from tpu_agent.report.result import TuneResult
+    from tpu_agent.verify.verdict import Verdict
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    plan = Plan(actions=[FIXED, Compile(mode="fused")])
+    best = Verdict(plan=plan, accepted=True, reason="faster")
+    result = TuneResult(script=str(script), args=[], settings=TuneOptions(), study="s", storage="sqlite://",
+                        run_dir=str(tmp_path), best=best, verdicts=[best])
+    files = report.write_all(result, script)
+    assert "pad_to_multiple_of=96" in files["patch.diff"].read_text()
+    text = files["report.md"].read_text()
+    runtime = text.split("Run-time changes", 1)[1].split("###", 1)[0]
+    assert "fused execution" in runtime and "fixed-length" not in runtime
+    bucketed = Verdict(plan=Plan(actions=[BUCKETS]), accepted=True, reason="faster")
+    files = report.write_all(result.model_copy(update={"best": bucketed, "verdicts": [bucketed]}), script)
+    assert "patch.diff" not in files and "bucketed batches" in files["report.md"].read_text()

@@ -40,7 +40,16 @@ def batch_in_source(plan: Plan, script) -> bool:
     """Whether the plan's pad_batch has a source form in `script` (one length, a padding call to take it)."""
     from pathlib import Path
 
-    return fixed_length(plan) is not None and bool(padding_calls(Path(script).read_bytes()))
+    try:
+        return fixed_length(plan) is not None and bool(padding_calls(Path(script).read_bytes()))
+    except OSError:
+        return False
+
+
+def run_time_actions(plan: Plan, script) -> list:
+    """The plan's actions that its source patch does not hold: what `tpu-agent run --plan` alone applies."""
+    in_source = {"pad_dim", *(["pad_batch"] if batch_in_source(plan, script) else [])}
+    return [a for a in plan.actions if a.kind not in in_source]
 
 
 def _call_name(call) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 from tpu_agent.errors import InputError
 from tpu_agent.paths import RUNS_SUBDIR, shown_path
 from tpu_agent.plan.actions import Plan
-from tpu_agent.plan.batch_calls import batch_in_source
+from tpu_agent.plan.batch_calls import run_time_actions
 from tpu_agent.plan.rewrite import source_changes
 
 
@@ -18,7 +18,7 @@ def apply_patch(plan: Plan, script: Path, *, force: bool, say=print) -> None:
     """Write the plan's source edits into the user's files: refuses over uncommitted edits, keeps backups."""
     script_dir = script.resolve().parent
     changes = source_changes(plan, script)
-    in_source = {"pad_dim", *(["pad_batch"] if batch_in_source(plan, script) else [])}
+    runtime = run_time_actions(plan, script)  # before the script is rewritten
     for change in changes:
         target = script_dir / change.path
         if not force and _uncommitted(target):
@@ -31,7 +31,6 @@ def apply_patch(plan: Plan, script: Path, *, force: bool, say=print) -> None:
         shutil.copy2(target, backup)
         target.write_bytes(change.after)
         say(f"applied to {shown_path(target)} (backup: {shown_path(backup)})")
-    runtime = [a for a in plan.actions if a.kind not in in_source]
     if runtime:
         say(f"not applied (run-time parts of the plan, not source edits): "
             f"{'; '.join(a.instruction() or a.describe() for a in runtime)}; "

@@ -87,7 +87,11 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
                       f"accepted only if the interval's lower end clears {1 + result.settings.min_gain:.2f}x."]
         if "patch.diff" in files:
             lines += ["", "Apply the source change with `git apply patch.diff` (or `tpu-agent tune --apply`)."]
-        runtime = [line for line in (a.instruction() for a in best.plan.actions) if line]
+        from tpu_agent.plan.batch_calls import run_time_actions
+
+        patched = "patch.diff" in files  # the plan's source patch holds its literals and padding calls
+        actions = run_time_actions(best.plan, result.script) if patched else best.plan.actions
+        runtime = [line for line in (a.instruction() for a in actions) if line]
         if runtime:
             lines += ["", "Run-time changes (not in the patch; `tpu-agent run SCRIPT --plan plan.json` applies them all):"]
             lines += [f"- {line}" for line in runtime]
