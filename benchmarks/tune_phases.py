@@ -1,6 +1,6 @@
 """Where a tune's wall time goes: the baseline profile, the search, verification, ablation and the final profile.
 
-    .venv/bin/python benchmarks/tune_phases.py tests/data/scripts/nanogpt_dict.py -- --allow model --trials 4 --verify 1
+    .venv/bin/python benchmarks/tune_phases.py [--keep DIR] tests/data/scripts/nanogpt_dict.py -- --allow model --trials 4 --verify 1
     .venv/bin/python benchmarks/tune_phases.py examples/varlen_lm.py -- --trials 4
 
 Runs `tpu-agent tune` on a copy of the script in a fresh directory (a fresh study, no earlier compiles in its
