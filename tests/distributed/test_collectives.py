@@ -1,6 +1,6 @@
 """The tpu process-group backend at world size 2, launched by torchrun: every collective DDP, FSDP2 and
-DTensor use gives the values gloo would, for the three ways a script names the backend (none, "tpu",
-"cpu:gloo,tpu:tpu"), with CPU tensors still going to gloo; the functional collectives and a DTensor on
+DTensor use gives the values gloo would, for the three ways a script names the backend (none, for the
+default group; "tpu" and "cpu:gloo,tpu:tpu", for new groups), with CPU tensors still going to gloo; the functional collectives and a DTensor on
 `init_device_mesh("tpu", ...)` too; and FSDP2 (`fully_shard` per layer and on the root, AdamW) trains
 as the same model does on the CPU given both ranks' batches, as does DDP with compiled steps. The results are computed on the device (each rank's tensors stay tpu
 tensors) and compared here with values worked out by hand."""
@@ -25,49 +25,50 @@ SCRIPT = textwrap.dedent("""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
+    # One job, one default group (re-creating the default group in a job reuses its store keys: gloo then
+    # connects to the last group's ports); the other two spellings as groups of their own, built the same
+    # way (BackendConfig, then the backend's creator).
+    dist.init_process_group()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    groups = {"None": dist.group.WORLD, "tpu": dist.new_group(backend="tpu"),
+              "cpu:gloo,tpu:tpu": dist.new_group(backend="cpu:gloo,tpu:tpu")}
     results = {}
-    for backend in (None, "tpu", "cpu:gloo,tpu:tpu"):
-        dist.init_process_group(backend)
-        rank, world = dist.get_rank(), dist.get_world_size()
-        out = results[str(backend)] = {"group": type(dist.group.WORLD).__name__}
+    x = torch.arange(4, dtype=torch.float32, device="tpu") + 10 * rank
+    for backend, group in groups.items():
+        out = results[backend] = {"group": type(group).__name__}
 
         def keep(name, t):
             assert t.device.type == ("cpu" if name == "cpu" else "tpu"), (name, t.device)
             out[name] = t.cpu().flatten().tolist()
 
-        x = torch.arange(4, dtype=torch.float32, device="tpu") + 10 * rank
         for op in ("SUM", "AVG", "MAX", "MIN", "PRODUCT"):
             y = x.clone()
-            dist.all_reduce(y, op=getattr(dist.ReduceOp, op))
+            dist.all_reduce(y, op=getattr(dist.ReduceOp, op), group=group)
             keep(op, y)
-        g = torch.empty(4 * world, device="tpu"); dist.all_gather_into_tensor(g, x); keep("gather", g)
-        parts = [torch.empty(4, device="tpu") for _ in range(world)]; dist.all_gather(parts, x); keep("gather_list", torch.cat(parts))
-        rs = torch.empty(4 // world, device="tpu"); dist.reduce_scatter_tensor(rs, x); keep("reduce_scatter", rs)
-        b = x.clone(); dist.broadcast(b, src=1); keep("broadcast", b)
-        a2a = torch.empty(4, device="tpu"); dist.all_to_all_single(a2a, x); keep("all_to_all", a2a)
-        i = torch.tensor([rank + 1], device="tpu"); dist.all_reduce(i); keep("int", i)
-        c = torch.ones(2) * (rank + 1); dist.all_reduce(c); keep("cpu", c)
-        w = dist.all_reduce(y := x.clone(), async_op=True); w.wait(); keep("async", y)
-        keep("future", dist.all_reduce(x.clone(), async_op=True).get_future().wait()[0])
-        dist.barrier()
-        keep("f_all_reduce", funcol.all_reduce(x, "sum", dist.group.WORLD))
-        keep("f_gather", funcol.all_gather_tensor(x, 0, dist.group.WORLD))
-        keep("f_reduce_scatter", funcol.reduce_scatter_tensor(x, "sum", 0, dist.group.WORLD))
-        mesh = init_device_mesh("tpu", (world,), mesh_dim_names=("dp",))
-        d = distribute_tensor(torch.arange(8, dtype=torch.float32).reshape(4, 2).to("tpu"), mesh, [Shard(0)])
-        keep("dtensor_local", d.to_local())
-        keep("dtensor_full", d.full_tensor())
-        keep("dtensor_sum", d.sum().full_tensor())
-        dist.barrier()
-        dist.destroy_process_group()
+        g = torch.empty(4 * world, device="tpu"); dist.all_gather_into_tensor(g, x, group=group); keep("gather", g)
+        parts = [torch.empty(4, device="tpu") for _ in range(world)]; dist.all_gather(parts, x, group=group); keep("gather_list", torch.cat(parts))
+        rs = torch.empty(4 // world, device="tpu"); dist.reduce_scatter_tensor(rs, x, group=group); keep("reduce_scatter", rs)
+        b = x.clone(); dist.broadcast(b, src=1, group=group); keep("broadcast", b)
+        a2a = torch.empty(4, device="tpu"); dist.all_to_all_single(a2a, x, group=group); keep("all_to_all", a2a)
+        i = torch.tensor([rank + 1], device="tpu"); dist.all_reduce(i, group=group); keep("int", i)
+        c = torch.ones(2) * (rank + 1); dist.all_reduce(c, group=group); keep("cpu", c)
+        w = dist.all_reduce(y := x.clone(), async_op=True, group=group); w.wait(); keep("async", y)
+        keep("future", dist.all_reduce(x.clone(), async_op=True, group=group).get_future().wait()[0])
+        dist.barrier(group=group)
+        keep("f_all_reduce", funcol.all_reduce(x, "sum", group))
+        keep("f_gather", funcol.all_gather_tensor(x, 0, group))
+        keep("f_reduce_scatter", funcol.reduce_scatter_tensor(x, "sum", 0, group))
+    mesh = init_device_mesh("tpu", (world,), mesh_dim_names=("dp",))
+    d = distribute_tensor(torch.arange(8, dtype=torch.float32).reshape(4, 2).to("tpu"), mesh, [Shard(0)])
+    results["dtensor"] = {"local": d.to_local().cpu().flatten().tolist(), "full": d.full_tensor().cpu().flatten().tolist(),
+                          "sum": d.sum().full_tensor().cpu().flatten().tolist()}
 
-    dist.init_process_group("gloo")  # a group without the tpu backend: one clear error for tpu tensors
+    gloo = dist.new_group(backend="gloo")  # a group without the tpu backend: one clear error for tpu tensors
     try:
-        dist.all_reduce(x)
+        dist.all_reduce(x, group=gloo)
     except RuntimeError as exc:
         results["gloo_error"] = str(exc)
     dist.barrier()
-    dist.destroy_process_group()
 
     # FSDP2, fully_shard per layer and on the root, against the same model on the CPU in this process trained
     # on both ranks' batches (FSDP2 averages the ranks' gradients: the gradient of the mean of their losses).
@@ -75,7 +76,6 @@ SCRIPT = textwrap.dedent("""
     import torch.nn.functional as F
     from torch.distributed.fsdp import fully_shard
 
-    dist.init_process_group()
     def net():
         torch.manual_seed(0)
         return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4))
@@ -136,8 +136,6 @@ def expected(rank: int) -> dict:
         "all_to_all": x[0][2 * rank:2 * rank + 2] + x[1][2 * rank:2 * rank + 2],
         "int": [3], "cpu": [3.0, 3.0], "async": total, "future": total,
         "f_all_reduce": total, "f_gather": x[0] + x[1], "f_reduce_scatter": total[2 * rank:2 * rank + 2],
-        "dtensor_local": [float(v) for v in range(4 * rank, 4 * rank + 4)],
-        "dtensor_full": [float(v) for v in range(8)], "dtensor_sum": [28.0],
     }
 
 
@@ -160,6 +158,8 @@ def test_every_collective_at_world_size_2_gives_gloos_values_whichever_way_the_b
         results = json.loads((tmp_path / f"rank{rank}.json").read_text())
         fsdp, ddp = results.pop("fsdp"), results.pop("ddp_compiled")
         assert "the process group has no tpu backend" in results.pop("gloo_error")
+        assert results.pop("dtensor") == {"local": [float(v) for v in range(4 * rank, 4 * rank + 4)],
+                                          "full": [float(v) for v in range(8)], "sum": [28.0]}
         assert set(results) == {"None", "tpu", "cpu:gloo,tpu:tpu"}
         for backend, got in results.items():
             assert got == expected(rank), (rank, backend)
