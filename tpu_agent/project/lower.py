@@ -15,6 +15,7 @@ from .record import Graph, Node, Ref
 
 aten = torch.ops.aten
 IDENTITY = {aten.detach.default, aten.alias.default, aten.lift_fresh.default, aten.clone.default}
+TRANSPOSES = {aten.t.default, aten.transpose.int, aten.permute.default}
 
 
 class Unsupported(Exception):
@@ -88,9 +89,10 @@ class Lowered:
 
     def __init__(self, graph: Graph, constrain=None):
         self.graph = graph
-        self.constrain = constrain  # (shape, in backward, batch-led) -> a sharding for such a value, or None
-        # values whose dim 0 runs over the batch: the batch inputs, then what ops make from them
-        self.batch_led = {v for v, (_shape, _dtype, role, _name) in graph.inputs.items() if role == "data"}
+        self.constrain = constrain  # (shape, in backward, batch dim or None) -> a sharding for such a value, or None
+        # values with a dim that runs over the batch, and which dim: the batch inputs (dim 0), then what ops make
+        # from them (dim 0, or where a transpose or permute moved it)
+        self.batch_dim = {v: 0 for v, (_shape, _dtype, role, _name) in graph.inputs.items() if role == "data"}
         self.shapes = {v: tuple(i[0]) for v, i in graph.inputs.items()}
         for n in graph.nodes:
             for v, shape in zip(n.outs, n.out_shapes):
@@ -137,13 +139,14 @@ class Lowered:
             import jax
 
             leads = self._leads(node)
+            moved = self._moved(node, args)
             for i, array in enumerate(flat):
                 if not hasattr(array, "shape") or node.outs[i] is None:
                     continue
-                led = self._led(tuple(array.shape), leads)
-                if led:
-                    self.batch_led.add(node.outs[i])
-                sharding = self.constrain(tuple(array.shape), node.backward, led)
+                dim = moved if i == 0 and moved is not None else (0 if self._led(tuple(array.shape), leads) else None)
+                if dim is not None:
+                    self.batch_dim[node.outs[i]] = dim
+                sharding = self.constrain(tuple(array.shape), node.backward, dim)
                 if sharding is not None:
                     flat[i] = jax.lax.with_sharding_constraint(array, sharding)
         for vid, array in zip(node.outs, flat):
@@ -159,13 +162,33 @@ class Lowered:
         flat, _ = tree_flatten((node.args, node.kwargs))
         leads = set()
         for x in flat:
-            if isinstance(x, Ref) and x.vid in self.batch_led:
+            if isinstance(x, Ref) and self.batch_dim.get(x.vid) == 0:
                 shape = self.shapes.get(x.vid, ())
                 if shape:
                     leads.add(shape[0])
                     if len(shape) > 1:
                         leads.add(shape[0] * shape[1])
         return leads
+
+    def _moved(self, node: Node, args) -> int | None:
+        """Where a transpose or permute of a batch-led value puts its batch dim (a weight gradient's operand
+        `grad_out.t()` carries the batch in its last dim: left unconstrained, XLA:CPU's partitioner gathers it
+        whole rather than reduce-scattering the gradient)."""
+        if node.func not in TRANSPOSES or not node.args or not isinstance(node.args[0], Ref):
+            return None
+        src = self.batch_dim.get(node.args[0].vid)
+        rank = len(self.shapes.get(node.args[0].vid, ()))
+        if src is None or rank == 0:
+            return None
+        if node.func is aten.t.default:
+            order = list(range(rank))[::-1]
+        elif node.func is aten.permute.default:
+            order = [d % rank for d in args[1]]
+        else:
+            a, b = args[1] % rank, args[2] % rank
+            order = list(range(rank))
+            order[a], order[b] = order[b], order[a]
+        return order.index(src)
 
     @staticmethod
     def _led(shape: tuple, leads: set) -> bool:

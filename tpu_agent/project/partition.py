@@ -82,14 +82,17 @@ def _activation_rule(mesh, mesh_axes: dict, batch_sizes: set, graph, batch_axis,
     grads = {shape: NamedSharding(mesh, PartitionSpec(*spec)) for shape, spec in param_specs.items()
              if spec is not None and any(spec)}
 
-    def rule(shape, backward=False, led=True):
+    def rule(shape, backward=False, dim=0):
         if backward and shape in grads:  # before the batch rule: a feature dim may equal the batch size
             return grads[shape]
-        if not led or not shape or shape[0] not in lead:
+        if dim is None or not shape or dim >= len(shape) or shape[dim] not in lead:
             return None
-        if len(shape) not in cache:
-            cache[len(shape)] = NamedSharding(mesh, PartitionSpec(entry, *([PartitionSpec.UNCONSTRAINED] * (len(shape) - 1))))
-        return cache[len(shape)]
+        key = (len(shape), dim)
+        if key not in cache:
+            spec = [PartitionSpec.UNCONSTRAINED] * len(shape)
+            spec[dim] = entry
+            cache[key] = NamedSharding(mesh, PartitionSpec(*spec))
+        return cache[key]
 
     return rule
 
