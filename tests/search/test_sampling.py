@@ -44,11 +44,11 @@ def test_tpe_on_a_larger_space_never_proposes_a_measured_plan_and_seeds_come_fir
     assert said == ["sampler: TPE over 61 plans, a plan already measured never proposed again"]
     assert len(records) == 6 and all(r.state == "complete" for r in records)  # no repeat, none wasted
     assert len({r.plan.key() for r in records}) == 6
-    # the proposers' own: each candidate's first option alone, then both together, queued before TPE's
+    # the proposers' own: both first options together, then each alone, queued before TPE's
     seeded = [t for t in study.trials if t.user_attrs.get("seeded")]
     assert [t.number for t in seeded] == [0, 1, 2]
-    assert [t.params for t in seeded] == [{"pad": "0", "fuse": "off"}, {"pad": "off", "fuse": "0"},
-                                          {"pad": "0", "fuse": "0"}]
+    assert [t.params for t in seeded] == [{"pad": "0", "fuse": "0"}, {"pad": "0", "fuse": "off"},
+                                          {"pad": "off", "fuse": "0"}]
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in seeded)
 
 

@@ -136,14 +136,12 @@ class PlanSampler(optuna.samplers.BaseSampler):
 
 
 def seeds(space: Space, plans: Plans, budget: int) -> list[dict[str, str]]:
-    """The proposers' own proposals, queued first (enqueue_trial): each candidate's first option alone, in the
-    proposers' rank order, then all first options together; at most half the budget, each plan once."""
+    """The proposers' own proposals, queued first (enqueue_trial): every candidate's first option together (the
+    plan they propose), then each alone in rank order; at most half the budget, each plan once."""
     out, keys = [], set()
     ranked = sorted(space.candidates, key=lambda c: c.rank or 10**6)
     off = {c.id: OFF for c in space.candidates}  # every pick fixed: the sampler adds nothing to a seed
-    wishes = [off | {c.id: "0"} for c in ranked]
-    if len(ranked) > 1:
-        wishes.append(off | {c.id: "0" for c in ranked})
+    wishes = [off | {c.id: "0" for c in ranked}] + [off | {c.id: "0"} for c in ranked]
     for picks in wishes:
         key = plan_key(space, picks, plans.options.devices, plans.options)
         if key is not None and key not in keys:
