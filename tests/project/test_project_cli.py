@@ -60,3 +60,48 @@ def test_a_projection_prints_labelled_figures_and_collectives_per_axis(tmp_path,
     attention = layers * 3 * 2 * 2 * 8 * 4 * 32 * 32 * 16  # 3 x (scores + weighted sum), 4 heads of 16
     assert projection["model_flops"] == pytest.approx(6 * matmul_params * tokens + attention)
     assert 0 < projection["mfu"] < 1 and projection["step_s"] > 0
+
+
+def test_per_chip_batch_sets_the_global_batch_over_the_data_parallel_axes(tmp_path, capsys):
+    """3 sequences per chip on data=2 x fsdp=4: the step is traced with 24 sequences, not the script's 8."""
+    out = tmp_path / "projection.json"
+    code = run_cli(["project", TINY, "--target", "v5p-16", "--mesh", "data=2,fsdp=4", "--per-chip-batch", "3",
+                    "--json", str(out), "--", "--steps", "4"])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    tokens, hidden, inter, layers, vocab, kv = 24 * 32, 64, 128, 3, 256, 32
+    matmul_params = layers * (2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * inter) + vocab * hidden
+    attention = layers * 3 * 2 * 2 * 24 * 4 * 32 * 32 * 16
+    assert json.loads(out.read_text())["model_flops"] == pytest.approx(6 * matmul_params * tokens + attention)
+
+
+FIXED = """
+import torch
+model = torch.nn.Linear(16, 16).to("tpu")
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(4):
+    x = {batch}
+    loss = model(x).view(8, 4, 4).sum()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+@pytest.mark.parametrize("batch, words", [
+    ('torch.randn(8, 16, device="tpu")', "its step fails with batch 8 made 16: RuntimeError"),
+    ('torch.ones(8, 16, device="tpu")', "its step draws no batch on the device and moves none there"),
+])
+def test_per_chip_batch_on_a_script_whose_batch_cannot_change_is_one_line_and_exit_2(batch, words, tmp_path, capsys):
+    script = tmp_path / "fixed.py"
+    script.write_text(FIXED.format(batch=batch))
+    code = run_cli(["project", str(script), "--target", "v5e-8", "--mesh", "data=8", "--per-chip-batch", "2"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("error: --per-chip-batch 2: the script's batch cannot be changed")
+    assert words in err, err
+
+
+def test_per_chip_batch_below_one_is_refused(capsys):
+    assert run_cli(["project", TINY, "--target", "v5e-8", "--per-chip-batch", "0"]) == 2
+    assert capsys.readouterr().err == "error: --per-chip-batch 0: give 1 or more sequences per chip\n"

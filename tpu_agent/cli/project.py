@@ -34,6 +34,9 @@ def project(
                                                   "Default: fsdp over every chip.")] = None,
     plan: Annotated[str | None, typer.Option("--plan", metavar="PLAN.json",
                                              help="A plan's mesh, shard_rule and batch_sharding actions.")] = None,
+    per_chip_batch: Annotated[int | None, typer.Option("--per-chip-batch", metavar="N",
+                                                       help="Trace the step with a global batch of N x the data-"
+                                                            "parallel degree in place of the script's.")] = None,
     whole: Annotated[bool, typer.Option("--whole", help="Trace every repeated block instead of 2 and 1, scaled.")] = False,
     json_out: Annotated[str | None, typer.Option("--json", metavar="PATH", help="Also write the projection as JSON.")] = None,
 ) -> int:
@@ -54,9 +57,11 @@ def project(
         axes = slices.parse_mesh(mesh, sl.chips)
     else:
         axes = {"fsdp": sl.chips}
+    if per_chip_batch is not None and per_chip_batch < 1:
+        raise InputError(f"--per-chip-batch {per_chip_batch}: give 1 or more sequences per chip")
     t0 = time.perf_counter()
     partitioned, projection = run.project(str(path), list(script_args or []), sl, axes, rules=rules,
-                                          batch_axis=batch, scale_layers=not whole)
+                                          batch_axis=batch, scale_layers=not whole, per_chip_batch=per_chip_batch)
     print(render(partitioned, projection, time.perf_counter() - t0))
     if json_out:
         Path(json_out).write_text(projection.model_dump_json(indent=2) + "\n")

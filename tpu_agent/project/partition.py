@@ -160,7 +160,8 @@ def run(request: dict) -> Partitioned:
 
     t0 = time.perf_counter()
     recording = record.record(request["script"], request["args"], scale_layers=request.get("scale_layers", True),
-                              lowerable=lower.lowerable)
+                              lowerable=lower.lowerable, batch=request.get("batch"),
+                              batch_option=request.get("batch_option", "--per-chip-batch"))
     record_s = time.perf_counter() - t0
     rules = [(p, tuple(s)) for p, s in request.get("rules", [])]
     placements: dict = {}

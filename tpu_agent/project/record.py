@@ -88,6 +88,9 @@ class Recorder(TorchDispatchMode):
         self.keep: list = []  # tensors seen, kept alive so their ids stay unique
         self.inputs: dict[int, torch.Tensor] = {}  # value id -> tensor existing before the step
         self.next = 0
+        self.batch = None  # --per-chip-batch: the global batch the step's batch tensors are given instead
+        self.script_batch = None  # dim 0 of the first batch tensor the script made in a recorded step
+        self.resized = 0
 
     def start(self):
         self.active, self.nodes, self.vids, self.keep, self.inputs = True, [], {}, [], {}
@@ -106,6 +109,18 @@ class Recorder(TorchDispatchMode):
             vid = self._new(value)
             self.inputs[vid] = value
         return Ref(vid)
+
+    def _rebatched(self, tensor):
+        """With --per-chip-batch, a batch tensor of the step with dim 0 set to the global batch (a fresh meta
+        tensor: its values are never read)."""
+        if self.batch is None or tensor.dim() == 0:
+            return tensor
+        if self.script_batch is None:
+            self.script_batch = tensor.shape[0]
+        if tensor.shape[0] != self.script_batch:
+            return tensor
+        self.resized += 1
+        return torch.empty((self.batch, *tensor.shape[1:]), dtype=tensor.dtype, device="meta")
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -127,8 +142,16 @@ class Recorder(TorchDispatchMode):
                     return decomposition(*args, **kwargs)
         if func.overloadpacket in _DRAWS and not any(isinstance(x, torch.Tensor) for x in tree_flatten((args, kwargs))[0]):
             out = func(*args, **kwargs)  # a batch drawn on the device: an input of the step, like a loaded one
+            out = self._rebatched(out)
             self.ref(out)
             return out
+        if (self.batch is not None and func is aten._to_copy.default and isinstance(args[0], torch.Tensor)
+                and args[0].device.type != "meta"):
+            out = func(*args, **kwargs)  # a batch loaded on the host and moved to the device
+            if isinstance(out, torch.Tensor) and out.device.type == "meta":
+                out = self._rebatched(out)
+                self.ref(out)
+                return out
         rargs, rkwargs = tree_map(self.ref, args), tree_map(self.ref, kwargs)
         before = {}
         schema = getattr(func, "_schema", None)
@@ -196,12 +219,17 @@ class Recording:
     batch_rows: int | None = None
 
 
-def record(script: str, args: list[str], scale_layers: bool = True, lowerable=None) -> Recording:
-    """Run `script` on meta; record step 2 (with every block, or 2 blocks) and step 3 (1 block)."""
+def record(script: str, args: list[str], scale_layers: bool = True, lowerable=None, batch: int | None = None,
+           batch_option: str = "--per-chip-batch") -> Recording:
+    """Run `script` on meta; record step 2 (with every block, or 2 blocks) and step 3 (1 block). `batch`: the
+    global batch the recorded steps' batch tensors (drawn on the device, or moved there) get in dim 0."""
+    from tpu_agent.errors import InputError
+
     from . import attention
 
     torch.autograd.set_multithreading_enabled(False)
     recorder = Recorder(lowerable)
+    recorder.batch = batch
     state = {"step": 0, "graphs": [], "names": {}, "blocks": None, "modules": None}
     plan = [None]  # blocks kept for each recorded step
     if scale_layers:
@@ -260,11 +288,19 @@ def record(script: str, args: list[str], scale_layers: bool = True, lowerable=No
             runpy.run_path(script, run_name="__main__")
     except StopScript:
         pass
+    except Exception as exc:
+        if batch is None or not recorder.resized or recorder.script_batch == batch:
+            raise
+        raise InputError(f"{batch_option}: the script's batch cannot be changed (its step fails with batch "
+                         f"{recorder.script_batch} made {batch}: {type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
     finally:
         handle.remove()
         sys.argv = old_argv
         torch.set_default_device(old_default)
     graphs = state["graphs"]
+    if batch is not None and not recorder.resized and graphs:
+        raise InputError(f"{batch_option}: the script's batch cannot be changed (its step draws no batch on the "
+                         f"device and moves none there)")
     if len(graphs) < len(plan):
         raise RuntimeError(f"the script made {state['step']} optimizer step(s); projection records steps 2 to "
                            f"{len(plan) + 1} (give it more steps)")

@@ -19,10 +19,15 @@ FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_
 
 
 def partition(script: str, args: list[str], sl: Slice, mesh: dict[str, int], rules=(), batch_axis=None,
-              scale_layers: bool = True, timeout: float | None = None) -> Partitioned:
+              scale_layers: bool = True, timeout: float | None = None, per_chip_batch: int | None = None) -> Partitioned:
+    """`per_chip_batch`: the step traced with a global batch of that x the data-parallel degree (the mesh axes
+    the batch is split over) in place of the script's."""
     request = {"script": str(script), "args": list(args), "slice": sl.name, "generation": sl.generation,
                "chips": sl.chips, "mesh": mesh, "rules": [list(r) for r in rules], "batch_axis": batch_axis,
                "scale_layers": scale_layers}
+    if per_chip_batch is not None:
+        request["batch"] = per_chip_batch * data_parallel(mesh, batch_axis)
+        request["batch_option"] = f"--per-chip-batch {per_chip_batch}"
     with tempfile.TemporaryDirectory(prefix="tpu-agent-project-") as tmp:
         req, out = Path(tmp, "request.json"), Path(tmp, "result.json")
         req.write_text(json.dumps(request))
@@ -42,6 +47,17 @@ def partition(script: str, args: list[str], sl: Slice, mesh: dict[str, int], rul
             raise InputError(data["error"].split(": ", 1)[-1])
         raise TpuAgentError(f"projection failed: {data['error']}")
     return Partitioned.model_validate(data)
+
+
+def data_parallel(mesh: dict[str, int], batch_axis: str | None = None) -> int:
+    """How many ways the batch is split: the plan's batch axis, else the data and fsdp axes."""
+    from .placement import BATCH_AXES
+
+    degree = 1
+    for axis, size in mesh.items():
+        if (axis == batch_axis) if batch_axis else axis in BATCH_AXES:
+            degree *= size
+    return degree
 
 
 def project(script: str, args: list[str], sl: Slice, mesh: dict[str, int], **kw) -> tuple[Partitioned, Projection]:
