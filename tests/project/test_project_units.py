@@ -72,8 +72,8 @@ def test_an_all_gather_costs_its_ring_over_the_torus_dims_its_axis_spans():
 
 def _program(blocks, dot_flops, collectives_=()):
     return Traced(blocks=blocks, flops=dot_flops, dot_flops=dot_flops, bytes_accessed=0.0, dot_bytes=0.0,
-                  argument_bytes=blocks * 2**30, output_bytes=0, alias_bytes=0, temp_bytes=2**30,
-                  model_flops=dot_flops * 64, collectives=list(collectives_), compile_s=0.0, ops=1)
+                  argument_bytes=blocks * 2**30, output_bytes=0, alias_bytes=0, temp_bytes=2**40,
+                  saved_bytes=2**30, model_flops=dot_flops * 64, collectives=list(collectives_), compile_s=0.0, ops=1)
 
 
 def test_fsdp_collectives_hide_under_compute_tensor_ones_add_and_blocks_scale_linearly():
@@ -89,7 +89,8 @@ def test_fsdp_collectives_hide_under_compute_tensor_ones_add_and_blocks_scale_li
     tp_s = cost.collective_seconds(tp, sl, part.mesh)
     assert p.exposed_collective_s == pytest.approx(10 * tp_s)  # fsdp gathers hidden, tensor all-reduces not
     assert p.step_s == pytest.approx(p.compute_s + 10 * tp_s)
-    assert p.hbm_bytes_per_chip == pytest.approx(11 * 2**30) and p.fits
+    assert p.hbm_bytes_per_chip == pytest.approx(11 * 2**30) and p.fits  # XLA:CPU's temporaries not counted
+    assert p.xla_cpu_bytes_per_chip == pytest.approx(10 * 2**30 + 2**40)
     assert p.mfu == pytest.approx(p.model_flops / (p.step_s * 459e12 * 64))
 
 

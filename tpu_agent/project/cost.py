@@ -94,6 +94,10 @@ def assumptions(sl: Slice, partitioned: Partitioned) -> list[str]:
         "input-pipeline or launch time",
         "FLOPs, bytes and memory from XLA's CPU compile of the partitioned step: fusion and layouts differ from a "
         "TPU compile; attention as one query-chunked op (flash-like: the scores are not saved)",
+        "memory per chip: parameters, optimizer state and batch as placed (XLA's argument and output sizes) plus "
+        "the activations backward reads from forward, split by the batch axes; working buffers (a layer's "
+        "transients, gathered weights, the logits' gradient) are not counted, and XLA:CPU's own temporaries "
+        "(unfused, attention scores included) are shown apart, not used",
         "MFU counts 3x the forward matmul FLOPs (attention included, non-causal) over peak x chips",
     ]
     if partitioned.blocks_total:
@@ -125,7 +129,8 @@ def project(partitioned: Partitioned, sl: Slice) -> Projection:
     exposed = max(0.0, overlapped - local) + critical
     step = local + exposed
     model_flops = _scaled(programs, total, lambda p: p.model_flops)
-    hbm = _scaled(programs, total, lambda p: p.argument_bytes + p.output_bytes - p.alias_bytes + p.temp_bytes)
+    hbm = _scaled(programs, total, lambda p: p.argument_bytes + p.output_bytes - p.alias_bytes + p.saved_bytes)
+    xla_cpu = _scaled(programs, total, lambda p: p.argument_bytes + p.output_bytes - p.alias_bytes + p.temp_bytes)
     by_axis: dict[str, float] = {}
     by_kind: dict[str, float] = {}
     for key in {"+".join(c.axes) or "-" for p in programs for c in p.collectives}:
@@ -141,6 +146,6 @@ def project(partitioned: Partitioned, sl: Slice) -> Projection:
         flops_per_chip=_scaled(programs, total, lambda p: p.flops),
         dot_flops_per_chip=_scaled(programs, total, lambda p: p.dot_flops), model_flops=model_flops,
         mfu=model_flops / (step * gen.peak_bf16_flops * sl.chips) if step > 0 else 0.0,
-        hbm_bytes_per_chip=hbm, hbm_capacity=float(gen.hbm_bytes), fits=hbm <= gen.hbm_bytes,
+        hbm_bytes_per_chip=hbm, xla_cpu_bytes_per_chip=xla_cpu, hbm_capacity=float(gen.hbm_bytes), fits=hbm <= gen.hbm_bytes,
         collectives=widest.collectives, assumptions=assumptions(sl, partitioned),
         sources=[gen.source, INTERCONNECTS[sl.generation].source])

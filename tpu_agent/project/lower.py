@@ -102,6 +102,7 @@ class Lowered:
         self.output_ids = list(graph.outputs)
         self.lowerings, self.opinfo = _tables()
         self.key_counter = 0
+        self.saved: list = []  # (shape, bytes per element, batch dim or None) of what backward reads from forward
 
     def _call(self, func, args, kwargs):
         if func in EXTRA:
@@ -257,6 +258,9 @@ class Lowered:
                 # What backward reads from forward passes one barrier: XLA must not merge a checkpointed
                 # region's recomputation with its forward (CSE would undo activation checkpointing).
                 keys = sorted(v for v in saved if v in env)
+                inputs = set(self.input_ids)
+                self.saved = [(tuple(env[k].shape), env[k].dtype.itemsize, self.batch_dim.get(k))
+                              for k in keys if k not in inputs and hasattr(env[k], "shape")]
                 for key, value in zip(keys, jax.lax.optimization_barrier([env[k] for k in keys])):
                     env[key] = value
             try:

@@ -97,6 +97,26 @@ def _activation_rule(mesh, mesh_axes: dict, batch_sizes: set, graph, batch_axis,
     return rule
 
 
+def _saved_per_chip(saved, mesh_axes: dict, batch_axis, param_specs: dict) -> int:
+    """Bytes per chip of the activations backward reads from forward: a batch-led value split over the batch
+    axes, others whole; values shaped like a parameter left out (FSDP gathers weights again in backward)."""
+    from . import placement
+
+    axes = [batch_axis] if batch_axis else [a for a in mesh_axes if a in placement.BATCH_AXES]
+    size = 1
+    for a in axes:
+        size *= mesh_axes.get(a, 1)
+    total = 0.0
+    for shape, itemsize, dim in saved:
+        if shape in param_specs:
+            continue
+        n = _prod(shape) * itemsize
+        if dim is not None and dim < len(shape) and shape[dim] % size == 0:
+            n /= size
+        total += n
+    return int(total)
+
+
 def partition_graph(graph, mesh_axes: dict, rules, batch_axis, placements: dict) -> Traced:
     import jax
     import numpy as np
@@ -147,7 +167,7 @@ def partition_graph(graph, mesh_axes: dict, rules, batch_axis, placements: dict)
             dot_flops += c.flops
             dot_bytes += sum(a.elements * a.bits / 8 for a in (c.lhs, c.rhs, c.out))
     return Traced(
-        blocks=graph.blocks, flops=float(cost.get("flops", 0.0)), dot_flops=dot_flops,
+        blocks=graph.blocks, saved_bytes=_saved_per_chip(fn.saved, mesh_axes, batch_axis, param_specs), flops=float(cost.get("flops", 0.0)), dot_flops=dot_flops,
         bytes_accessed=float(cost.get("bytes accessed", 0.0)), dot_bytes=dot_bytes,
         argument_bytes=int(memory.argument_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),
         alias_bytes=int(memory.alias_size_in_bytes), temp_bytes=int(memory.temp_size_in_bytes),

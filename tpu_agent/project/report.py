@@ -25,7 +25,8 @@ def render(partitioned: Partitioned, p: Projection, wall_s: float | None = None)
         "no TPU ran",
         f"  memory per chip   {_bytes(p.hbm_bytes_per_chip)} of {_bytes(p.hbm_capacity)} HBM: "
         f"{'fits' if p.fits else 'does NOT fit'} ({_bytes(abs(p.hbm_capacity - p.hbm_bytes_per_chip))} "
-        f"{'free' if p.fits else 'over'})  ({label}; XLA memory analysis: arguments + outputs - aliased + temporaries)",
+        f"{'free' if p.fits else 'over'})  ({label}; arguments + outputs - aliased + activations saved for backward; "
+        f"working buffers not counted; XLA:CPU's own analysis {_bytes(p.xla_cpu_bytes_per_chip)})",
         f"  step time         {_s(p.step_s)}  ({label}: compute {_s(p.compute_s)}, other memory traffic "
         f"{_s(p.memory_s)}, collectives {_s(p.collective_s)} of which exposed {_s(p.exposed_collective_s)})",
         f"  MFU               {p.mfu:.1%}  ({label}; model FLOPs {p.model_flops:.3g} per step over {p.chips} chips)",

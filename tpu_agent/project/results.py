@@ -27,7 +27,8 @@ class Traced(BaseModel):
     argument_bytes: int
     output_bytes: int
     alias_bytes: int
-    temp_bytes: int
+    temp_bytes: int  # XLA:CPU's temporaries: its unfused buffers (attention's scores among them), not a TPU's
+    saved_bytes: int = 0  # activations backward reads from forward, per chip (by the batch split)
     model_flops: float  # whole step, all chips: 3 x forward matmul FLOPs (the MFU convention)
     collectives: list[Collective]
     compile_s: float
@@ -67,7 +68,8 @@ class Projection(BaseModel):
     dot_flops_per_chip: float
     model_flops: float
     mfu: float
-    hbm_bytes_per_chip: float
+    hbm_bytes_per_chip: float  # arguments + outputs - aliased + saved activations
+    xla_cpu_bytes_per_chip: float = 0.0  # XLA:CPU's own memory analysis (its temporaries in place of the saved)
     hbm_capacity: float
     fits: bool
     collectives: list[Collective]
