@@ -116,3 +116,14 @@ def test_collectives_read_from_hlo_with_cpu_artifacts_undone():
     assert (gather.kind, gather.result_bytes, gather.axes, gather.group_size) == ("all-gather", 16 * 8 * 2, ["fsdp"], 4)
     # sliced to 1/2 by its only consumer: a reduce-scatter of that half (f32: nothing narrows it)
     assert (reduce.kind, reduce.result_bytes, reduce.axes) == ("reduce-scatter", 8 * 8 * 4, ["data"])
+
+
+def test_the_attention_lowerings_own_traffic_is_not_hbm_traffic():
+    """Scores, masks and exponentials stay on chip in a flash kernel: only the rest of the non-dot bytes count."""
+    sl = slices.parse("v5e-8")
+    program = Traced(blocks=None, flops=0.0, dot_flops=0.0, bytes_accessed=10e9, dot_bytes=2e9, attention_bytes=6e9,
+                     argument_bytes=0, output_bytes=0, alias_bytes=0, temp_bytes=0, model_flops=1.0,
+                     collectives=[], compile_s=0.0, ops=1)
+    part = Partitioned(slice=sl.name, generation="v5e", chips=8, mesh={"fsdp": 8}, blocks_total=None,
+                       blocks_name=None, programs=[program], placements={})
+    assert cost.project(part, sl).memory_s == pytest.approx(2e9 / 819e9)

@@ -14,6 +14,7 @@ import math
 import torch
 
 CHUNK = 2048  # query rows per chunk in the lowering
+SCOPE = "tpu_project_attention"  # the name scope of the lowering's ops in the HLO (partition.py reads it)
 
 
 @torch.library.custom_op("tpu_project::attention", mutates_args=())

@@ -93,7 +93,8 @@ def assumptions(sl: Slice, partitioned: Partitioned) -> list[str]:
         "chip time = max(dot FLOPs / (peak x efficiency), non-dot bytes / HBM bandwidth) (roofline); no host, "
         "input-pipeline or launch time",
         "FLOPs, bytes and memory from XLA's CPU compile of the partitioned step: fusion and layouts differ from a "
-        "TPU compile; attention as one query-chunked op (flash-like: the scores are not saved)",
+        "TPU compile; attention as one query-chunked op (flash-like: the scores are not saved, and the "
+        "traffic of its non-dot ops is not counted as HBM traffic: a TPU's flash kernel keeps the scores on chip)",
         "memory per chip: parameters, optimizer state and batch as placed (XLA's argument and output sizes) plus "
         "the activations backward reads from forward, split by the batch axes; working buffers (a layer's "
         "transients, gathered weights, the logits' gradient) are not counted, and XLA:CPU's own temporaries "
@@ -116,7 +117,7 @@ def project(partitioned: Partitioned, sl: Slice) -> Projection:
 
     def times(p: Traced) -> tuple[float, float, float, float]:
         compute = p.dot_flops / (gen.peak_bf16_flops * MXU_EFFICIENCY[sl.generation])
-        memory = max(p.bytes_accessed - p.dot_bytes, 0.0) / gen.hbm_bandwidth
+        memory = max(p.bytes_accessed - p.dot_bytes - p.attention_bytes, 0.0) / gen.hbm_bandwidth
         overlapped = sum(c.seconds for c in p.collectives if c.axes and set(c.axes) <= set(OVERLAPPED_AXES))
         exposed = sum(c.seconds for c in p.collectives) - overlapped
         return compute, memory, overlapped, exposed

@@ -124,9 +124,15 @@ class Lowered:
         args, kwargs = tree_map(value, node.args), tree_map(value, node.kwargs)
         func = node.func
         if func is torch.ops.tpu_project.attention.default:
-            out = attention.lower_forward(*args, **kwargs)
+            import jax
+
+            with jax.named_scope(attention.SCOPE):
+                out = attention.lower_forward(*args, **kwargs)
         elif func is torch.ops.tpu_project.attention_backward.default:
-            out = attention.lower_backward(*args, **kwargs)
+            import jax
+
+            with jax.named_scope(attention.SCOPE):
+                out = attention.lower_backward(*args, **kwargs)
         elif func in IDENTITY:
             out = args[0]
         elif node.written:

@@ -97,6 +97,39 @@ def _activation_rule(mesh, mesh_axes: dict, batch_sizes: set, graph, batch_axis,
     return rule
 
 
+def _attention_inner_bytes(module) -> float:
+    """Bytes the attention lowering's non-dot ops move (scores, masks, exponentials, per chip): a TPU runs
+    attention as one fused flash kernel (MaxText: splash attention) whose scores stay on chip, where XLA:CPU
+    writes every one of them to memory."""
+    from . import attention
+
+    if module.entry is None:
+        return 0.0
+
+    def names(inst) -> list[str]:
+        found = [inst.op_name or ""]
+        for called in inst.called:
+            found += [i.op_name or "" for i in module.computations.get(called, [])]
+        return found
+
+    def has_dot(inst) -> bool:
+        if inst.opcode in ("dot", "convolution"):
+            return True
+        return any(has_dot(i) for c in inst.called for i in module.computations.get(c, []))
+
+    insts = module.computations.get(module.entry, [])
+    shapes = {i.name: i.shape for i in insts}
+    total = 0.0
+    for inst in insts:
+        if inst.opcode in ("parameter", "constant", "tuple", "get-tuple-element", "bitcast") or has_dot(inst):
+            continue
+        if not any(attention.SCOPE in n for n in names(inst)):
+            continue
+        arrays = list(inst.shape) + [a for o in inst.operands for a in shapes.get(o, [])]
+        total += sum(a.elements * a.bits / 8 for a in arrays)
+    return total
+
+
 def _saved_per_chip(saved, mesh_axes: dict, batch_axis, param_specs: dict) -> int:
     """Bytes per chip of the activations backward reads from forward: a batch-led value split over the batch
     axes, others whole; values shaped like a parameter left out (FSDP gathers weights again in backward)."""
@@ -126,6 +159,9 @@ def partition_graph(graph, mesh_axes: dict, rules, batch_axis, placements: dict)
 
     from . import collectives, lower, placement
 
+    # the persistent compilation cache keys on the module without its metadata by default; the attention
+    # scope is read from the metadata, so a module cached before it was named must not stand in for it
+    jax.config.update("jax_compilation_cache_include_metadata_in_key", True)
     n = 1
     for v in mesh_axes.values():
         n *= v
@@ -167,7 +203,7 @@ def partition_graph(graph, mesh_axes: dict, rules, batch_axis, placements: dict)
             dot_flops += c.flops
             dot_bytes += sum(a.elements * a.bits / 8 for a in (c.lhs, c.rhs, c.out))
     return Traced(
-        blocks=graph.blocks, saved_bytes=_saved_per_chip(fn.saved, mesh_axes, batch_axis, param_specs), flops=float(cost.get("flops", 0.0)), dot_flops=dot_flops,
+        blocks=graph.blocks, attention_bytes=_attention_inner_bytes(module), saved_bytes=_saved_per_chip(fn.saved, mesh_axes, batch_axis, param_specs), flops=float(cost.get("flops", 0.0)), dot_flops=dot_flops,
         bytes_accessed=float(cost.get("bytes accessed", 0.0)), dot_bytes=dot_bytes,
         argument_bytes=int(memory.argument_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),
         alias_bytes=int(memory.alias_size_in_bytes), temp_bytes=int(memory.temp_size_in_bytes),

@@ -24,6 +24,7 @@ class Traced(BaseModel):
     dot_flops: float  # dots and convolutions in the partitioned HLO, per chip
     bytes_accessed: float
     dot_bytes: float
+    attention_bytes: float = 0.0  # bytes the attention lowering's non-dot ops move (on chip in a flash kernel)
     argument_bytes: int
     output_bytes: int
     alias_bytes: int
