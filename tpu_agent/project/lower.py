@@ -102,7 +102,7 @@ class Lowered:
         self.output_ids = list(graph.outputs)
         self.lowerings, self.opinfo = _tables()
         self.key_counter = 0
-        self.saved: list = []  # (shape, bytes per element, batch dim or None) of what backward reads from forward
+        self.saved: list = []  # (shape, bytes per element, batch dim or None) of the activations backward reads
 
     def _call(self, func, args, kwargs):
         if func in EXTRA:
@@ -263,10 +263,13 @@ class Lowered:
             if i == first and saved:
                 # What backward reads from forward passes one barrier: XLA must not merge a checkpointed
                 # region's recomputation with its forward (CSE would undo activation checkpointing).
-                keys = sorted(v for v in saved if v in env)
+                # inputs and values shaped like a parameter (gathered weights) are never recomputed: they stay
+                # out, so the barrier holds exactly the saved activations (partition.py reads its per-chip size)
                 inputs = set(self.input_ids)
-                self.saved = [(tuple(env[k].shape), env[k].dtype.itemsize, self.batch_dim.get(k))
-                              for k in keys if k not in inputs and hasattr(env[k], "shape")]
+                params = {tuple(i[0]) for i in self.graph.inputs.values() if i[2] == "param"}
+                keys = sorted(v for v in saved if v in env and v not in inputs and hasattr(env[v], "shape")
+                              and tuple(env[v].shape) not in params)
+                self.saved = [(tuple(env[k].shape), env[k].dtype.itemsize, self.batch_dim.get(k)) for k in keys]
                 for key, value in zip(keys, jax.lax.optimization_barrier([env[k] for k in keys])):
                     env[key] = value
             try:

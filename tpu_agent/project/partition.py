@@ -130,22 +130,27 @@ def _attention_inner_bytes(module) -> float:
     return total
 
 
-def _saved_per_chip(saved, mesh_axes: dict, batch_axis, param_specs: dict) -> int:
-    """Bytes per chip of the activations backward reads from forward: a batch-led value split over the batch
-    axes, others whole; values shaped like a parameter left out (FSDP gathers weights again in backward)."""
+def _saved_per_chip(saved, mesh_axes: dict, batch_axis) -> int:
+    """Bytes per chip of the activations backward reads from forward (lower.py's list: no inputs, nothing shaped
+    like a parameter): a batch-led value split over the batch axes and, where the mesh has a tensor or expert
+    axis and another dim divides by it, over that axis too (as Megatron's and MaxText's activation sharding
+    does); others whole. Computed from the placement, not read from XLA:CPU's buffers (its figure is apart)."""
     from . import placement
 
     axes = [batch_axis] if batch_axis else [a for a in mesh_axes if a in placement.BATCH_AXES]
     size = 1
     for a in axes:
         size *= mesh_axes.get(a, 1)
+    others = [mesh_axes[a] for a in mesh_axes if a in placement.TENSOR_AXES + ("expert",) and mesh_axes[a] > 1]
     total = 0.0
     for shape, itemsize, dim in saved:
-        if shape in param_specs:
-            continue
         n = _prod(shape) * itemsize
         if dim is not None and dim < len(shape) and shape[dim] % size == 0:
             n /= size
+            rest = [d for i, d in enumerate(shape) if i != dim]
+            for split in others:
+                if any(d % split == 0 and d >= split for d in rest):
+                    n /= split
         total += n
     return int(total)
 
@@ -203,7 +208,7 @@ def partition_graph(graph, mesh_axes: dict, rules, batch_axis, placements: dict)
             dot_flops += c.flops
             dot_bytes += sum(a.elements * a.bits / 8 for a in (c.lhs, c.rhs, c.out))
     return Traced(
-        blocks=graph.blocks, attention_bytes=_attention_inner_bytes(module), saved_bytes=_saved_per_chip(fn.saved, mesh_axes, batch_axis, param_specs), flops=float(cost.get("flops", 0.0)), dot_flops=dot_flops,
+        blocks=graph.blocks, attention_bytes=_attention_inner_bytes(module), saved_bytes=_saved_per_chip(fn.saved, mesh_axes, batch_axis), flops=float(cost.get("flops", 0.0)), dot_flops=dot_flops,
         bytes_accessed=float(cost.get("bytes accessed", 0.0)), dot_bytes=dot_bytes,
         argument_bytes=int(memory.argument_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),
         alias_bytes=int(memory.alias_size_in_bytes), temp_bytes=int(memory.temp_size_in_bytes),
