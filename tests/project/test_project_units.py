@@ -48,6 +48,16 @@ def test_an_explicit_rule_whose_dim_does_not_divide_names_the_dim_and_axis():
         placement.rule_spec("w", (6, 8), [("w", ("fsdp", None))], {"fsdp": 4})
 
 
+def test_replica_groups_over_a_named_mesh():
+    """This JAX's XLA writes `mesh[...] {axes}`: read as all devices, every collective of a fsdp x tensor mesh
+    spanned both axes (FSDP gathers then counted as exposed, tensor all-reduces costed over the whole slice)."""
+    text = "replica_groups=mesh['axis_0'=2,'axis_1'=4] {'axis_1'}, use_global_device_ids=true"
+    assert collectives.replica_groups(text, 8) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    text = "replica_groups=mesh['axis_0'=2,'axis_1'=4] {'axis_0'}, to_apply=%add"
+    assert collectives.replica_groups(text, 8) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert collectives.axes_of([0, 4], {"fsdp": 2, "tensor": 4}) == ["fsdp"]
+
+
 def test_replica_groups_explicit_and_iota():
     assert collectives.replica_groups("replica_groups={{0,1},{2,3}}, dimensions={0}", 4) == [[0, 1], [2, 3]]
     assert collectives.replica_groups("replica_groups=[2,4]<=[8], to_apply=%add", 8) == [[0, 1, 2, 3], [4, 5, 6, 7]]

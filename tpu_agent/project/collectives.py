@@ -13,11 +13,21 @@ from .results import Collective
 
 KINDS = {"all-gather": "all-gather", "all-reduce": "all-reduce", "reduce-scatter": "reduce-scatter",
          "all-to-all": "all-to-all", "collective-permute": "collective-permute"}
+_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
 _IOTA = re.compile(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
 
 
 def replica_groups(attrs: str, devices: int) -> list[list[int]]:
     """The groups of an instruction's `replica_groups` (explicit `{{0,1},{2,3}}` or iota `[2,2]<=[4]`)."""
+    named = _MESH.search(attrs)
+    if named:  # `mesh['axis_0'=8,'axis_1'=2] {'axis_0'}`: devices iota over the mesh, grouped along the listed axes
+        dims = re.findall(r"'([^']+)'=(\d+)", named.group(1))
+        listed = re.findall(r"'([^']+)'", named.group(2))
+        names, sizes = [d[0] for d in dims], [int(d[1]) for d in dims]
+        ids = np.arange(math.prod(sizes)).reshape(sizes)
+        inner = [i for i, n in enumerate(names) if n in listed]
+        outer = [i for i in range(len(names)) if i not in inner]
+        return ids.transpose(outer + inner).reshape(-1, math.prod(sizes[i] for i in inner) if inner else 1).tolist()
     m = re.search(r"replica_groups=(\{\{[^=]*?\}\}|\{\}|\[[\d,]+\]<=\[[\d,]+\](?:T\([\d,]+\))?)", attrs)
     if m is None:
         m = re.search(r"source_target_pairs=\{([^=]*?)\}(?:,|$)", attrs)
