@@ -70,7 +70,8 @@ def space(*names: str) -> Space:
 
 def run(tmp_path: Path, sp: Space, order: list[str], pruner: str = "median"):
     """Trials in the given order (each turns one candidate on), under `pruner`: a plan given twice is queued twice
-    (a repeat runs, recorded without measuring) and counts once against --trials."""
+    (a repeat runs, recorded without measuring) and counts once against --trials. The proposers' seeds (their
+    whole proposal first) stay out: the order is the test's, and the table times one action per plan."""
     options = TuneOptions(trials=len(set(order)), steps=8, storage=f"sqlite:///{tmp_path / 'studies.db'}")
     study = open_study(options, f"s-{pruner}", "fp", tmp_path, pruner=pruner, about={"script": "train.py"})
     for on in order:
@@ -78,5 +79,5 @@ def run(tmp_path: Path, sp: Space, order: list[str], pruner: str = "median"):
     runner = TableRunner()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing of Optuna's reaches the user's terminal
-        records = search(study, sp, runner, options, None, {})
+        records = search(study, sp, runner, options, None, {}, seeded=False)  # the order above, no seeds of its own
     return study, records, runner
