@@ -39,7 +39,8 @@ from tpu_agent.propose import make_proposer
 from tpu_agent.propose.playbook import load_playbooks
 from tpu_agent.run.tune_profile import profile_for_tune
 from tpu_agent.search.space import build_space
-from tpu_agent.search.study import open_study, ranked_plans, search
+from tpu_agent.search.loop import search
+from tpu_agent.search.study import open_study, ranked_plans
 from tpu_agent.verify.verdict import verify
 
 ROOT = Path(__file__).resolve().parent.parent

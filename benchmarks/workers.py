@@ -34,7 +34,8 @@ from tpu_agent.measure.runner import Runner  # noqa: E402
 from tpu_agent.plan.actions import PadOps  # noqa: E402
 from tpu_agent.propose.candidates import ActionTemplate, Candidate  # noqa: E402
 from tpu_agent.search.space import Space  # noqa: E402
-from tpu_agent.search.study import counted, open_study, search, worker_key  # noqa: E402
+from tpu_agent.search.loop import search  # noqa: E402
+from tpu_agent.search.study import counted, open_study, worker_key  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,8 @@ from support.fake_runner import FakeRunner
 from tpu_agent.config import TuneOptions
 from tpu_agent.propose.candidates import ActionTemplate, Candidate
 from tpu_agent.search.space import Space
-from tpu_agent.search.study import counted, open_study, search
+from tpu_agent.search.loop import search
+from tpu_agent.search.study import counted, open_study
 
 
 def space(multiples, fused: bool = False) -> Space:

@@ -25,7 +25,8 @@ from tpu_agent.propose.candidates import ActionTemplate, Candidate
 from tpu_agent.search import storage as storage_mod
 from tpu_agent.search import workers
 from tpu_agent.search.space import Space
-from tpu_agent.search.study import counted, open_study, search, worker_key
+from tpu_agent.search.loop import search
+from tpu_agent.search.study import counted, open_study, worker_key
 from tpu_agent.search.worker import join
 
 MULTIPLES = [8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96]

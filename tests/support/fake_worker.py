@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from support.fake_runner import FakeRunner  # noqa: E402
 from tpu_agent.search import storage, worker  # noqa: E402
-from tpu_agent.search import study as study_mod  # noqa: E402
+from tpu_agent.search import loop  # noqa: E402
 
 SLOW_S = 0.2
 
@@ -51,6 +51,6 @@ if __name__ == "__main__":
     spec = json.loads(sys.stdin.read())
     if hang and spec["run_dir"].endswith(hang):
         runner.hang_file = os.environ["FAKE_WORKER_HANG_FILE"]
-        study_mod._owner = lambda: {"host": "another-host", "pid": os.getpid()}
+        loop.owner = lambda: {"host": "another-host", "pid": os.getpid()}
     sys.stdin = io.StringIO(json.dumps(spec))
     sys.exit(worker.main(runner=runner))

@@ -12,7 +12,8 @@ from tpu_agent.measure.runner import interleave
 from tpu_agent.measure.trials import StepRecord, TrialFailed
 from tpu_agent.propose.candidates import ActionTemplate, Candidate
 from tpu_agent.search.space import Space
-from tpu_agent.search.study import open_study, search
+from tpu_agent.search.loop import search
+from tpu_agent.search.study import open_study
 
 # Step time of a plan (baseline 10 ms) by its one action; a loss factor (1.0: the baseline's losses).
 FAST, SLOW, ROUNDS, OOM, SOMEWHAT, COMPILES = "fused", "eager", "default", "pad8", "pad16", "pad32"

@@ -21,6 +21,7 @@ from tpu_agent.measure.runner import Runner
 from tpu_agent.measure.trials import StepRecord, TrialFailed
 from tpu_agent.plan.actions import Plan
 from tpu_agent.search.records import TrialRecord, TrialState
+from tpu_agent.search.sampling import invalid_for_devices, plan_for
 from tpu_agent.search.space import OFF, Space
 
 # Core constraints (Trial.set_constraint): a trial is feasible when every value is <= 0. TPE then ranks an
@@ -52,13 +53,6 @@ def objective_value(options: TuneOptions, speed: float | None, memory_ratio: flo
     if options.objective == "memory":
         return (1.0 / memory_ratio) if memory_ratio else 0.0
     return (speed or 0.0) * ((1.0 / memory_ratio) if memory_ratio else 1.0)
-
-
-def invalid_for_devices(plan: Plan, options: TuneOptions) -> str | None:
-    mesh = plan.mesh
-    if mesh is None or mesh.devices <= options.devices:
-        return None
-    return f"invalid combination: mesh {dict(mesh.axes)} needs {mesh.devices} devices, {options.devices} available"
 
 
 class Failed(Exception):
@@ -117,7 +111,7 @@ class Objective:
                  for c in self.space.candidates}
         t0 = time.perf_counter()
         try:
-            plan = self.space.plan_for(picks)
+            plan = plan_for(self.space, picks)
         except ValueError as exc:
             return self._finish(trial, TrialRecord(number=trial.number, plan=Plan(), state=TrialState.INVALID,
                                                    reason=f"invalid combination: {exc}"), fail=True)

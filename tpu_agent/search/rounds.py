@@ -16,7 +16,7 @@ from tpu_agent.propose.scope import candidates_in_scope
 from tpu_agent.search.progress import TrialProgress
 from tpu_agent.search.records import TrialRecord
 from tpu_agent.search.space import Space, build_space
-from tpu_agent.search.study import search
+from tpu_agent.search.loop import search
 
 
 class Watcher(Protocol):

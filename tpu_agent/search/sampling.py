@@ -11,7 +11,8 @@ import random
 
 import optuna
 
-from tpu_agent.search.objective import invalid_for_devices
+from tpu_agent.config import TuneOptions
+from tpu_agent.plan.actions import Plan
 from tpu_agent.search.space import OFF, Space
 
 ENUMERATE_MAX = 20_000  # pick combinations listed one by one; past it, only TPE and random draws
@@ -22,10 +23,28 @@ def distribution(space: Space, cid: str) -> optuna.distributions.CategoricalDist
     return optuna.distributions.CategoricalDistribution([OFF] + [str(i) for i in range(len(space.options[cid]))])
 
 
-def plan_key(space: Space, picks: dict[str, str], devices: int, options=None) -> str | None:
+def plan_for(space: Space, picks: dict[str, str]) -> Plan:
+    """The plan a trial's picks make: each picked option's actions (ValueError: an invalid combination)."""
+    actions = []
+    for cand in space.candidates:
+        pick = picks.get(cand.id, OFF)
+        if pick != OFF:
+            actions.extend(space.options[cand.id][int(pick)])
+    return Plan(actions=actions)
+
+
+def invalid_for_devices(plan: Plan, options: TuneOptions) -> str | None:
+    """Why a plan's mesh cannot run on --devices (None: it can)."""
+    mesh = plan.mesh
+    if mesh is None or mesh.devices <= options.devices:
+        return None
+    return f"invalid combination: mesh {dict(mesh.axes)} needs {mesh.devices} devices, {options.devices} available"
+
+
+def plan_key(space: Space, picks: dict[str, str], options: TuneOptions | None = None) -> str | None:
     """The plan a set of picks makes, as its key; None for no change at all or an invalid combination."""
     try:
-        plan = space.plan_for(picks)
+        plan = plan_for(space, picks)
     except ValueError:
         return None
     if not plan.actions or (options is not None and invalid_for_devices(plan, options)):
@@ -46,7 +65,7 @@ class Plans:
             ids = [c.id for c in space.candidates]
             for combo in itertools.product(*[[OFF] + [str(i) for i in range(n - 1)] for n in sizes]):
                 picks = dict(zip(ids, combo))
-                key = plan_key(space, picks, options.devices, options)
+                key = plan_key(space, picks, options)
                 if key is not None:
                     self.by_key.setdefault(key, picks)
 
@@ -66,14 +85,14 @@ class Plans:
         return self.count is not None and self.count <= budget
 
 
-def taken(study: optuna.Study, space: Space, devices: int, but: int | None = None) -> set[str]:
+def taken(study: optuna.Study, space: Space, but: int | None = None) -> set[str]:
     """The plans of every trial in the study (any state: measured, running elsewhere, queued, failed)."""
     keys = set()
     for t in study.get_trials(deepcopy=False):
         if t.number == but:
             continue
         picks = t.params or t.system_attrs.get("fixed_params") or {}
-        key = plan_key(space, picks, devices) if picks else None
+        key = plan_key(space, picks) if picks else None
         if key is not None:
             keys.add(key)
     return keys
@@ -112,16 +131,16 @@ class PlanSampler(optuna.samplers.BaseSampler):
         """How many plans are left to measure (None: too many to count)."""
         if self.plans.by_key is None:
             return None
-        return len(set(self.plans.by_key) - taken(study, self.space, self.plans.options.devices))
+        return len(set(self.plans.by_key) - taken(study, self.space))
 
     def choose(self, study: optuna.Study, trial) -> dict[str, str] | None:
-        done = taken(study, self.space, self.plans.options.devices, but=trial.number)
+        done = taken(study, self.space, but=trial.number)
         rng = random.Random(f"{self.seed}-{trial.number}")  # workers choosing at once mostly choose apart
         if not self.plans.enumerates(self.budget):
             for _ in range(TPE_DRAWS):
                 picks = {c.id: self.tpe.sample_independent(study, trial, c.id, distribution(self.space, c.id))
                          for c in self.space.candidates}
-                key = plan_key(self.space, picks, self.plans.options.devices, self.plans.options)
+                key = plan_key(self.space, picks, self.plans.options)
                 if key is not None and key not in done:
                     return picks
         if self.plans.by_key is not None:
@@ -129,7 +148,7 @@ class PlanSampler(optuna.samplers.BaseSampler):
             return dict(self.plans.by_key[rng.choice(left)]) if left else None
         for _ in range(1000):  # too many to list: random picks until one is new
             picks = {c.id: rng.choice(distribution(self.space, c.id).choices) for c in self.space.candidates}
-            key = plan_key(self.space, picks, self.plans.options.devices, self.plans.options)
+            key = plan_key(self.space, picks, self.plans.options)
             if key is not None and key not in done:
                 return picks
         return None
@@ -143,7 +162,7 @@ def seeds(space: Space, plans: Plans, budget: int) -> list[dict[str, str]]:
     off = {c.id: OFF for c in space.candidates}  # every pick fixed: the sampler adds nothing to a seed
     wishes = [off | {c.id: "0" for c in ranked}] + [off | {c.id: "0"} for c in ranked]
     for picks in wishes:
-        key = plan_key(space, picks, plans.options.devices, plans.options)
+        key = plan_key(space, picks, plans.options)
         if key is not None and key not in keys:
             keys.add(key)
             out.append(picks)

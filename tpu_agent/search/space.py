@@ -1,11 +1,10 @@
 """The search space: the candidates whose options the study combines, one categorical choice each ("off"
-included), and the plan a trial's picks make."""
+included); sampling says which plan a trial's picks make."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tpu_agent.plan.actions import Plan
 from tpu_agent.propose.base import Candidate, ProposalRound
 
 OFF = "off"
@@ -17,14 +16,6 @@ class Space:
 
     candidates: list[Candidate]
     options: dict[str, list[tuple]] = field(default_factory=dict)
-
-    def plan_for(self, picks: dict[str, str]) -> Plan:
-        actions = []
-        for cand in self.candidates:
-            pick = picks.get(cand.id, OFF)
-            if pick != OFF:
-                actions.extend(self.options[cand.id][int(pick)])
-        return Plan(actions=actions)
 
 
 def build_space(round_: ProposalRound, limit: int, previous: Space | None = None) -> Space:

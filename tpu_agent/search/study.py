@@ -1,5 +1,5 @@
-"""The Optuna study: its storage (SQLite by default, any RDB URL to share), its pruners, the search that runs it
-(each trial the Objective's) and what is read back from it: earlier trials, the ranked plans, the verdicts."""
+"""The Optuna study: its storage (SQLite by default, any RDB URL to share), its pruners, the trials a dead worker
+left, and what is read back from it: earlier trials, the ranked plans, the verdicts (search.loop runs it)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,11 @@ import optuna
 from tpu_agent.config import TuneOptions
 from tpu_agent.errors import InputError
 from tpu_agent.measure.compare import median
-from tpu_agent.measure.runner import Runner
 from tpu_agent.plan.actions import Plan
-from tpu_agent.search.objective import Failed, Measured, Objective
+from tpu_agent.search.objective import Measured
 from tpu_agent.search.records import TrialRecord, TrialState
-from tpu_agent.search.sampling import Plans, PlanSampler, plan_key, seeds, taken
-from tpu_agent.search.space import Space
-from tpu_agent.search.storage import (STUDY_DB, Reconnect, check_url, dashboard_command, first_line,  # noqa: F401
-                                      lost_storage_errors, open_storage, redact, retry_once, storage_url)
+from tpu_agent.search.storage import (STUDY_DB, check_url, dashboard_command, first_line,  # noqa: F401
+                                      open_storage, redact, retry_once, storage_url)
 _COMPLETE = optuna.trial.TrialState.COMPLETE
 _PRUNED = optuna.trial.TrialState.PRUNED
 _RUNNING = optuna.trial.TrialState.RUNNING
@@ -74,7 +71,7 @@ def feasible(trial: optuna.trial.FrozenTrial) -> bool:
     return all(v <= 0.0 for v in trial.constraints.values())
 
 
-def _owner() -> dict:
+def owner() -> dict:
     """The tune process running a trial, recorded on the trial: a tune killed outright leaves it RUNNING, and the
     next tune on this host that opens the study sees the process gone."""
     return {"host": socket.gethostname(), "pid": os.getpid()}
@@ -226,108 +223,6 @@ def counted(study: optuna.Study) -> list:
     """The trials that count against --trials: each measured a plan (a repeat, an invalid plan or the baseline
     itself is recorded but costs no measuring, and is not counted)."""
     return [t for t in recorded(study) if t.user_attrs.get("state") in MEASURED and "repeat_of" not in t.user_attrs]
-
-
-def search(study: optuna.Study, space: Space, runner: Runner, options: TuneOptions, baseline_batch: int | None,
-           baseline_losses: dict[int, float], on_trial=None, on_note=None, seed_offset: int = 0,
-           seeded: bool = True) -> list[TrialRecord]:
-    """Run the study until it holds --trials measured plans (from any worker), the space has none left, or
-    --timeout; every finished trial is in the study's storage as it ends. A storage that goes away mid-search is
-    retried (storage.Reconnect), then one line."""
-    plans = Plans(space, options)
-    sampler = PlanSampler(space, plans, options.trials, options.seed + seed_offset)
-    study.sampler = sampler
-    objective = Objective(space, runner, options, baseline_batch, baseline_losses, measured=measured_plans(study),
-                          per_pair=getattr(study.pruner, "per_pair", False), on_trial=on_trial, study=study)
-    say = on_note or (lambda line: None)
-    say(plans.describe(options.trials))
-    if seeded:
-        mine = taken(study, space, options.devices)
-        for picks in seeds(space, plans, options.trials):
-            key = plan_key(space, picks, options.devices, options)
-            if key not in mine:
-                study.enqueue_trial(picks, user_attrs={"seeded": True})
-                mine.add(key)
-
-    procs = []
-    if seeded:  # the tune that started the study: what its other workers (--workers, --join) read
-        from tpu_agent.search import workers
-
-        workers.save_space(study, space, options.trials, baseline_batch, bool(getattr(runner, "fresh_baselines", 0)))
-        if options.workers > 1:
-            procs = workers.start(options.workers - 1, runner.script, runner.args, options, study.study_name,
-                                  runner.run_dir)
-            say(f"workers: this tune and {len(procs)} more on {socket.gethostname()} ({runner.run_dir}/workers/)")
-    seen = {t.number for t in recorded(study)}
-
-    def others() -> None:
-        """Trials other workers finished, told as this worker's are (the report lists every trial)."""
-        for t in recorded(study):
-            if t.number in seen:
-                continue
-            seen.add(t.number)  # this worker's own trials are in `seen` already
-            record = record_of(t, earlier=False)
-            if record is not None and on_trial is not None:
-                on_trial(record)
-
-    def owned(trial: optuna.Trial):
-        trial.set_user_attr("process", _owner())  # a tune killed outright: the next open sees its process gone
-        trial.set_user_attr("host", socket.gethostname())
-        return objective(trial)
-
-    deadline = time.monotonic() + options.timeout if options.timeout else None
-    reconnect = Reconnect(study, say)
-    try:
-        while deadline is None or time.monotonic() < deadline:
-            try:
-                fail_stale(study, own=True)
-                states = [t.state for t in study.get_trials(deepcopy=False)]
-                done = len(counted(study))
-                running, waiting = states.count(_RUNNING), states.count(optuna.trial.TrialState.WAITING)
-                if done >= options.trials and not waiting:  # a queued trial (a retry, a seed) runs all the same
-                    break
-                if not waiting and done + running >= options.trials:
-                    others()
-                    time.sleep(1.0)  # the last trials run on other workers: one of them may die and be queued again
-                    continue
-                if not waiting and sampler.untaken(study) == 0:
-                    if not running:
-                        say(f"the space has no plan left to measure: {done} measured of {options.trials} asked")
-                        break
-                    time.sleep(1.0)
-                    continue
-                study.optimize(owned, n_trials=1, catch=(Failed,), gc_after_trial=False)
-                seen.update(r.number for r in objective.records)
-                others()
-            except Exception as exc:  # noqa: BLE001 - a lost server surfaces as whatever Optuna was doing then
-                if not isinstance(exc, lost_storage_errors()) and _reachable(study):
-                    raise
-                reconnect.wait(exc)  # or StorageLost, past RECONNECT_S
-            else:
-                reconnect.ok()
-    except BaseException:
-        if procs:  # Ctrl-C, SIGTERM, a lost storage: the other workers of this tune stop with it
-            from tpu_agent.search import workers
-
-            workers.stop(procs)
-        raise
-    if procs:
-        from tpu_agent.search import workers
-
-        try:
-            workers.wait(procs, say)
-        finally:
-            workers.stop(procs)
-        others()
-    return objective.records
-
-
-def _reachable(study: optuna.Study) -> bool:
-    try:
-        study._storage.get_study_id_from_name(study.study_name)
-    except lost_storage_errors():
-        return False
-    return True
 
 
 def measured_plans(study: optuna.Study) -> dict[str, Measured]:

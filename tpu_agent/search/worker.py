@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tpu_agent.config import TuneOptions
 from tpu_agent.search.storage import redact, storage_url
-from tpu_agent.search.workers import load_space
+from tpu_agent.search.workers import Crew, load_space
 
 
 def join(script: Path, args: list[str], options: TuneOptions, run_dir: Path, *, runner=None, say=print,
@@ -19,7 +19,8 @@ def join(script: Path, args: list[str], options: TuneOptions, run_dir: Path, *, 
     """One worker of the study `options.join`: its trials until the study holds its budget of measured plans.
     Bad input (no such study, another script or search space) is an InputError before any process starts."""
     from tpu_agent.measure.runner import Runner
-    from tpu_agent.search.study import open_study, search, worker_key
+    from tpu_agent.search.loop import search
+    from tpu_agent.search.study import open_study, worker_key
 
     url = storage_url(options, options.runs_root())
     study = open_study(options, options.join, "", options.runs_root(), key=worker_key(script, args, options),
@@ -47,16 +48,8 @@ def join(script: Path, args: list[str], options: TuneOptions, run_dir: Path, *, 
 
 def join_here(script: Path, args: list[str], options: TuneOptions, run_dir: Path, say=print) -> list:
     """`--join STUDY` on this host: this process and `--workers` - 1 more, each a worker of the study."""
-    from tpu_agent.search import workers
-
-    procs = workers.start(options.workers - 1, script, args, options, options.join, run_dir) \
-        if options.workers > 1 else []
-    try:
+    with Crew(options.workers - 1, script, args, run_dir, options, options.join, say):
         return join(script, args, options, run_dir, say=say)
-    finally:
-        if procs:
-            workers.wait(procs, say)
-            workers.stop(procs)
 
 
 def main(runner=None) -> int:

@@ -7,6 +7,7 @@ the search space, the trial budget, the baseline's batch."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,32 @@ def start(n: int, script: Path, args: list[str], options: TuneOptions, study_nam
         log.close()
         procs.append((proc, folder / "worker.log"))
     return procs
+
+
+class Crew:
+    """This tune's other workers on this host (--workers N: N - 1 of them): started on entering; on leaving they
+    are waited for (a line for each that did not end well), or stopped when the tune is (Ctrl-C, SIGTERM, a lost
+    storage)."""
+
+    def __init__(self, n: int, script: Path, args: list[str], run_dir: Path, options: TuneOptions, study_name: str,
+                 say) -> None:
+        self.n, self.script, self.args, self.run_dir = n, script, args, run_dir
+        self.options, self.study_name, self.say = options, study_name, say
+        self.procs: list = []
+
+    def __enter__(self) -> "Crew":
+        if self.n > 0:
+            self.procs = start(self.n, self.script, self.args, self.options, self.study_name, self.run_dir)
+            self.say(f"workers: this {'worker' if self.options.join else 'tune'} and {len(self.procs)} more on "
+                     f"{socket.gethostname()} ({self.run_dir}/workers/)")
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        try:
+            if kind is None:
+                wait(self.procs, self.say)
+        finally:
+            stop(self.procs)
 
 
 def wait(procs: list, say=None) -> list[str]:
