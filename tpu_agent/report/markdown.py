@@ -81,7 +81,7 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
             lines += ["", f"*Baseline:* the script as written, which ran in {result.baseline_mode} execution. That is "
                       "not the fastest execution that needs no change to the model: fused and compiled execution "
                       "are exact changes, searched and credited like the others (see where the gain comes from)."]
-        lines += ["", f"Measured on {result.settings.target if result.settings.target != 'cpu' else 'this host'}: "
+        lines += ["", f"Measured on {_measured_on(result)}: "
                       f"baseline and candidate ran in fresh processes, steps interleaved (A B A B ...) after "
                       f"{result.settings.warmup} warm-up steps each, device synchronized around every step; "
                       f"accepted only if the interval's lower end clears {1 + result.settings.min_gain:.2f}x."]
@@ -182,3 +182,10 @@ def _plots(result: TuneResult, run_dir: Path) -> dict[str, Path]:
             plt.close(fig)
     return out
 
+
+def _measured_on(result: TuneResult) -> str:
+    """Where the steps ran, never --target: a v5e target on a CPU host tiles for v5e, it does not time one."""
+    device = result.summary.device if result.summary is not None else None
+    notes = ([f"JAX devices: {device}"] if device else []) + \
+        ([f"shapes tiled for {result.settings.target}"] if result.settings.target != "cpu" else [])
+    return "this host" + (f" ({'; '.join(notes)})" if notes else "")
