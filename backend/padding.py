@@ -72,17 +72,18 @@ def _pad_axis(x, axis: int, size: int):
     return jnp.pad(x, widths)
 
 
-def matmul(a, b):
-    """`a @ b` for a (..., M, K) and b (..., K, N), computed on padded shapes when enabled."""
+def matmul(a, b, preferred_element_type=None):
+    """`a @ b` for a (..., M, K) and b (..., K, N), computed on padded shapes when enabled
+    (`preferred_element_type`: the result's dtype, e.g. float32 for bfloat16 operands, as jnp.matmul)."""
     if not STATE.pad_multiple or a.ndim < 2 or b.ndim < 2:
-        return jnp.matmul(a, b)
+        return jnp.matmul(a, b, preferred_element_type=preferred_element_type)
     rows, inner, cols = a.shape[-2], a.shape[-1], b.shape[-1]
     pr, pk, pc = _target(rows), _target(inner), _target(cols)
     if (pr, pk, pc) == (rows, inner, cols):
-        return jnp.matmul(a, b)
+        return jnp.matmul(a, b, preferred_element_type=preferred_element_type)
     a = _pad_axis(_pad_axis(a, a.ndim - 2, pr), a.ndim - 1, pk)
     b = _pad_axis(_pad_axis(b, b.ndim - 2, pk), b.ndim - 1, pc)
-    out = jnp.matmul(a, b)
+    out = jnp.matmul(a, b, preferred_element_type=preferred_element_type)
     return out if (pr, pc) == (rows, cols) else out[..., :rows, :cols]
 
 

@@ -357,15 +357,21 @@ def relu(self):
     return jnp.maximum(self, jnp.zeros((), self.dtype))
 
 
+def _in_float32(x):
+    """bfloat16 and float16 computed in float32 and rounded once at the end, as PyTorch's kernels do for
+    composite functions (gelu's erf and products rounded one by one in bfloat16 differed in half the outputs)."""
+    return x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+
+
 @lower(aten.gelu)
 def gelu(self, *, approximate="none"):
-    return jax.nn.gelu(self, approximate=approximate == "tanh")
+    return jax.nn.gelu(_in_float32(self), approximate=approximate == "tanh").astype(self.dtype)
 
 
 @lower(aten.gelu_backward)
 def gelu_backward(grad_output, self, *, approximate="none"):
-    _, vjp = jax.vjp(lambda x: jax.nn.gelu(x, approximate=approximate == "tanh"), self)
-    return vjp(grad_output)[0]
+    _, vjp = jax.vjp(lambda x: jax.nn.gelu(x, approximate=approximate == "tanh"), _in_float32(self))
+    return vjp(_in_float32(grad_output))[0].astype(grad_output.dtype)
 
 
 @lower(aten.silu)

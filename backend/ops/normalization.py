@@ -35,14 +35,17 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
 def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
     axes = tuple(range(input.ndim - len(normalized_shape), input.ndim))
     lead = tuple(range(input.ndim - len(normalized_shape)))
-    x_hat = (input - mean) * rstd
-    g = grad_out * weight if weight is not None else grad_out
+    # bfloat16 and float16 in float32, each gradient rounded once at the end, as PyTorch's kernels do.
+    up = (lambda a: a.astype(jnp.float32) if a.dtype in (jnp.float16, jnp.bfloat16) else a)
+    dy = up(grad_out)
+    x_hat = (up(input) - mean) * rstd
+    g = dy * up(weight) if weight is not None else dy
     grad_input = rstd * (
         g - jnp.mean(g, axis=axes, keepdims=True) - x_hat * jnp.mean(g * x_hat, axis=axes, keepdims=True)
     )
-    grad_weight = jnp.sum(grad_out * x_hat, axis=lead) if output_mask[1] and weight is not None else None
-    grad_bias = jnp.sum(grad_out, axis=lead) if output_mask[2] and bias is not None else None
-    return (grad_input if output_mask[0] else None, grad_weight, grad_bias)
+    grad_weight = jnp.sum(dy * x_hat, axis=lead).astype(weight.dtype) if output_mask[1] and weight is not None else None
+    grad_bias = jnp.sum(dy, axis=lead).astype(bias.dtype) if output_mask[2] and bias is not None else None
+    return (grad_input.astype(input.dtype) if output_mask[0] else None, grad_weight, grad_bias)
 
 
 def _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):

@@ -289,27 +289,36 @@ def kthvalue(self, k, dim=-1, keepdim=False):
 # --- softmax -------------------------------------------------------------------------
 
 
+def _f32(x):
+    """bfloat16 and float16 as float32: PyTorch's softmax kernels compute in float32 and round once."""
+    return x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+
+
 @lower(aten._softmax.default)
 def softmax(self, dim, half_to_float=False):
     if self.ndim == 0:
         return jnp.ones_like(self)
-    return jax.nn.softmax(self, axis=norm_dim(dim, self.ndim))
+    out = jax.nn.softmax(_f32(self), axis=norm_dim(dim, self.ndim))
+    return out if half_to_float else out.astype(self.dtype)
 
 
 @lower(aten._log_softmax.default)
 def log_softmax(self, dim, half_to_float=False):
     if self.ndim == 0:
         return jnp.zeros_like(self)
-    return jax.nn.log_softmax(self, axis=norm_dim(dim, self.ndim))
+    out = jax.nn.log_softmax(_f32(self), axis=norm_dim(dim, self.ndim))
+    return out if half_to_float else out.astype(self.dtype)
 
 
 @lower(aten._softmax_backward_data.default)
 def softmax_backward(grad_output, output, dim, input_dtype):
     d = norm_dim(dim, output.ndim) if output.ndim else ()  # a 0-d softmax reduces over nothing
-    return output * (grad_output - jnp.sum(grad_output * output, axis=d, keepdims=True))
+    g, y = _f32(grad_output), _f32(output)
+    return (y * (g - jnp.sum(g * y, axis=d, keepdims=True))).astype(jdtype(input_dtype))
 
 
 @lower(aten._log_softmax_backward_data.default)
 def log_softmax_backward(grad_output, output, dim, input_dtype):
     d = norm_dim(dim, output.ndim) if output.ndim else ()
-    return grad_output - jnp.exp(output) * jnp.sum(grad_output, axis=d, keepdims=True)
+    g, y = _f32(grad_output), _f32(output)
+    return (g - jnp.exp(y) * jnp.sum(g, axis=d, keepdims=True)).astype(jdtype(input_dtype))
