@@ -5,51 +5,25 @@ raises stops the job with its traceback and exit status, its partner blocked in 
 
 from __future__ import annotations
 
-import json
 import math
 import textwrap
 
 import pytest
 
-from support.paths import EXAMPLES
-from support.processes import clean_env, run_python, run_tool
+from support.processes import run_tool
+from support.rank_runs import run_ranks
 
-GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
 STEPS = 6
-
-
-def _ranks(out_dir) -> list[dict]:
-    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
 def _close(a: float, b: float, rel: float = 1e-5) -> bool:
     return math.isclose(a, b, rel_tol=rel, abs_tol=rel * 1e-2)
 
 
-def _twice_if_gloo_aborts(run):
-    """PyTorch's gloo sometimes aborts a rank at teardown under load: not what is tested, so once more."""
-    proc = run()
-    if proc.returncode != 0 and GLOO_TEARDOWN_ABORT in proc.stderr:
-        proc = run()
-    return proc
-
-
 @pytest.mark.slow  # two 2-rank jobs (about 35 s)
 def test_the_ddp_example_on_tpu_under_tpu_agent_run_nproc_2_matches_cpu_gloo_rank_by_rank(tmp_path):
-    runs = {}
-    for name in ("tpu", "cpu"):
-        out = tmp_path / name
-        out.mkdir()
-        args = [str(EXAMPLES / "ddp.py"), "--", "--steps", str(STEPS), "--out", str(out)]
-        if name == "tpu":
-            proc = _twice_if_gloo_aborts(lambda: run_tool("run", "--nproc", "2", *args, cwd=tmp_path, timeout=300))
-        else:  # the reference: plain torchrun, the tool off, CPU tensors, gloo
-            args = [a for a in args if a != "--"] + ["--device", "cpu"]
-            proc = _twice_if_gloo_aborts(lambda: run_python(
-                "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args,
-                cwd=tmp_path, env=clean_env(TPU_AGENT_DEVICE="off"), timeout=300))
-        assert proc.returncode == 0, f"{name}:\n{proc.stderr[-4000:]}"
-        runs[name] = _ranks(out)
+    args = ["--steps", str(STEPS)]
+    runs = {on: run_ranks("ddp.py", args, tmp_path / on, on=on) for on in ("tpu", "cpu")}
     for rank in (0, 1):
         tpu, cpu = runs["tpu"][rank], runs["cpu"][rank]
         assert len(tpu["losses"]) == len(cpu["losses"]) == STEPS
