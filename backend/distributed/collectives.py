@@ -17,6 +17,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from . import faults
 from .runtime import devices_of
 
 AXIS = "ranks"
@@ -51,7 +52,8 @@ def _run(kind: str, ranks: tuple[int, ...], local, fn, **static):
     block = local[None]
     global_array = jax.make_array_from_single_device_arrays((len(ranks), *local.shape),
                                                             NamedSharding(mesh, P(AXIS)), [block])
-    out = _program(kind, ranks, fn, **static)(global_array)
+    with faults.watching(kind, ranks):  # a collective some rank never joins times out, naming it
+        out = _program(kind, ranks, fn, **static)(global_array)
     return out.addressable_data(0)[0]
 
 

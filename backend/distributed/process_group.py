@@ -21,6 +21,8 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup, ProcessGroupGloo, ReduceOp, _create_work_from_future
 from torch.futures import Future
 
+from . import faults
+
 NAME = "tpu"
 DEVICE_TYPE = "tpu"
 
@@ -79,6 +81,7 @@ class TpuProcessGroup(ProcessGroup):
         _created += 1  # every rank creates its groups in the same order: a fresh store prefix for each gloo
         self._gloo = ProcessGroupGloo(dist.PrefixStore(f"tpu-gloo/{_created}/", store), rank, size, timeout)
         self._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, self._gloo)
+        faults.attach(self.ranks, store, self.ranks[rank], timeout)  # collectives that never complete time out
 
     def getBackendName(self) -> str:  # noqa: N802 - PyTorch's name
         return NAME

@@ -13,9 +13,12 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+import socket
 import sys
 import threading
 from dataclasses import dataclass
+
+from . import faults
 
 PORT_OFFSET = 1  # the coordinator's port: MASTER_PORT + 1 (MASTER_PORT itself is torchrun's store)
 
@@ -58,12 +61,24 @@ def join() -> Launch | None:
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    main = threading.current_thread() is threading.main_thread()
     before = signal.getsignal(signal.SIGTERM)
-    jax.distributed.initialize(coordinator_address=launch.coordinator, num_processes=launch.world_size,
-                               process_id=launch.rank)
+    # Joining waits, in C++, for every rank (up to JAX's 5 minutes): Python's Ctrl-C would wait as long, so
+    # Ctrl-C there ends the process as it would a C program.
+    _coordinator_port_free(launch)  # before JAX: its service, failing to bind, sometimes crashes (SIGSEGV)
+    interrupt = signal.signal(signal.SIGINT, signal.SIG_DFL) if main else None
+    try:
+        jax.distributed.initialize(coordinator_address=launch.coordinator, num_processes=launch.world_size,
+                                   process_id=launch.rank)
+    except Exception:
+        _coordinator_port_free(launch)  # taken since
+        raise
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, interrupt)
     # JAX's preemption notifier takes SIGTERM (and the process then ignores it): torchrun stops the other
     # ranks of a failed job with SIGTERM, so a rank must still die of it, as it would without JAX.
-    if threading.current_thread() is threading.main_thread():
+    if main:
         signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
     _exit_promptly_after_a_failure()
     _joined = launch
@@ -82,8 +97,10 @@ def _exit_promptly_after_a_failure() -> None:
     def excepthook(kind, value, tb):
         failed.append(kind)
         previous(kind, value, tb)
+        _ctrl_c_ends_the_process()  # the traceback is out: a second Ctrl-C (torchrun sends one) must not stop the exit
 
     def leave() -> None:
+        _ctrl_c_ends_the_process()  # JAX's exit barrier below waits in C++, where Python's Ctrl-C is never seen
         if failed:
             for stream in (sys.stdout, sys.stderr):
                 try:
@@ -94,6 +111,31 @@ def _exit_promptly_after_a_failure() -> None:
 
     sys.excepthook = excepthook
     atexit.register(leave)
+
+
+def _coordinator_port_free(launch: Launch) -> None:
+    """Rank 0 starts JAX's coordinator: its port taken is one `error:` line and exit 2 (faults.usage_error)."""
+    port = int(launch.coordinator.rpartition(":")[2])
+    if launch.rank == 0 and port_in_use(port):
+        faults.usage_error(f"port {port} (MASTER_PORT + {PORT_OFFSET}, where rank 0 starts JAX's coordinator for "
+                           "this job) is in use; launch with another --master-port")
+
+
+def _ctrl_c_ends_the_process() -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def port_in_use(port: int) -> bool:
+    """Whether a process listens on `port` here (a port a finished job's connections still hold, in TIME_WAIT,
+    is free: JAX's server reuses it, as this probe does)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError:
+            return True
+    return False
 
 
 def joined() -> Launch | None:
