@@ -80,7 +80,7 @@ def _start() -> None:
     global _thread
     if _thread is not None:
         return
-    _install_mesh_hook()
+    _install_excepthook()
     _thread = threading.Thread(target=_watch, name="tpu-collective-watch", daemon=True)
     _thread.start()
 
@@ -216,9 +216,10 @@ def usage_error(line: str) -> None:
     stop(f"error: {line}", USAGE, EXIT_USAGE, print_line=False)
 
 
-def _write_error_file(line: str, kind: str) -> bool:
+def _write_error_file(line: str, kind: str, *, keep: bool = False) -> bool:
+    """Tell the launcher what ended this rank. `keep`: leave a file already written (torch's @record's)."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not path:
+    if not path or (keep and os.path.exists(path)):
         return False
     data = {"message": {"message": line, "extraInfo": {"timestamp": str(int(time.time())), ERROR_KIND: kind}}}
     try:
@@ -242,17 +243,23 @@ def message_of(error_file_data) -> str | None:
     return message.get("message") if isinstance(message, dict) else None
 
 
-# --- a mesh the job cannot take ----------------------------------------------------------------------------------
+# --- a rank's own error; a mesh the job cannot take -------------------------------------------------------------
 
-def _install_mesh_hook() -> None:
-    """`init_device_mesh` with a shape whose size is not the world size fails inside torch with a traceback;
-    here it is one line and exit 2."""
+def _install_excepthook() -> None:
+    """A script's error is named in torchrun's error file (the launcher's summary then names it, not "To enable
+    traceback see..."), a cause unless it is gloo saying another rank left; `init_device_mesh` with a shape
+    whose size is not the world size, which fails inside torch with a traceback, is one line and exit 2."""
     previous = sys.excepthook
 
     def excepthook(kind, value, tb):
         line = mesh_misfit(value, tb)
         if line is not None:
             usage_error(line)
+        if not issubclass(kind, KeyboardInterrupt):
+            text = " ".join(str(value).split())
+            said = f"{kind.__name__}: {text}"[:500] if text else kind.__name__
+            _write_error_file(f"{said} (its traceback is above)", CONSEQUENCE if another_rank_left(value) else CAUSE,
+                              keep=True)
         previous(kind, value, tb)
 
     sys.excepthook = excepthook

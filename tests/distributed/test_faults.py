@@ -162,6 +162,7 @@ def test_a_rank_raising_while_the_other_waits_in_a_collective_stops_the_job_with
     assert frames and all("job.py" in line for line in frames), frames  # the user's frames, none of ours
     root = err.split("Root Cause")[1]
     assert "rank      : 1 (local_rank: 1)" in root, root  # the rank that raised, not its partner
+    assert "ValueError: boom on rank 1 (its traceback is above)" in root, root
     assert len(job.ranks) == 2
     assert job.left_behind() == []
 
