@@ -154,6 +154,7 @@ def _error_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("error:")]
 
 
+@pytest.mark.slow  # a 2-rank job (about 9 s)
 def test_a_rank_raising_while_the_other_waits_in_a_collective_stops_the_job_with_its_traceback(tmp_path):
     job, took, err = _once_ready(_tool_job(tmp_path, RAISING), exit_code=1)
     assert took < 30, took
@@ -174,6 +175,7 @@ def _cmdline(p: psutil.Process) -> list[str]:
         return []
 
 
+@pytest.mark.slow  # a 2-rank job and a 3 s timeout (about 13 s)
 def test_a_collective_one_rank_skips_times_out_with_one_line_naming_the_op_and_the_rank(tmp_path):
     job, took, err = _once_ready(_tool_job(tmp_path, SKIPPING), exit_code=1)
     assert took < 20, took  # the group's 3 s, the watch's 1 s tick, the launcher's teardown
@@ -184,6 +186,7 @@ def test_a_collective_one_rank_skips_times_out_with_one_line_naming_the_op_and_t
     assert job.left_behind() == []
 
 
+@pytest.mark.slow  # a 2-rank job (about 8 s)
 def test_a_mesh_the_job_cannot_take_is_one_error_line_and_exit_2(tmp_path):
     job = _tool_job(tmp_path, BAD_MESH)
     code = job.wait(timeout=120)
@@ -207,7 +210,8 @@ def _two_free_ports() -> int:
     pytest.skip("no two consecutive free ports")
 
 
-@pytest.mark.parametrize("taken", [0, 1], ids=["MASTER_PORT", "MASTER_PORT+1"])
+@pytest.mark.parametrize("taken", [pytest.param(0, id="MASTER_PORT"),  # the launcher stops: about 4 s
+                                   pytest.param(1, id="MASTER_PORT+1", marks=pytest.mark.slow)])  # ranks start: 7 s
 def test_a_port_in_use_is_one_error_line_and_exit_2(tmp_path, taken):
     port = _two_free_ports()
     with socket.socket() as holder:
@@ -223,6 +227,7 @@ def test_a_port_in_use_is_one_error_line_and_exit_2(tmp_path, taken):
     assert job.left_behind() == []
 
 
+@pytest.mark.slow  # a 2-rank job (about 9 s)
 def test_ctrl_c_ends_every_rank_promptly_one_waiting_at_the_exit_barrier_included(tmp_path):
     job = _tool_job(tmp_path, UNEVEN)
     job.wait_for("ready", 2, timeout=120)
