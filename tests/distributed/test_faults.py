@@ -243,7 +243,9 @@ def test_ctrl_c_ends_every_rank_promptly_one_waiting_at_the_exit_barrier_include
 
 
 def _failure(exitcode: int, timestamp: int, kind: str | None = None):
-    extra = {"timestamp": str(timestamp), "tpu_agent_kind": kind}
+    from tpu_agent.backend.distributed.faults import ERROR_KIND
+
+    extra = {"timestamp": str(timestamp), ERROR_KIND: kind}
     data = {"message": {"message": "m", "extraInfo": extra}} if kind else {}
     return SimpleNamespace(exitcode=exitcode, timestamp=timestamp, error_file_data=data)
 
