@@ -1,8 +1,9 @@
 """Device handlers: ops that are not array math, run with their torch-level arguments.
 
 The tensor's device, `.item()`, pinned-memory queries, copies between the CPU and the device (`.to`,
-`copy_`, and PyTorch's C++ copy kernels through `copy_into`). Registered in opinfo's handler table when
-dispatch.py imports this module.
+`copy_`, and PyTorch's C++ copy kernels through `copy_into`), and fused Adam's calls re-spelled for
+its lowering (a float learning rate as a tensor; the gradients written only when unscaled). Registered
+in opinfo's handler table when dispatch.py imports this module.
 """
 
 from __future__ import annotations
@@ -70,3 +71,38 @@ def copy_into(dst, src):
     # CPU destination, tpu source.
     dst.copy_(to_cpu(src))
     return dst
+
+
+def _lr_tensor(lr):
+    """A float learning rate as a 0-d CPU tensor: an input of the program, not a constant (ops/optim.py)."""
+    return lr if isinstance(lr, torch.Tensor) else torch.tensor(float(lr), dtype=torch.float32)
+
+
+def _fused_adam_functional(op):
+    def run(*args, lr, **kwargs):
+        return op(*args, lr=_lr_tensor(lr), **kwargs)
+
+    return run
+
+
+def _fused_adam_in_place(op):
+    """`_fused_adamw_`: the functional op's new values written back. The gradients only where `grad_scale`
+    unscaled them, as the CPU kernel does: a compiled step's program may not write into its gradient
+    arguments (they can be views)."""
+
+    def run(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, amsgrad, grad_scale=None,
+            **kwargs):
+        new = op(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr=_lr_tensor(lr),
+                 amsgrad=amsgrad, grad_scale=grad_scale, **kwargs)
+        written = [(params, new[0]), (exp_avgs, new[2]), (exp_avg_sqs, new[3])]
+        written += [(grads, new[1])] if grad_scale is not None else []
+        written += [(max_exp_avg_sqs, new[4])] if amsgrad else []
+        for targets, values in written:
+            write(op, targets, values)
+
+    return run
+
+
+for _functional, _in_place in ((aten._fused_adam, aten._fused_adam_), (aten._fused_adamw, aten._fused_adamw_)):
+    handler(_functional.default)(_fused_adam_functional(_functional.tensor_lr))
+    handler(_in_place.default, _in_place.tensor_lr)(_fused_adam_in_place(_functional.tensor_lr))
