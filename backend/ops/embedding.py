@@ -1,4 +1,10 @@
-"""Embedding bags (the lookup, its dense backward and renorm are with the gathers, in shape.py)."""
+"""Embeddings: the lookup and its dense backward, and embedding bags (renorm is with the gathers, in shape.py).
+
+The lookup's own JAX gradient must be PyTorch's: a compiled step differentiates the forward with JAX
+(module_program.py) rather than calling `embedding_dense_backward`, and there a plain gather sent
+gradient into the `padding_idx` row, wherever a real token shared the pad token's id (issue #28: a Llama
+with one such token drifted 1.2e-4 from the CPU by step 15).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,34 @@ import torch
 from ..registry import lower
 
 aten = torch.ops.aten
+
+
+@lower(aten.embedding.default)
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    rows = jnp.take(weight, indices, axis=0)
+    if scale_grad_by_freq:
+        # The same values; the gradient divided by each index's count, as embedding_dense_backward's.
+        flat = indices.reshape(-1)
+        counts = jnp.zeros((weight.shape[0],), rows.dtype).at[flat].add(1)
+        fixed = jax.lax.stop_gradient(rows)
+        rows = fixed + (rows - fixed) / counts[indices][..., None]
+    if padding_idx >= 0:
+        # The same values; no gradient reaches the padding row.
+        rows = jnp.where((indices == padding_idx)[..., None], jax.lax.stop_gradient(rows), rows)
+    return rows
+
+
+@lower(aten.embedding_dense_backward.default)
+def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    flat_idx = indices.reshape(-1)
+    grad = grad_output.reshape(flat_idx.shape[0], -1)
+    if padding_idx >= 0:
+        grad = jnp.where((flat_idx == padding_idx)[:, None], 0, grad)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), grad.dtype).at[flat_idx].add(1)
+        grad = grad / counts[flat_idx][:, None]
+    out = jnp.zeros((num_weights, grad.shape[1]), grad_output.dtype)
+    return out.at[flat_idx].add(grad)
 
 
 @lower(aten._embedding_bag_forward_only.default, aten._embedding_bag.default)

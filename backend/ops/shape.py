@@ -430,24 +430,6 @@ def index_fill(self, dim, index, value):
     return self.at[tuple(idx)].set(jnp.asarray(value, self.dtype))
 
 
-@lower(aten.embedding.default)
-def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    return jnp.take(weight, indices, axis=0)
-
-
-@lower(aten.embedding_dense_backward.default)
-def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
-    flat_idx = indices.reshape(-1)
-    grad = grad_output.reshape(flat_idx.shape[0], -1)
-    if padding_idx >= 0:
-        grad = jnp.where((flat_idx == padding_idx)[:, None], 0, grad)
-    if scale_grad_by_freq:
-        counts = jnp.zeros((num_weights,), grad.dtype).at[flat_idx].add(1)
-        grad = grad / counts[flat_idx][:, None]
-    out = jnp.zeros((num_weights, grad.shape[1]), grad_output.dtype)
-    return out.at[flat_idx].add(grad)
-
-
 # --- data-dependent shapes (run on concrete arrays, not jitted) --------------------
 
 
