@@ -90,7 +90,8 @@ def test_three_workers_fill_one_postgres_study_and_a_killed_one_loses_only_its_r
     assert killed, "worker-2 never hung"
     trials = study.trials
     assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
-    lost = [t for t in trials if t.state == optuna.trial.TrialState.FAIL and "state" not in t.user_attrs]
+    lost = [t for t in trials if t.state == optuna.trial.TrialState.FAIL and "state" not in t.user_attrs
+            and not t.user_attrs.get("surplus")]  # a trial started at the same instant as the last one: not run
     assert len(lost) == 1 and lost[0].user_attrs["process"]["pid"] == killed[0]  # only its running trial
     retries = [t for t in trials if t.system_attrs.get("failed_trial") == lost[0].number]
     assert len(retries) == 1 and retries[0].state == optuna.trial.TrialState.COMPLETE  # run again, once
@@ -115,7 +116,7 @@ def test_a_server_restarted_mid_search_loses_nothing(project, postgres):
         wait_for(lambda: len({t.user_attrs["process"]["pid"] for t in counted(check)}) == 2, 60,
                  "a trial of each worker")
         postgres.stop()
-        time.sleep(2)
+        wait_for(lambda: any("unreachable; retrying" in line for line in said), 60, "the tune to miss the server")
         postgres.start()
 
     thread = threading.Thread(target=restart, daemon=True)
@@ -228,3 +229,52 @@ def test_verify_on_a_joined_host_verifies_the_study_there_and_records_the_verdic
     study = optuna.load_study(study_name="v", storage=url)
     assert study.user_attrs["verified"]["accepted"] and study.user_attrs["verified"]["plan"].startswith("pad_ops")
     assert "accepted" in out.getvalue()
+
+
+def test_a_joined_worker_follows_the_tunes_later_rounds_and_stops_when_its_search_ends(project):
+    """A tune searches round after round, each with a larger budget; a worker that joined between rounds waits
+    for the next one (it stopped after the first round's budget before) and stops once the tune says so."""
+    url = f"sqlite:///{project / 'runs' / 'studies.db'}"
+    options = TuneOptions(trials=2, workers=1, seed=0, storage=url, output_dir=str(project / "runs"))
+    script = project / "train.py"
+    study = open_study(options, "r", "fp", project / "runs", key=worker_key(script, [], options),
+                       about={"script": "train.py"})
+    workers.rounds_open(study, True)  # as search_rounds does while its rounds go on
+
+    def theirs() -> list:
+        return [t for t in counted(study) if t.user_attrs["process"]["pid"] != os.getpid()]
+
+    def held(k: int) -> None:  # the tune's first trial of round 2 waits until the joined worker measured one
+        if k == 3:
+            wait_for(lambda: theirs(), 30, "the joined worker's trial in round 2")
+
+    runner = SlowRunner(gate=held)
+    runner.script, runner.args, runner.run_dir = script, [], project / "runs" / "lead"
+    search(study, padding_space(), runner, options, None, {})  # round 1: its 2 trials, the tune's own
+    (proc, log), = workers.start(1, script, [], options, "r", project / "runs" / "joined", rounds=True)
+    try:
+        wait_for(lambda: "waiting for the tune's next round" in log.read_text(), 60, "the worker to wait")
+        search(study, padding_space(), runner, options.model_copy(update={"trials": 5}), None, {})  # round 2
+        workers.rounds_open(study, False)  # the tune's search is over
+        assert proc.wait(timeout=15) == 0, log.read_text()
+    finally:
+        workers.stop([(proc, log)])
+    measured = counted(study)
+    assert len(measured) == 5 and len(set(plans_of(measured))) == 5
+    assert theirs() and all(t.number >= 2 for t in theirs())  # round 2's trials, measured there
+
+
+def test_a_worker_the_tune_started_for_one_round_stops_with_it(project):
+    """--workers N starts its workers for each round: they do not wait for the next (the tune waits for them)."""
+    url = f"sqlite:///{project / 'runs' / 'studies.db'}"
+    options = TuneOptions(trials=2, seed=0, storage=url, output_dir=str(project / "runs"))
+    study = open_study(options, "one", "fp", project / "runs", key=worker_key(project / "train.py", [], options),
+                       about={"script": "train.py"})
+    workers.rounds_open(study, True)
+    runner = SlowRunner()
+    runner.script, runner.args, runner.run_dir = project / "train.py", [], project / "runs" / "lead"
+    search(study, padding_space(), runner, options, None, {})
+    began = time.monotonic()
+    records = join(project / "train.py", [], options.model_copy(update={"join": "one"}), project / "w",
+                   runner=SlowRunner(), rounds=False)
+    assert records == [] and time.monotonic() - began < 10

@@ -17,7 +17,8 @@ from tpu_agent.search.records import TrialRecord
 from tpu_agent.search.sampling import Plans, PlanSampler, plan_key, seeds, taken
 from tpu_agent.search.space import Space
 from tpu_agent.search.storage import Reconnect, lost_storage_errors
-from tpu_agent.search.study import counted, fail_stale, measured_plans, owner, record_of, recorded
+from tpu_agent.search.study import (counted, fail_stale, measured_plans, orphan, owner, record_of, recorded,
+                                    surplus)
 
 _RUNNING = optuna.trial.TrialState.RUNNING
 _WAITING = optuna.trial.TrialState.WAITING
@@ -58,6 +59,9 @@ def search(study: optuna.Study, space: Space, runner: Runner, options: TuneOptio
     def owned(trial: optuna.Trial):
         trial.set_user_attr("process", owner())  # a tune killed outright: the next open sees its process gone
         trial.set_user_attr("host", socket.gethostname())
+        if surplus(study, trial, options.trials):
+            trial.set_user_attr("surplus", True)  # not recorded, not counted: Optuna's FAIL, with no state of ours
+            raise Failed(f"the study holds its {options.trials} trials (another worker started the last one)")
         return objective(trial)
 
     extra = options.workers - 1 if seeded else 0
@@ -69,11 +73,16 @@ def search(study: optuna.Study, space: Space, runner: Runner, options: TuneOptio
         while deadline is None or time.monotonic() < deadline:
             try:
                 fail_stale(study, own=True)
-                states = [t.state for t in study.get_trials(deepcopy=False)]
+                trials = study.get_trials(deepcopy=False)
+                states = [t.state for t in trials]
                 done = len(counted(study))
                 running, waiting = states.count(_RUNNING), states.count(_WAITING)
-                if done >= options.trials and not waiting:  # a queued trial (a retry, a seed) runs all the same
-                    break
+                orphans = [t for t in trials if t.state == _RUNNING and orphan(t)]
+                if done >= options.trials and not waiting and not orphans:  # a queued trial (a retry, a seed)
+                    break  # runs all the same; an orphan is failed once past the grace (fail_stale), not left RUNNING
+                if done >= options.trials and not waiting:
+                    time.sleep(1.0)
+                    continue
                 if not waiting and done + running >= options.trials:
                     others()
                     time.sleep(1.0)  # the last trials run on other workers: one of them may die and be queued again

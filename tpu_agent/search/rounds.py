@@ -16,6 +16,7 @@ from tpu_agent.propose.scope import candidates_in_scope
 from tpu_agent.search.progress import TrialProgress
 from tpu_agent.search.records import TrialRecord
 from tpu_agent.search.space import Space, build_space
+from tpu_agent.search import workers
 from tpu_agent.search.loop import search
 
 
@@ -45,17 +46,22 @@ def search_rounds(study, runner: Runner, proposer: Proposer, profile, knobs: lis
         this_run.append(record)
         bar.advance()
 
-    for number in range(1, options.rounds + 1):
-        round_ = proposer.propose(profile, knobs, playbooks, [r.outcome() for r in this_run], number)
-        round_, out_of_scope = candidates_in_scope(round_, options.allow)
-        space = build_space(round_, options.candidates, space)
-        budget = options.trials * number // options.rounds
-        watcher.round(number, round_, out_of_scope, space, budget)
-        if not space.candidates:
-            return
-        with bar:
-            search(study, space, runner, options.model_copy(update={"trials": budget}), baseline_batch,
-                   baseline_losses, on_trial=on_trial, on_note=lambda line: watcher.console.print(line, markup=False))
+    workers.rounds_open(study, True)  # joined workers wait for the next round, not stop
+    try:
+        for number in range(1, options.rounds + 1):
+            round_ = proposer.propose(profile, knobs, playbooks, [r.outcome() for r in this_run], number)
+            round_, out_of_scope = candidates_in_scope(round_, options.allow)
+            space = build_space(round_, options.candidates, space)
+            budget = options.trials * number // options.rounds
+            watcher.round(number, round_, out_of_scope, space, budget)
+            if not space.candidates:
+                return
+            with bar:
+                search(study, space, runner, options.model_copy(update={"trials": budget}), baseline_batch,
+                       baseline_losses, on_trial=on_trial,
+                       on_note=lambda line: watcher.console.print(line, markup=False))
+    finally:
+        workers.rounds_open(study, False)
     hosts = Counter(r.host for r in this_run if r.host)
     if options.workers > 1 or len(hosts) > 1:  # other workers' trials are in this_run too: where each ran
         watcher.console.print("trials by host: " + ", ".join(f"{h} {n}" for h, n in hosts.most_common()),

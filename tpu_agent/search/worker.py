@@ -1,6 +1,7 @@
 """One worker of a study, in this process: `tpu-agent tune SCRIPT --storage URL --join STUDY`, or a process that
 `--workers N` started (`python -m tpu_agent.search.worker`, its spec on stdin). It measures the study's plans on
-this host until the study holds its budget of measured plans, and verifies nothing."""
+this host until the study holds its budget of measured plans, round after round of the tune's, and verifies
+nothing."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from pathlib import Path
 
 from tpu_agent.config import TuneOptions
 from tpu_agent.search.storage import redact, storage_url
-from tpu_agent.search.workers import Crew, load_space
+from tpu_agent.search.workers import Crew, load_space, next_round
 
 
 def join(script: Path, args: list[str], options: TuneOptions, run_dir: Path, *, runner=None, say=print,
-         seed_offset: int = 0) -> list:
-    """One worker of the study `options.join`: its trials until the study holds its budget of measured plans.
+         seed_offset: int = 0, rounds: bool = True) -> list:
+    """One worker of the study `options.join`: its trials until the study holds its budget of measured plans
+    (`rounds`: then the tune's later rounds too; a worker the tune started for one round stops with it).
     Bad input (no such study, another script or search space) is an InputError before any process starts."""
     from tpu_agent.measure.runner import Runner
     from tpu_agent.search.loop import search
@@ -25,10 +27,9 @@ def join(script: Path, args: list[str], options: TuneOptions, run_dir: Path, *, 
     url = storage_url(options, options.runs_root())
     study = open_study(options, options.join, "", options.runs_root(), key=worker_key(script, args, options),
                        join=True)
-    space = load_space(study)
     budget = int(study.user_attrs.get("trials") or options.trials)
-    say(f"worker on {socket.gethostname()}: study {options.join!r} in {redact(url)}, {len(space.candidates)} "
-        f"candidates, {budget} trials in all")
+    say(f"worker on {socket.gethostname()}: study {options.join!r} in {redact(url)}, "
+        f"{len(load_space(study).candidates)} candidates, {budget} trials in all so far")
     run_dir.mkdir(parents=True, exist_ok=True)
     runner = runner or Runner(script, args, options, run_dir)
     runner.fresh_baselines = bool(study.user_attrs.get("fresh_baselines"))
@@ -38,17 +39,21 @@ def join(script: Path, args: list[str], options: TuneOptions, run_dir: Path, *, 
         say(f"  trial {record.number:3d} {record.state.value:9s} {shown:>8s}  {record.plan.describe()}"
             + (f"  {record.reason[:90]}" if record.reason and record.state != "complete" else ""))
 
+    records = []
     try:
-        return search(study, space, runner, options.model_copy(update={"trials": budget}),
-                      study.user_attrs.get("baseline_batch"), {}, on_trial=line, on_note=say,
-                      seed_offset=seed_offset, seeded=False)
+        while budget is not None:  # round after round of the tune's, each with its space and budget
+            records += search(study, load_space(study), runner, options.model_copy(update={"trials": budget}),
+                              study.user_attrs.get("baseline_batch"), {}, on_trial=line, on_note=say,
+                              seed_offset=seed_offset, seeded=False)
+            budget = next_round(study, budget, say) if rounds else None
+        return records
     finally:
         runner.close()
 
 
 def join_here(script: Path, args: list[str], options: TuneOptions, run_dir: Path, say=print) -> list:
     """`--join STUDY` on this host: this process and `--workers` - 1 more, each a worker of the study."""
-    with Crew(options.workers - 1, script, args, run_dir, options, options.join, say):
+    with Crew(options.workers - 1, script, args, run_dir, options, options.join, say, rounds=True):
         return join(script, args, options, run_dir, say=say)
 
 
@@ -62,6 +67,7 @@ def main(runner=None) -> int:
     try:
         with interrupts.stop_signals_interrupt():  # the tune stopping: this worker's processes stopped too
             join(Path(spec["script"]), spec["args"], options, Path(spec["run_dir"]), seed_offset=spec["seed_offset"],
+                 rounds=spec.get("rounds", False),
                  say=lambda line: print(line, flush=True), runner=runner)
     except TpuAgentError as exc:
         print(f"error: {exc}", flush=True)

@@ -10,6 +10,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -23,6 +24,10 @@ from tpu_agent.search.storage import storage_url
 # What a worker process runs: this module, its spec (JSON, the storage URL with its password among it) on stdin,
 # never on its command line. Tests swap in a script that measures with a fake runner.
 WORKER_COMMAND = [sys.executable, "-m", "tpu_agent.search.worker"]
+# Between rounds a joined worker polls the study; a new round comes once the proposer has answered (Claude:
+# seconds to minutes), so the wait for one is long, and bounded.
+ROUND_POLL_S = 1.0
+ROUND_WAIT_S = 600.0
 
 
 def save_space(study: optuna.Study, space: Space, budget: int, baseline_batch: int | None,
@@ -36,6 +41,31 @@ def save_space(study: optuna.Study, space: Space, budget: int, baseline_batch: i
     study.set_user_attr("fresh_baselines", fresh_baselines)
 
 
+def rounds_open(study: optuna.Study, searching: bool) -> None:
+    """Whether the tune that started the study may still add a round (a larger budget, more candidates): its
+    joined workers wait for one rather than stop when the study holds the current budget."""
+    study.set_user_attr("searching", searching)
+
+
+def next_round(study: optuna.Study, budget: int, say, wait_s: float | None = None) -> int | None:
+    """The study's next budget once the tune starts another round; None when its search is over, or after
+    `wait_s` (ROUND_WAIT_S) without one (a tune killed outright never says it is over)."""
+    deadline = time.monotonic() + (ROUND_WAIT_S if wait_s is None else wait_s)
+    told = False
+    while time.monotonic() < deadline:
+        attrs = study.user_attrs
+        if int(attrs.get("trials") or 0) > budget:
+            return int(attrs["trials"])
+        if not attrs.get("searching"):
+            return None
+        if not told:
+            say(f"worker: the study holds its {budget} trials; waiting for the tune's next round")
+            told = True
+        time.sleep(ROUND_POLL_S)
+    say(f"worker: no new round in {ROUND_WAIT_S:.0f} s; stopping (the tune may have stopped without saying so)")
+    return None
+
+
 def load_space(study: optuna.Study) -> Space:
     space = Space(candidates=[])
     for entry in study.user_attrs["space"]:
@@ -45,14 +75,17 @@ def load_space(study: optuna.Study) -> Space:
     return space
 
 
-def start(n: int, script: Path, args: list[str], options: TuneOptions, study_name: str, run_dir: Path) -> list:
-    """N worker processes on this host, each with its own run directory (logs, workspaces) and log file."""
+def start(n: int, script: Path, args: list[str], options: TuneOptions, study_name: str, run_dir: Path,
+          rounds: bool = False) -> list:
+    """N worker processes on this host, each with its own run directory (logs, workspaces) and log file;
+    `rounds`: each follows the tune's later rounds (else it stops once the study holds the current budget)."""
     procs = []
     url = storage_url(options, options.runs_root())
     for k in range(1, n + 1):
         folder = run_dir / "workers" / f"worker-{k}"
         folder.mkdir(parents=True, exist_ok=True)
         spec = {"script": str(Path(script).resolve()), "args": list(args), "run_dir": str(folder), "seed_offset": k,
+                "rounds": rounds,
                 "options": options.model_dump(mode="json") | {"storage": url, "join": study_name, "workers": 1}}
         log = open(folder / "worker.log", "w")
         proc = subprocess.Popen(WORKER_COMMAND, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
@@ -70,14 +103,15 @@ class Crew:
     storage)."""
 
     def __init__(self, n: int, script: Path, args: list[str], run_dir: Path, options: TuneOptions, study_name: str,
-                 say) -> None:
-        self.n, self.script, self.args, self.run_dir = n, script, args, run_dir
+                 say, rounds: bool = False) -> None:
+        self.n, self.script, self.args, self.run_dir, self.rounds = n, script, args, run_dir, rounds
         self.options, self.study_name, self.say = options, study_name, say
         self.procs: list = []
 
     def __enter__(self) -> "Crew":
         if self.n > 0:
-            self.procs = start(self.n, self.script, self.args, self.options, self.study_name, self.run_dir)
+            self.procs = start(self.n, self.script, self.args, self.options, self.study_name, self.run_dir,
+                               self.rounds)
             self.say(f"workers: this {'worker' if self.options.join else 'tune'} and {len(self.procs)} more on "
                      f"{socket.gethostname()} ({self.run_dir}/workers/)")
         return self
