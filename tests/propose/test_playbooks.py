@@ -72,7 +72,7 @@ def test_builtins_declare_numerics_as_their_actions_do():
     books = {pb.id: pb for pb in builtin_playbooks()}
     assert books["pad-ops"].preserves_numerics
     assert not books["pad-matmul-dims"].preserves_numerics and not books["bf16-matmul"].preserves_numerics
-    # Compiled steps run Adam's capturable update (other rounding): a playbook offering them says so.
+    # Compiled steps take XLA's derived backward (other rounding): a playbook offering them says so.
     assert not books["compiled-step"].preserves_numerics
 
 

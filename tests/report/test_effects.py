@@ -36,4 +36,4 @@ def test_compiled_steps_are_a_numerics_change_and_fused_execution_is_exact():
     assert (compiled.effect, compiled.preserves_numerics) == ("numerics", False)
     assert (fused.effect, fused.preserves_numerics) == ("exact", True)
     assert Compile.model_validate({"kind": "compile", "mode": "compiled", "effect": "exact"}).effect == "numerics"
-    assert "capturable form" in effect_line(compiled, [])
+    assert "backward XLA derives from the forward" in effect_line(compiled, [])
