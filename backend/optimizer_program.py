@@ -28,6 +28,19 @@ import torch.optim.optimizer as optimizer_module
 from .step_program import CompiledStep, make_capturable
 from .tensor import TpuTensor
 
+
+def _fused_adam_meta(*args, **kwargs) -> None:
+    """PyTorch registers no Meta kernel for the tensor-lr overloads of the in-place fused Adam (2.13): DTensor's
+    sharding propagation runs an op on meta tensors first, so an FSDP2 model's program step failed there. The
+    in-place update returns nothing and changes no shape: nothing to compute."""
+    return None
+
+
+_META = torch.library.Library("aten", "IMPL")
+for _op in ("_fused_adam_.tensor_lr", "_fused_adamw_.tensor_lr"):
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{_op}", "Meta"):  # a later PyTorch's own wins
+        _META.impl(_op, _fused_adam_meta, "Meta")
+
 # Optimizers whose update takes `lr` as a 0-d tensor (with capturable=True) and computes the same math.
 TENSOR_LR = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
 
@@ -77,6 +90,14 @@ class OptimizerProgram:
         return self.program.reason_not_replayed
 
 
+def _local(grad):
+    """A DTensor gradient (FSDP2, tensor parallel) as its local shard, the tensor the update reads: FSDP2's
+    reduce-scatter makes new gradients every step, and only an argument, not a storage the capture saw, is
+    read anew by each replay."""
+    local = getattr(grad, "_local_tensor", None)
+    return grad if local is None else local
+
+
 def _program_step(optimizer, closure=None):
     """`optimizer.step` once a program: PyTorch's hooks around the replayed update."""
     program: OptimizerProgram = optimizer.__dict__["_tpu_program"]
@@ -86,7 +107,7 @@ def _program_step(optimizer, closure=None):
     for hook in chain(optimizer_module._global_optimizer_pre_hooks.values(),
                       optimizer._optimizer_step_pre_hooks.values()):
         hook(optimizer, args, kwargs)
-    grads = [p.grad for group in optimizer.param_groups for p in group["params"]]
+    grads = [_local(p.grad) for group in optimizer.param_groups for p in group["params"]]
     out = program.program(optimizer, grads, program.lrs(optimizer))
     optimizer._opt_called = True  # what an LR scheduler's wrapper would note
     optimizer._optimizer_step_code()
