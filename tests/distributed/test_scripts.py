@@ -4,7 +4,8 @@ with `reshard_after_forward` True in float32 (per-step losses and every final pa
 relative) and False with MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) (within 1e-2); a
 `torch.distributed.checkpoint` save and reload of the sharded state dict that continues with the losses of the
 uninterrupted run; float32 FSDP2 with compiled steps (TPU_AGENT_COMPILE_STEPS=1); tensor parallel
-(ColwiseParallel / RowwiseParallel) on a small Llama under FSDP2. DDP with DistributedSampler and no_sync() accumulation, eager and compiled, is tests/distributed/test_ddp.py.
+(ColwiseParallel / RowwiseParallel) on a small Llama under FSDP2. DDP with DistributedSampler and no_sync()
+accumulation, eager and compiled, is tests/distributed/test_ddp.py.
 
 The bfloat16 check depends on the device rounding as PyTorch does: the first test holds the ops where it did
 not (a Linear's product rounded before its bias was added; gelu, softmax and layer norm's backward computed
