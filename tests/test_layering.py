@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections import Counter
 from pathlib import Path
 
 from support import imports
@@ -196,3 +197,10 @@ def test_every_package_is_in_the_wheel():
     found = {".".join([package, *p.parent.relative_to(REPO / folder).parts])
              for package, folder in setuptools["package-dir"].items() for p in (REPO / folder).rglob("__init__.py")}
     assert len(found) > 10 and found - set(setuptools["packages"]) == set()
+
+
+def test_every_test_file_has_a_name_of_its_own():
+    """pytest imports test files by their basename (rootdir mode, no packages): two of one name fail collection
+    ('import file mismatch'), which a run of either alone never shows."""
+    names = Counter(p.name for p in (REPO / "tests").rglob("test_*.py"))
+    assert not [name for name, n in names.items() if n > 1]
