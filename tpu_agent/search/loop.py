@@ -17,8 +17,8 @@ from tpu_agent.search.records import TrialRecord
 from tpu_agent.search.sampling import Plans, PlanSampler, plan_key, seeds, taken
 from tpu_agent.search.space import Space
 from tpu_agent.search.storage import Reconnect, lost_storage_errors
-from tpu_agent.search.study import (counted, fail_stale, measured_plans, orphan, owner, record_of, recorded,
-                                    surplus)
+from tpu_agent.search.storage import orphan
+from tpu_agent.search.study import counted, fail_stale, measured_plans, owner, record_of, recorded
 
 _RUNNING = optuna.trial.TrialState.RUNNING
 _WAITING = optuna.trial.TrialState.WAITING
@@ -59,9 +59,6 @@ def search(study: optuna.Study, space: Space, runner: Runner, options: TuneOptio
     def owned(trial: optuna.Trial):
         trial.set_user_attr("process", owner())  # a tune killed outright: the next open sees its process gone
         trial.set_user_attr("host", socket.gethostname())
-        if surplus(study, trial, options.trials):
-            trial.set_user_attr("surplus", True)  # not recorded, not counted: Optuna's FAIL, with no state of ours
-            raise Failed(f"the study holds its {options.trials} trials (another worker started the last one)")
         return objective(trial)
 
     extra = options.workers - 1 if seeded else 0

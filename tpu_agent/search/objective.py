@@ -20,9 +20,11 @@ from tpu_agent.measure.numerics import NumericsCheck
 from tpu_agent.measure.runner import Runner
 from tpu_agent.measure.trials import StepRecord, TrialFailed
 from tpu_agent.plan.actions import Plan
-from tpu_agent.search.records import TrialRecord, TrialState
+from tpu_agent.search import storage
+from tpu_agent.search.records import MEASURED, TrialRecord, TrialState
 from tpu_agent.search.sampling import invalid_for_devices, plan_for
 from tpu_agent.search.space import OFF, Space
+from tpu_agent.search.storage import orphan
 
 # Core constraints (Trial.set_constraint): a trial is feasible when every value is <= 0. TPE then ranks an
 # infeasible trial below every feasible one, best_trial skips it, and the dashboard shows it as infeasible.
@@ -107,6 +109,9 @@ class Objective:
         self.records: list[TrialRecord] = []
 
     def __call__(self, trial: optuna.Trial) -> float:
+        if self._surplus(trial):
+            trial.set_user_attr("surplus", True)  # not recorded, not counted: Optuna's FAIL, with no state of ours
+            raise Failed(f"the study holds its {self.options.trials} trials (another worker started the last one)")
         picks = {c.id: trial.suggest_categorical(c.id, [OFF] + [str(i) for i in range(len(self.space.options[c.id]))])
                  for c in self.space.candidates}
         t0 = time.perf_counter()
@@ -137,6 +142,26 @@ class Objective:
             return self._finish(trial, TrialRecord(number=trial.number, plan=plan, state=TrialState.INVALID,
                                                    reason=invalid), fail=True)
         return self._measure(trial, plan, t0)
+
+    def _surplus(self, trial: optuna.Trial) -> bool:
+        """Whether a trial just started is one too many: workers that looked at the count at the same instant each
+        started one, and the trials numbered before it (measured, or running) already make the budget. A queued
+        trial (a seed, a retry) runs all the same."""
+        if self.study is None:
+            return False
+        study, budget = self.study, self.options.trials
+        if study._storage.get_trial(trial._trial_id).system_attrs.get("fixed_params"):
+            return False
+        ahead = 0
+        for t in study.get_trials(deepcopy=False):
+            if t.number >= trial.number or "repeat_of" in t.user_attrs:
+                continue
+            running = t.state == optuna.trial.TrialState.RUNNING
+            if running and not orphan(t, storage.GRACE_S) and not t.user_attrs.get("surplus"):
+                ahead += 1
+            elif t.state.is_finished() and t.user_attrs.get("state") in MEASURED:
+                ahead += 1
+        return ahead >= budget
 
     def _started_elsewhere(self, trial: optuna.Trial, key: str) -> int | None:
         """The lowest-numbered other trial of the same plan that another worker runs or ran (two workers that

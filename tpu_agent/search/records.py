@@ -30,6 +30,11 @@ class TrialState(StrEnum):
     INVALID = "invalid", "invalid"
 
 
+# The states that measured a plan: they count against --trials (a repeat, an invalid plan or the baseline
+# itself cost no measuring).
+MEASURED = (TrialState.COMPLETE.value, TrialState.NUMERICS.value, TrialState.FAILED.value, TrialState.PRUNED.value)
+
+
 class TrialRecord(BaseModel):
     number: int
     plan: Plan

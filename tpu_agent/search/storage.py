@@ -5,6 +5,7 @@ once (RetryHeartbeatStaleTrialCallback, Optuna 5's name for RetryFailedTrialCall
 
 from __future__ import annotations
 
+import datetime
 import fcntl
 import re
 import shlex
@@ -174,3 +175,11 @@ def _file_lock(path: Path | None):
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def orphan(t: optuna.trial.FrozenTrial, after_s: float = 0.0) -> bool:
+    """A RUNNING trial no worker ever wrote to (no process, no picks), started `after_s` ago or more: its worker
+    lost the storage between creating it and its first write, and no heartbeat of it was ever recorded."""
+    if "process" in t.user_attrs or t.params or t.datetime_start is None:
+        return False
+    return (datetime.datetime.now() - t.datetime_start).total_seconds() >= after_s

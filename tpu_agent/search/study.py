@@ -3,7 +3,6 @@ left, and what is read back from it: earlier trials, the ranked plans, the verdi
 
 from __future__ import annotations
 
-import datetime
 import os
 import socket
 import time
@@ -16,9 +15,9 @@ from tpu_agent.config import TuneOptions
 from tpu_agent.errors import InputError
 from tpu_agent.measure.compare import median
 from tpu_agent.plan.actions import Plan
-from tpu_agent.search.objective import Measured
-from tpu_agent.search.records import TrialRecord, TrialState
 from tpu_agent.search import storage
+from tpu_agent.search.objective import Measured
+from tpu_agent.search.records import MEASURED, TrialRecord, TrialState
 from tpu_agent.search.storage import (STUDY_DB, check_url, dashboard_command, first_line,  # noqa: F401
                                       open_storage, redact, retry_once, storage_url)
 _COMPLETE = optuna.trial.TrialState.COMPLETE
@@ -95,14 +94,6 @@ def _gone(owner: dict, own: bool = False) -> bool:
     return False
 
 
-def orphan(t: optuna.trial.FrozenTrial, after_s: float = 0.0) -> bool:
-    """A RUNNING trial no worker ever wrote to (no process, no picks), started `after_s` ago or more: its worker
-    lost the storage between creating it and its first write, and no heartbeat of it was ever recorded."""
-    if "process" in t.user_attrs or t.params or t.datetime_start is None:
-        return False
-    return (datetime.datetime.now() - t.datetime_start).total_seconds() >= after_s
-
-
 def fail_stale(study: optuna.Study, own: bool = False) -> list[optuna.trial.FrozenTrial]:
     """Trials whose worker is gone (its process, on this host; or its heartbeat, anywhere: kill -9, a lost host)
     are failed now, and each is queued to run again, once (RetryHeartbeatStaleTrialCallback: a retry that is itself left
@@ -116,7 +107,7 @@ def fail_stale(study: optuna.Study, own: bool = False) -> list[optuna.trial.Froz
         optuna.storages.fail_stale_trials(study)  # the heartbeat's verdict, and its retry
     retry = retry_once()
     for t in study.get_trials(deepcopy=False, states=(_RUNNING,)):
-        if orphan(t, storage.GRACE_S):  # nothing picked, nothing to run again
+        if storage.orphan(t, storage.GRACE_S):  # nothing picked, nothing to run again
             try:
                 study._storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL)
             except optuna.exceptions.UpdateFinishedTrialError:
@@ -226,7 +217,6 @@ def _checked(study: optuna.Study, options: TuneOptions, name: str, fingerprint: 
     return study
 
 
-MEASURED = ("complete", "numerics", "failed", "pruned")
 
 
 def recorded(study: optuna.Study) -> list:
@@ -239,23 +229,6 @@ def counted(study: optuna.Study) -> list:
     """The trials that count against --trials: each measured a plan (a repeat, an invalid plan or the baseline
     itself is recorded but costs no measuring, and is not counted)."""
     return [t for t in recorded(study) if t.user_attrs.get("state") in MEASURED and "repeat_of" not in t.user_attrs]
-
-
-def surplus(study: optuna.Study, trial: optuna.Trial, budget: int) -> bool:
-    """Whether a trial just started is one too many: workers that looked at the count at the same instant each
-    started one, and the trials numbered before it (measured, or running) already make the budget. A queued
-    trial (a seed, a retry) runs all the same."""
-    if study._storage.get_trial(trial._trial_id).system_attrs.get("fixed_params"):
-        return False
-    ahead = 0
-    for t in study.get_trials(deepcopy=False):
-        if t.number >= trial.number or "repeat_of" in t.user_attrs:
-            continue
-        if t.state == _RUNNING and not orphan(t, storage.GRACE_S) and not t.user_attrs.get("surplus"):
-            ahead += 1
-        elif t.state.is_finished() and t.user_attrs.get("state") in MEASURED:
-            ahead += 1
-    return ahead >= budget
 
 
 def measured_plans(study: optuna.Study) -> dict[str, Measured]:
