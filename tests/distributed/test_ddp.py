@@ -49,7 +49,14 @@ FAILING = textwrap.dedent("""
     x = torch.ones(2, device="tpu")
     dist.all_reduce(x)
     print(f"rank {rank} reduced {x.sum().item()}", flush=True)
-    if rank == 1:
+    if rank == 0:
+        open("rank0.printed", "w").close()
+    if rank == 1:  # raise once rank 0 has printed: the job now ends within a second of the raise
+        import os, time
+        for _ in range(300):
+            if os.path.exists("rank0.printed"):
+                break
+            time.sleep(0.1)
         raise ValueError("boom on rank 1")
     dist.all_reduce(x)  # rank 1 never joins
     print("rank 0 went on", flush=True)

@@ -105,7 +105,7 @@ def test_tune_records_trials_writes_a_report_resume_repeats_nothing_and_other_se
 
     # the resumed search is what is checked here; verification ran above (--verify 0: search only)
     second = result_of(tune(project, "--trials", "6", "--study", "s1", "--resume", "--verify", "0"))
-    assert [t["number"] for t in second["trials"]] == list(range(6))  # the report lists the earlier trials too
+    assert [t["number"] for t in second["trials"]] == list(range(6)), [(t["number"], t["state"], t["reason"][:60]) for t in second["trials"]]  # the report lists the earlier trials too
     assert [t["earlier"] for t in second["trials"]] == [True] * 3 + [False] * 3
     new = [t for t in second["trials"] if not t["earlier"]]
     assert len(new) == 3  # 6 in all, 3 already done

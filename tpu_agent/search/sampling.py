@@ -91,8 +91,10 @@ def taken(study: optuna.Study, space: Space, but: int | None = None) -> set[str]
     for t in study.get_trials(deepcopy=False):
         if t.number == but:
             continue
-        picks = t.params or t.system_attrs.get("fixed_params") or {}
-        key = plan_key(space, picks) if picks else None
+        key = t.user_attrs.get("plan_key")  # the plan it measured: its picks may read otherwise in this space
+        if key is None:  # queued or just started: its picks, in this space
+            picks = t.params or t.system_attrs.get("fixed_params") or {}
+            key = plan_key(space, picks) if picks else None
         if key is not None:
             keys.add(key)
     return keys
