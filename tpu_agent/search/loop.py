@@ -74,11 +74,10 @@ def search(study: optuna.Study, space: Space, runner: Runner, options: TuneOptio
                 states = [t.state for t in trials]
                 done = len(counted(study))
                 running, waiting = states.count(_RUNNING), states.count(_WAITING)
-                orphans = [t for t in trials if t.state == _RUNNING and orphan(t)]
-                if done >= options.trials and not waiting and not orphans:  # a queued trial (a retry, a seed)
-                    break  # runs all the same; an orphan is failed once past the grace (fail_stale), not left RUNNING
-                if done >= options.trials and not waiting:
-                    time.sleep(1.0)
+                if done >= options.trials and not waiting:  # a queued trial (a retry, a seed) runs all the same
+                    if not any(t.state == _RUNNING and orphan(t) for t in trials):
+                        break
+                    time.sleep(1.0)  # an orphan is failed once past the grace (fail_stale), not left RUNNING
                     continue
                 if not waiting and done + running >= options.trials:
                     others()
