@@ -18,7 +18,9 @@ from tpu_agent.report import markdown as report
 pytestmark = pytest.mark.slow  # whole tunes or every example, end to end
 
 # A small MLP whose hidden width (a model size) is one off: the tune's dozen processes start quickly (the bundled
-# odd_shapes CNN took 100-160 s for the same checks).
+# odd_shapes CNN took 100-160 s for the same checks). Verification follows only a plan the search measured faster,
+# so the plan must win by a margin CI's load cannot erase: a 3-layer MLP fused gained 1.25x here and measured 0.90x
+# once in CI (no verification, the test failed); 10 layers compiled whole gain 2.7-3.0x (search CI low 1.5-1.7).
 SCRIPT = textwrap.dedent("""\
     import argparse
     import torch
@@ -28,7 +30,10 @@ SCRIPT = textwrap.dedent("""\
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 4)).to("tpu")
+    layers = [torch.nn.Linear(32, HIDDEN), torch.nn.ReLU()]
+    for _ in range(8):
+        layers += [torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(HIDDEN, 4)).to("tpu")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(31, 32, generator=g).to("tpu")
@@ -42,9 +47,9 @@ SCRIPT = textwrap.dedent("""\
 """)
 
 PROPOSAL = {"proposals": [{
-    "title": "Pad the hidden width and run the step as fused XLA graphs",
+    "title": "Pad the hidden width and compile the whole step",
     "actions": [{"kind": "pad_dim", "knob": "mlp63.py:4:9", "choices": {"new": [64]}},
-                {"kind": "compile", "choices": {"mode": ["fused"]}}],
+                {"kind": "compile", "choices": {"mode": ["compiled"]}}],
     "reason": "63 columns leave vector lanes empty; op-by-op dispatch of many small ops",
     "playbook": "pad-matmul-dims",
 }]}
@@ -77,7 +82,7 @@ def test_fake_claude_drives_a_full_tune_to_a_verification(tmp_path: Path, monkey
     # Claude's plan went through the search to a verification in fresh processes. Whether it clears the bar is
     # timing on a shared 2-core machine (once 1.136x, CI 1.015-1.337: not accepted): not asserted here.
     assert result.verdicts and result.verdicts[0].speed is not None and result.verdicts[0].speed.pairs >= 5
-    proposed = {("pad_dim", "HIDDEN", 64), ("compile", None, "fused")}  # every change measured is Claude's
+    proposed = {("pad_dim", "HIDDEN", 64), ("compile", None, "compiled")}  # every change measured is Claude's
     measured = {(a.kind, getattr(a, "name", None), getattr(a, "new", getattr(a, "mode", None)))
                 for plan in [*(t.plan for t in result.trials), *(v.plan for v in result.verdicts)] for a in plan.actions}
     assert measured and measured <= proposed, measured
