@@ -87,6 +87,9 @@ class Int(EnvVar):
 # --- the tool's own settings
 CACHE_DIR = EnvVar("TPU_AGENT_CACHE_DIR", "tool",
                    "the cache directory (peak calibrations, XLA's compilation cache); default $XDG_CACHE_HOME/tpu-agent")
+MEASURE_SLOTS = Int("TPU_AGENT_MEASURE_SLOTS", "tool",
+                    "measurements timed at once on this host (tpu_agent.measure.slots); default one per two cores",
+                    minimum=1)
 ANTHROPIC_API_KEY = EnvVar("ANTHROPIC_API_KEY", "tool",
                            "the Claude proposer's key; `--proposer auto` means claude exactly when it is set")
 
@@ -118,8 +121,8 @@ XLA_CACHE = EnvVar("TPU_AGENT_XLA_CACHE", "backend",
 DEFER_AND_FUSE = Flag("TORCH_TPU_DEFER_AND_FUSE", "backend",
                       "`1`: start in fused mode (Google TorchTPU's variable, honoured by the bundled device)")
 
-ALL: tuple[EnvVar, ...] = (CACHE_DIR, ANTHROPIC_API_KEY, RUN_DIR, PROFILE, PROGRESS_FD, TRIAL, PLAN, DEVICE_MAP,
-                           DEVICE, DEVICES, GENERATION, CPU_FALLBACK, PAD_OPS, TIME_EXECUTABLES, MAX_GRAPH_OPS,
+ALL: tuple[EnvVar, ...] = (CACHE_DIR, MEASURE_SLOTS, ANTHROPIC_API_KEY, RUN_DIR, PROFILE, PROGRESS_FD, TRIAL, PLAN,
+                           DEVICE_MAP, DEVICE, DEVICES, GENERATION, CPU_FALLBACK, PAD_OPS, TIME_EXECUTABLES, MAX_GRAPH_OPS,
                            COMPILE_STEPS, XLA_CACHE, DEFER_AND_FUSE)
 NAMES = frozenset(v.name for v in ALL)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from tpu_agent import envvars
 from tpu_agent.config import MIN_PAIRS, TuneOptions
 from tpu_agent.errors import TpuAgentError
+from tpu_agent.measure import slots
 from tpu_agent.measure.trials import StepRecord, TrialFailed, TrialProcess
 from tpu_agent.plan.actions import PadDim, Plan
 
@@ -38,8 +39,9 @@ def interleave(step_a, step_b, pairs: int, report=None, ends_script=None) -> tup
     b: list[StepRecord] = []
     for i in range(pairs):
         try:
-            first = step_a()
-            second = step_b()
+            with slots.held():  # a pair is timed alone on this host
+                first = step_a()
+                second = step_b()
         except TrialFailed as exc:
             at_end = exc.kind == "too_few_steps" or (ends_script is not None and ends_script(exc))
             if not at_end or len(b) < MIN_PAIRS_AT_END:
@@ -150,11 +152,13 @@ class Runner:
         return a, b
 
     def _warm(self, proc: TrialProcess, baseline: bool = False) -> None:
-        t0 = time.perf_counter()
-        proc.start()
-        for _ in range(self.options.warmup):
-            finite(proc.step(), proc, baseline)
-        proc.warm_s = time.perf_counter() - t0
+        """Start-up and warm-up (imports, compiles) hold a slot too: they would load another worker's pairs."""
+        with slots.held():
+            t0 = time.perf_counter()
+            proc.start()
+            for _ in range(self.options.warmup):
+                finite(proc.step(), proc, baseline)
+            proc.warm_s = time.perf_counter() - t0
 
     def close(self) -> None:
         if self.baseline is not None:
