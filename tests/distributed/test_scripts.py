@@ -1,11 +1,25 @@
-"""Distributed training scripts in the style users copy, at world size 2, on tpu against the same script on
-CPU gloo with the tool off, rank by rank (issue #26 point 3): FSDP2 (`fully_shard` per block and on the root)
-with `reshard_after_forward` True in float32 (per-step losses and every final parameter within 1e-5
-relative) and False with MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) (within 1e-2); a
-`torch.distributed.checkpoint` save and reload of the sharded state dict that continues with the losses of the
-uninterrupted run; float32 FSDP2 with compiled steps (TPU_AGENT_COMPILE_STEPS=1); tensor parallel
-(ColwiseParallel / RowwiseParallel) on a small Llama under FSDP2. DDP with DistributedSampler and no_sync()
-accumulation, eager and compiled, is tests/distributed/test_ddp.py.
+"""Distributed training scripts in the style users copy, on tpu against the same script on CPU gloo with the
+tool off, rank by rank (issue #26 point 3): DDP (DistributedSampler, no_sync() accumulation), FSDP2
+(`fully_shard` per block and on the root) in float32 and with MixedPrecisionPolicy(param_dtype=bfloat16,
+reduce_dtype=float32) and `reshard_after_forward` both ways, 2-D FSDP2 x tensor parallel (ColwiseParallel /
+RowwiseParallel) on a small Llama, and a `torch.distributed.checkpoint` save and reload of the sharded state
+dict. Per-step losses and final parameters within 1e-5 relative (bf16: 1e-2); the cases and their
+tolerances are tests/support/rank_runs.py's CASES.
+
+Which combinations run here (world size per mode; a 4-rank job takes minutes on a 2-core host, so not the
+full product of 6 cases x 3 modes x 2 world sizes, which `cd tests && python -m support.rank_runs --matrix`
+runs by hand):
+
+    case                        eager      fused      compiled
+    ddp                         2 (a)      4          2 (a)
+    fsdp2 float32               2                     2 (b)
+    fsdp2 bf16, reshard                               4
+    fsdp2 bf16, no reshard                 2
+    fsdp_tp (dp x tp)           2 (1x2)    4 (2x2)
+    dcp save + resume           2                     4
+
+(a) tests/distributed/test_ddp.py; (b) also checks that its AdamW program replays. Every case runs, every
+mode on three or more cases, world size 4 in fused and compiled execution (eager at 4: --matrix).
 
 The bfloat16 check depends on the device rounding as PyTorch does: the first test holds the ops where it did
 not (a Linear's product rounded before its bias was added; gelu, softmax and layer norm's backward computed
@@ -21,9 +35,8 @@ import torch.nn.functional as F
 
 from support.paths import EXAMPLES
 from support.processes import clean_env, run_tool
-from support.rank_runs import model_error, parameter_errors, run_ranks, worst_loss_error
-
-STEPS, SAVE_AT = 6, 3
+from support.rank_runs import (CASES, SAVE_AT, STEPS, check, model_error, parameter_errors, run_case, run_ranks,
+                               worst_loss_error)
 
 
 def _mismatches(tpu: torch.Tensor, reference: torch.Tensor) -> float:
@@ -87,19 +100,26 @@ def test_fsdp2_per_block_and_root_matches_gloo_and_a_dcp_checkpoint_resumes_it(t
         assert resumed[rank]["params"] == tpu[rank]["params"], rank
 
 
-@pytest.mark.slow  # one 2-rank job on tpu, one on gloo (about 25 s)
-def test_fsdp2_bf16_mixed_precision_without_resharding_after_forward_matches_gloo_within_1e_2(tmp_path):
-    """MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32), reshard_after_forward=False: each
-    step's loss within 1e-2 relative, all parameters together within 1e-2 of their norm (measured 2026-12-04:
-    losses 1.0e-3, parameters 4.1e-3). A single small parameter can be further off: a zero-initialised layer-norm
-    bias 5.2e-2 of its norm, as AdamW turns gradients near zero into full steps and PyTorch's CPU kernel sums
-    that bias's gradient row by row in bf16 (the device, in float32)."""
-    args = ["--steps", str(STEPS), "--bf16", "--no-reshard-after-forward"]
-    tpu = run_ranks("fsdp2.py", args, tmp_path / "tpu", on="tpu")
-    gloo = run_ranks("fsdp2.py", args, tmp_path / "gloo", on="cpu")
-    for rank in (0, 1):
-        assert worst_loss_error(tpu[rank], gloo[rank]) < 1e-2, (rank, tpu[rank]["losses"], gloo[rank]["losses"])
-        assert model_error(tpu[rank], gloo[rank]) < 1e-2, (rank, parameter_errors(tpu[rank], gloo[rank]))
+COMBINATIONS = [  # (case, mode, world size): see the table above
+    ("ddp", "fused", 4),
+    ("fsdp2-bf16-reshard", "compiled", 4),
+    ("fsdp2-bf16-no-reshard", "fused", 2),
+    ("fsdp-tp", "fused", 4),
+    ("dcp", "compiled", 4),
+]
+
+
+@pytest.mark.slow  # a job on tpu and one on gloo each, 4 ranks for most (minutes each on a 2-core host)
+@pytest.mark.parametrize("case, mode, nproc", COMBINATIONS, ids=[f"{c}-{m}-{n}" for c, m, n in COMBINATIONS])
+def test_script_matches_gloo_rank_by_rank(case, mode, nproc, tmp_path):
+    """Each rank's per-step losses and all its final parameters together within the case's tolerance of
+    gloo's (1e-5 relative, bf16 1e-2), each parameter within 1e-5 of its norm (fsdp_tp: 1e-4, one weight
+    element whose AdamW steps nearly cancel; bf16: not checked one by one, a zero-initialised layer-norm bias
+    ends 5e-2 of its norm away, as PyTorch's CPU kernel sums its gradient row by row in bf16); every rank ends
+    with the same model; dcp: a fresh job resumes the checkpoint saved after step 3 with the uninterrupted
+    run's losses and parameters exactly."""
+    problems = run_case(CASES[case], nproc, mode, tmp_path)
+    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.slow  # one 2-rank job on tpu, one on gloo (about 35 s)
@@ -157,3 +177,19 @@ def test_fsdp2_with_compiled_steps_replays_its_adamw_program_and_matches_gloo(tm
         assert max(errors.values()) < 1e-5, (rank, errors)
         # step 1 creates the state as written, 2 and 3 are captured, 4-6 replay
         assert json.loads((out / f"replays{rank}.json").read_text()) == {"replays": STEPS - 3, "reason": None}
+
+
+def test_the_check_against_gloo_flags_a_loss_a_parameter_and_ranks_that_disagree():
+    """What the script tests hold a run to (no processes): within tolerance passes; a loss or a parameter off
+    by 3e-5, or ranks ending with different models, are each one problem named."""
+    ref = {"losses": [1.0, 0.5], "params": {"w": [1.0, 2.0], "b": [3.0]}}
+    near = {"losses": [1.0 + 1e-7, 0.5], "params": {"w": [1.0, 2.0 + 1e-7], "b": [3.0]}}
+    case = CASES["fsdp2"]
+    assert check(case, [near, near], [ref, ref]) == []
+    off_loss = {**near, "losses": [1.0 + 3e-5, 0.5]}
+    off_param = {**near, "params": {"w": [1.0, 2.0], "b": [3.0 + 1e-4]}}
+    assert [p.split(":")[0] for p in check(case, [off_loss, off_loss], [ref, ref])] == ["rank 0", "rank 1"]
+    problems = check(case, [near, off_param], [ref, ref])
+    assert problems[0].startswith("rank 1:") and " b " in problems[0]
+    assert problems[1] == "the ranks' final parameters differ"
+    assert check(CASES["fsdp2-bf16-reshard"], [off_param, off_param], [ref, ref]) == []  # 1e-2 for bf16

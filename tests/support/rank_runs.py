@@ -6,6 +6,10 @@ By hand, at any world size (the figures in docs/distributed.md; XLA's default fl
 
     cd tests && ../.venv/bin/python -m support.rank_runs fsdp_tp.py 4 --dp 2
     cd tests && TORCH_TPU_DEFER_AND_FUSE=1 ../.venv/bin/python -m support.rank_runs fsdp2.py 2 --bf16
+    cd tests && ../.venv/bin/python -m support.rank_runs --matrix       # every case x mode x world size
+
+`CASES` are the scripts issue #26 point 3 asks for with their tolerances; `check` is what the tests and
+`--matrix` (the full product, too slow for the suite on a 2-core host) both hold a run to.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import math
 import os
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -74,8 +80,104 @@ def model_error(run: dict, reference: dict) -> float:
     return math.dist([v for n in names for v in run["params"][n]], ref) / math.hypot(*ref)
 
 
+MODES = {"eager": {}, "fused": {"TORCH_TPU_DEFER_AND_FUSE": "1"}, "compiled": {"TPU_AGENT_COMPILE_STEPS": "1"}}
+
+
+@dataclass(frozen=True)
+class Case:
+    """A script with its arguments, and how close to gloo it must come: each step's loss and all parameters
+    together within `tol` relative; each parameter within `each` of its own norm."""
+    example: str
+    args: tuple[str, ...]
+    tol: float
+    each: float
+    checkpoint: bool = False  # save after SAVE_AT steps, then a fresh job resumes from there
+
+    def arguments(self, nproc: int) -> list[str]:
+        return [a.replace("{dp}", str(nproc // 2)) for a in self.args]
+
+
+STEPS, SAVE_AT = 6, 3
+CASES = {
+    "ddp": Case("ddp.py", ("--steps", "4"), 1e-5, 1e-5),
+    "fsdp2": Case("fsdp2.py", ("--steps", str(STEPS)), 1e-5, 1e-5),
+    "fsdp2-bf16-reshard": Case("fsdp2.py", ("--steps", str(STEPS), "--bf16"), 1e-2, math.inf),
+    "fsdp2-bf16-no-reshard": Case("fsdp2.py", ("--steps", str(STEPS), "--bf16", "--no-reshard-after-forward"),
+                                  1e-2, math.inf),
+    # one weight element whose AdamW steps nearly cancel ends 1e-5 of its norm away in fused mode: `each` 1e-4
+    "fsdp-tp": Case("fsdp_tp.py", ("--dp", "{dp}"), 1e-5, 1e-4),  # 1 x 2 mesh at 2 ranks, 2 x 2 at 4
+    "dcp": Case("fsdp2.py", ("--steps", str(STEPS)), 1e-5, 1e-5, checkpoint=True),
+}
+
+
+def check(case: Case, tpu: list[dict], gloo: list[dict]) -> list[str]:
+    """What is wrong with a tpu run against gloo's, rank by rank (empty: it matches)."""
+    problems = []
+    for rank, (mine, ref) in enumerate(zip(tpu, gloo, strict=True)):
+        losses, whole, errors = worst_loss_error(mine, ref), model_error(mine, ref), parameter_errors(mine, ref)
+        worst = max(errors, key=errors.get)
+        if losses >= case.tol or whole >= case.tol or errors[worst] >= case.each:
+            problems.append(f"rank {rank}: losses {losses:.2g}, all parameters {whole:.2g}, "
+                            f"{worst} {errors[worst]:.2g} (tolerance {case.tol:g}, each {case.each:g})")
+    # The ranks (or dp coordinates) saw their own batches and still hold one model.
+    if any(r["params"] != tpu[0]["params"] for r in tpu):
+        problems.append("the ranks' final parameters differ")
+    return problems
+
+
+def run_case(case: Case, nproc: int, mode: str, out: Path, gloo: list[dict] | None = None) -> list[str]:
+    """The case on tpu in `mode` at `nproc` ranks against gloo (run here unless given); its problems."""
+    args = case.arguments(nproc)
+    if gloo is None:
+        gloo = run_ranks(case.example, args, out / "gloo", on="cpu", nproc=nproc)
+    saving = ["--checkpoint", str(out / "ckpt"), "--save-at", str(SAVE_AT)] if case.checkpoint else []
+    tpu = run_ranks(case.example, [*args, *saving], out / mode, on="tpu", env=MODES[mode], nproc=nproc)
+    problems = check(case, tpu, gloo)
+    if case.checkpoint:
+        resumed = run_ranks(case.example, [*args, "--checkpoint", str(out / "ckpt"), "--resume"],
+                            out / f"{mode}-resumed", on="tpu", env=MODES[mode], nproc=nproc)
+        for rank, (again, first) in enumerate(zip(resumed, tpu, strict=True)):
+            if again["first_step"] != SAVE_AT or again["losses"] != first["losses"][SAVE_AT:]:
+                problems.append(f"rank {rank}: resumed losses {again['losses']} where {first['losses'][SAVE_AT:]}")
+            elif again["params"] != first["params"]:
+                problems.append(f"rank {rank}: resumed parameters differ from the uninterrupted run's")
+    return problems
+
+
+def matrix(nprocs=(2, 4), cases=tuple(CASES), modes=tuple(MODES)) -> int:
+    """Every case x mode x world size (gloo run once per case and world size); one line each, then a count."""
+    passed = total = 0
+    print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}, load {os.getloadavg()[0]:.1f} at the start", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for nproc in nprocs:
+            for name in cases:
+                case = CASES[name]
+                out = Path(tmp) / f"{name}-{nproc}"
+                gloo = run_ranks(case.example, case.arguments(nproc), out / "gloo", on="cpu", nproc=nproc)
+                for mode in modes:
+                    start = time.monotonic()
+                    try:
+                        problems = run_case(case, nproc, mode, out, gloo)
+                    except AssertionError as e:  # the job failed: the tail of its stderr
+                        problems = str(e).splitlines()[-15:] or ["failed"]
+                    total += 1
+                    passed += not problems
+                    print(f"{name} x {mode} x {nproc} ranks: {'ok' if not problems else 'FAILED'} "
+                          f"({time.monotonic() - start:.0f} s){''.join(chr(10) + '  ' + p for p in problems)}",
+                          flush=True)
+    print(f"{passed} of {total} passed ({datetime.now(timezone.utc):%H:%M UTC}, load {os.getloadavg()[0]:.1f})")
+    return 0 if passed == total else 1
+
+
 def main(argv: list[str]) -> int:
-    """EXAMPLE NPROC [ARGS...]: run it on tpu (this environment's modes) and on gloo; print each rank's errors."""
+    """EXAMPLE NPROC [ARGS...]: run it on tpu (this environment's modes) and on gloo; print each rank's errors.
+    --matrix [CASE...]: every case (all of CASES unless named) in every mode at 2 and 4 ranks."""
+    if argv[:1] == ["--matrix"]:
+        unknown = [c for c in argv[1:] if c not in CASES]
+        if unknown:
+            print(f"error: unknown case {unknown[0]!r} (cases: {', '.join(CASES)})", file=sys.stderr)
+            return 2
+        return matrix(cases=tuple(argv[1:]) or tuple(CASES))
     if len(argv) < 2 or not argv[1].isdigit() or not (EXAMPLES / argv[0]).is_file():
         print("error: usage: python -m support.rank_runs EXAMPLE.py NPROC [ARGS...] (EXAMPLE in examples/)",
               file=sys.stderr)
