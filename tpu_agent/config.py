@@ -38,7 +38,7 @@ from tpu_agent.errors import InputError
 
 TABLE = "tpu-agent"
 
-Target = Literal["cpu", "v4", "v5e", "v5p", "v6e", "v7x"]
+Target = Literal["cpu", "v4", "v5e", "v5p", "v6e", "v7x"]  # or a slice of one, e.g. v6e-256 (TuneOptions.slice)
 Objective = Literal["time", "memory", "both"]
 ChosenProposer = Literal["offline", "claude"]  # who proposes, once propose.choose_proposer has decided
 ProposerName = Literal["auto", ChosenProposer]  # what --proposer asks for
@@ -79,8 +79,9 @@ class TuneOptions(BaseModel):
                         "pairs in fresh processes.", ge=MIN_PAIRS)
     verify: int = option(3, "How many of the best plans to verify in fresh processes (0: search only, nothing "
                          "verified).", ge=0)
-    target: Target = option("cpu", f"What to tune for: {_either(Target)} (this machine, or a TPU generation's "
-                            "cost model).")
+    target: str = option("cpu", f"What to tune for: {_either(Target)} (this machine, or a TPU generation's cost "
+                         "model), or a TPU slice such as v6e-256 (plans for it also ranked by projection, estimates).",
+                         metavar="TARGET")
     objective: Objective = option("time", f"{_either(Objective)}: step time, peak memory, or both.")
     devices: int = option(1, "Simulated devices on a CPU host (for sharding).", ge=1)
     seed: int = option(0, "Seed of the sampler and the bootstrap.")
@@ -110,6 +111,37 @@ class TuneOptions(BaseModel):
         [], "Also search these classes of change (comma-separated): model (architecture: widths, vocabulary rows), "
         "training (batch size, sequence length). The data is never changed.", shown="exact and numerics only",
         metavar="CLASSES")
+
+    @field_validator("target")
+    @classmethod
+    def _generation_or_slice(cls, value: str) -> str:
+        """A generation, or a slice as `tpu-agent project` parses it (one the generation offers)."""
+        if value in get_args(Target):
+            return value
+        from tpu_agent.project.slices import parse
+
+        try:
+            parse(value)
+        except InputError as exc:  # its message starts `--target 'v6e-7': `; resolve() names where it came from
+            reason = str(exc).split(": ", 1)[-1]
+            if reason.startswith("expected a slice"):
+                reason = f"expected {_either(Target)}, or a slice such as v6e-256 (a generation, a dash, its size)"
+            raise ValueError(reason) from None
+        return value
+
+    @property
+    def slice(self) -> str | None:
+        """The slice --target names (`v6e-256`), else None."""
+        return None if self.target in get_args(Target) else self.target
+
+    @property
+    def generation(self) -> str:
+        """The TPU generation the estimates model (`cpu`: this machine); a slice's generation for a slice."""
+        if self.slice is None:
+            return self.target
+        from tpu_agent.project.slices import parse
+
+        return parse(self.target).generation
 
     @field_validator("allow", mode="before")
     @classmethod

@@ -18,6 +18,7 @@ from tpu_agent.config import ChosenProposer, TuneOptions
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.measure.runner import Runner
 from tpu_agent.paths import ignore_tool_dir, new_run_dir, writable_dir
+from tpu_agent.project import rank
 from tpu_agent.propose import ProposerChoice, make_proposer
 from tpu_agent.propose.knobs import discover
 from tpu_agent.propose.scope import knobs_in_scope
@@ -64,6 +65,13 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
         knobs, left_out = knobs_in_scope(every_knob, options.allow)
         out.left_out(left_out)
 
+    def projection() -> None:  # --target SLICE: the slice's plans ranked by projection (estimates, never verified)
+        say = lambda line: out.console.print(line, markup=False)  # noqa: E731
+        try:
+            out.result.projection = rank.for_tune(str(script), args, options.slice, out.profile, batch, say)
+        except TpuAgentError as exc:  # the measured tune goes on
+            say(f"projection: not run: {exc}")
+
     def search() -> None:  # propose + search, round after round
         claude = {"audit_dir": run_dir / "agent", "token_budget": options.token_budget,
                   "source_root": script.resolve().parent, **({"model": options.model} if options.model else {})}
@@ -87,6 +95,8 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
             out.say.plan_profile_failed(str(exc))
 
     out.phase("baseline", baseline)
+    if options.slice is not None:
+        out.phase("projection", projection)
     try:
         out.phase("search", search)
         out.phase("verification", verification)

@@ -126,6 +126,10 @@ def tune(
                           "study, --resume continues")
         else:
             console.print("[bold]no change verified[/bold]: the baseline stays")
+        if result.projection is not None:  # --target SLICE: an estimate, apart from what was verified
+            from tpu_agent.report.projection import console_line
+
+            console.print(f"  {console_line(result.projection)}", markup=False)
         for name in ("report.md", "patch.diff", "plan.json"):
             if name in files:
                 console.print(f"  {name}: {shown_path(files[name])}")

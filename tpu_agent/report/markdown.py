@@ -103,6 +103,10 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
 
     if result.script_failure:
         lines += ["", f"*Note: {result.script_failure}. Trials and verification measure the steps before it.*"]
+    if result.projection is not None:
+        from tpu_agent.report.projection import section
+
+        lines += section(result.projection)
     lines += ["", "### Verification", "", "| change | result | speed | numerics |", "|---|---|---|---|"]
     for v in result.verdicts:
         num = v.numerics.reason if v.numerics else "-"
@@ -187,5 +191,5 @@ def _measured_on(result: TuneResult) -> str:
     """Where the steps ran, never --target: a v5e target on a CPU host tiles for v5e, it does not time one."""
     device = result.summary.device if result.summary is not None else None
     notes = ([f"JAX devices: {device}"] if device else []) + \
-        ([f"shapes tiled for {result.settings.target}"] if result.settings.target != "cpu" else [])
+        ([f"shapes tiled for {result.settings.generation}"] if result.settings.generation != "cpu" else [])
     return "this host" + (f" ({'; '.join(notes)})" if notes else "")

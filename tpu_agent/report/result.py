@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, PrivateAttr
 
 from tpu_agent.config import TuneOptions
 from tpu_agent.paths import write_atomic
+from tpu_agent.project.rank import SliceRanking
 from tpu_agent.propose.base import Candidate
 from tpu_agent.report.summary import Summary, from_profile
 from tpu_agent.search.records import TrialRecord
@@ -37,10 +38,13 @@ class TuneResult(BaseModel):
     trials: list[TrialRecord] = Field(default_factory=list)
     verdicts: list[Verdict] = Field(default_factory=list)
     best: Verdict | None = None
-    phase: Literal["starting", "baseline", "search", "verification", "ablation", "profile", "done"] = Field(
-        "starting", description="the phase running when tune.json was last written (tests and watchers wait on it)")
+    projection: SliceRanking | None = Field(None, description="--target SLICE: plans for the slice ranked by "
+                                            "projection (estimates, never verified)")
+    phase: Literal["starting", "baseline", "projection", "search", "verification", "ablation", "profile",
+                   "done"] = Field("starting", description="the phase running when tune.json was last written "
+                                   "(tests and watchers wait on it)")
     interrupted: bool = False
-    interrupted_during: Literal["baseline", "search", "verification", "ablation", "profile"] | None = None
+    interrupted_during: Literal["baseline", "projection", "search", "verification", "ablation", "profile"] | None = None
     interrupted_by: Literal["SIGINT", "SIGTERM", "SIGHUP"] | None = Field(
         None, description="what stopped it: Ctrl-C (SIGINT), SIGTERM or SIGHUP; the exit code is 128 + its number")
     duration_s: float = 0.0

@@ -32,7 +32,7 @@ def profile_for_tune(script: Path, args: list[str], run_dir: Path, options: Tune
     tune's KeyboardInterrupt."""
     what = "baseline" if plan is None else "plan"
     settings = Settings(steps=options.steps, warmup=options.warmup, mode="eager", devices=options.devices,
-                        target=None if options.target == "cpu" else options.target)
+                        target=None if options.generation == "cpu" else options.generation)
     ran, env = script, {}
     if plan is not None:
         env[envvars.PLAN.name] = plan.model_dump_json()

@@ -79,7 +79,7 @@ def verify(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: int
     """Fresh processes for both, interleaved pairs, CI on the speedup, the numerics check."""
     estimate_note = None  # what cannot be claimed, whatever is measured
     if simulated_devices_only(plan):
-        estimate = sharding_estimate(profile, plan, options.target)
+        estimate = sharding_estimate(profile, plan, options.generation)
         estimate_note = ("time on simulated CPU devices is not a TPU's: the speed figure is measured here but "
                          "not claimed" + (f"; {estimate}" if estimate else ""))
     # Rounds of `steps` pairs, each in a fresh baseline and candidate process: the length a trial measured,

@@ -1,0 +1,283 @@
+"""Plans for a TPU slice that is not attached, ranked by projection: mesh shape, per-chip batch, checkpointing.
+
+`tpu-agent tune --target v6e-256` on a host without that slice cannot measure a plan there; it can project one
+(run.project: the step traced on meta, partitioned by XLA for the slice's chips, costed per generation). Every
+plan here is an estimate, labelled "projected for <slice>", and none is ever verified: the tuner's verdicts come
+from measurements only.
+
+The space: every factorisation of the chip count into the mesh axes data x fsdp x tensor (tensor only in sizes
+that divide the dims a tensor-parallel split cuts: the repeated blocks' Linear widths), a per-chip batch of 1 to
+MAX_PER_CHIP_BATCH (powers of two), and activation checkpointing of the repeated blocks on or off. A projection
+costs seconds (a tiny model) to minutes (8B), so the space is not projected whole: a best-first search from FSDP
+over every chip projects the neighbours of the best plan so far (one factor moved between two mesh axes, the
+batch doubled or halved, checkpointing switched) until none is better or MAX_PROJECTIONS are spent. Plans are
+compared by projected step time per sample (step time / global batch: the step time itself among plans of one
+batch) among those that fit in HBM per chip; a plan that does not fit is never chosen, though the search expands
+one that is faster than the best that fits (checkpointing next to it may make it fit).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Callable
+
+from pydantic import BaseModel, Field
+
+from tpu_agent.errors import TpuAgentError
+
+from .slices import Slice
+
+AXES = ("data", "fsdp", "tensor")  # outermost first: the tensor axis on the nearest chips (mesh row-major over ids)
+MAX_PROJECTIONS = 10  # the before plan included
+MAX_PER_CHIP_BATCH = 64
+CHECKPOINTED = str(Path(__file__).with_name("checkpointed.py"))
+
+
+class SlicePlan(BaseModel):
+    """One point of the space: what a projection is asked for."""
+
+    mesh: dict[str, int]
+    per_chip_batch: int | None = Field(description="None: the script's own batch, as written")
+    checkpoint: bool = Field(False, description="every repeated block checkpointed by the tool (else as the script)")
+
+    def key(self) -> tuple:
+        return tuple(sorted(self.mesh.items())), self.per_chip_batch, self.checkpoint
+
+    def describe(self) -> str:
+        mesh = ",".join(f"{k}={v}" for k, v in self.mesh.items())
+        batch = "the script's batch" if self.per_chip_batch is None else f"per-chip batch {self.per_chip_batch}"
+        return f"mesh {mesh}, {batch}, checkpointing {'every block' if self.checkpoint else 'as the script'}"
+
+
+class ProjectedPlan(BaseModel):
+    """A plan's projection (estimates, never measured) or why it has none."""
+
+    plan: SlicePlan
+    global_batch: int | None = None
+    step_s: float | None = None
+    time_per_sample_s: float | None = None
+    mfu: float | None = None
+    memory_per_chip_bytes: float | None = None
+    hbm_bytes: float | None = None
+    fits: bool = False
+    exposed_collective_s: float | None = None
+    error: str | None = None
+
+
+class SliceRanking(BaseModel):
+    """What the tuner reports for a slice: the plan as written, the best projected plan, every projection ranked."""
+
+    slice: str
+    chips: int
+    label: str = Field(description='"projected for <slice>": every figure here is an estimate')
+    verified: bool = Field(False, description="always false: a plan chosen by projection is never verified")
+    before: ProjectedPlan = Field(description="the script as written, FSDP over every chip (the default placement)")
+    after: ProjectedPlan | None = Field(None, description="the fastest per sample of the plans that fit (None: none)")
+    ranked: list[ProjectedPlan] = Field(description="every plan projected, best first (fitting before not fitting)")
+    meshes: int = Field(description="mesh shapes the chip count and the model's dims allow")
+    candidates: int = Field(description="plans in the space: meshes x per-chip batches x checkpointing")
+    projections: int = Field(description="projections run, the before plan included (at most MAX_PROJECTIONS)")
+    seconds: float = Field(description="measured: wall time of all the projections")
+    notes: list[str] = Field(default_factory=list)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def tensor_sizes(chips: int, dims: list[int] | None) -> list[int]:
+    """Tensor-axis sizes the model's dims allow: divisors of the chip count that divide every dim a tensor split
+    cuts (no dims known: none past 1)."""
+    if not dims:
+        return [1]
+    common = math.gcd(*dims)
+    return [t for t in _divisors(chips) if common % t == 0]
+
+
+def meshes(chips: int, tensor_dims: list[int] | None = None) -> list[dict[str, int]]:
+    """Every data x fsdp x tensor factorisation of `chips` the dims allow; axes of size 1 left out."""
+    out = []
+    for tensor in tensor_sizes(chips, tensor_dims):
+        for data in _divisors(chips // tensor):
+            out.append(_mesh(data, chips // tensor // data, tensor))
+    return out
+
+
+def _mesh(data: int, fsdp: int, tensor: int) -> dict[str, int]:
+    mesh = {a: n for a, n in zip(AXES, (data, fsdp, tensor)) if n > 1}
+    return mesh or {"fsdp": 1}
+
+
+def _sizes(mesh: dict[str, int]) -> tuple[int, int, int]:
+    return tuple(mesh.get(a, 1) for a in AXES)  # type: ignore[return-value]
+
+
+def neighbours(plan: SlicePlan, allowed: list[dict[str, int]], blocks: bool) -> list[SlicePlan]:
+    """One step away: checkpointing switched (the memory lever), the batch doubled, a prime factor moved between
+    two mesh axes, the batch halved. The order matters only where the budget ends inside a round."""
+    out = [plan.model_copy(update={"checkpoint": not plan.checkpoint})] if blocks else []
+    b = plan.per_chip_batch  # None: the script's batch, which cannot be changed
+    if b is not None and b * 2 <= MAX_PER_CHIP_BATCH:
+        out.append(plan.model_copy(update={"per_chip_batch": b * 2}))
+    keys = {tuple(sorted(m.items())) for m in allowed}
+    sizes = _sizes(plan.mesh)
+    for i, j in ((1, 0), (1, 2), (0, 1), (2, 1), (0, 2), (2, 0)):
+        if sizes[i] == 1:
+            continue
+        p = min(d for d in _divisors(sizes[i]) if d > 1)
+        moved = list(sizes)
+        moved[i], moved[j] = sizes[i] // p, sizes[j] * p
+        mesh = _mesh(*moved)
+        if tuple(sorted(mesh.items())) in keys:
+            out.append(plan.model_copy(update={"mesh": mesh}))
+    if b is not None and b > 1:
+        out.append(plan.model_copy(update={"per_chip_batch": b // 2}))
+    return out
+
+
+def order_key(p: ProjectedPlan) -> tuple:
+    """Best first: fitting plans by time per sample, then plans that do not fit by memory, then failures."""
+    if p.error is not None or p.step_s is None:
+        return (2, 0.0)
+    if not p.fits:
+        return (1, p.memory_per_chip_bytes or math.inf)
+    return (0, _cost(p))
+
+
+def _cost(p: ProjectedPlan) -> float:
+    """Step time per sample; the step time where the global batch is unknown (every such plan runs the script's
+    own batch, and the search never mixes the two: see rank)."""
+    return p.time_per_sample_s if p.time_per_sample_s is not None else p.step_s
+
+
+def best_fitting(projected: list[ProjectedPlan]) -> ProjectedPlan | None:
+    """The fastest per sample among the plans that fit per chip; None when none fits."""
+    fitting = [p for p in projected if p.error is None and p.fits and p.step_s is not None]
+    return min(fitting, key=_cost) if fitting else None
+
+
+Projector = Callable[[SlicePlan], tuple[ProjectedPlan, int | None]]  # a plan's projection, the blocks_total
+
+
+def projector(script: str, args: list[str], sl: Slice, script_batch: int | None = None) -> Projector:
+    """Projections through run.project (each its own child process); the checkpointed plans run the script under
+    checkpointed.py."""
+    from . import run
+
+    def project(plan: SlicePlan) -> tuple[ProjectedPlan, int | None]:
+        ran, ran_args = (CHECKPOINTED, [script, *args]) if plan.checkpoint else (script, list(args))
+        dp = run.data_parallel(plan.mesh)
+        batch = plan.per_chip_batch * dp if plan.per_chip_batch is not None else script_batch
+        try:
+            partitioned, p = run.project(ran, ran_args, sl, plan.mesh, per_chip_batch=plan.per_chip_batch)
+        except TpuAgentError as exc:
+            return ProjectedPlan(plan=plan, global_batch=batch, error=str(exc).splitlines()[0][:300]), None
+        return ProjectedPlan(
+            plan=plan, global_batch=batch, step_s=p.step_s, time_per_sample_s=p.step_s / batch if batch else None,
+            mfu=p.mfu, memory_per_chip_bytes=p.hbm_bytes_per_chip, hbm_bytes=p.hbm_capacity, fits=p.fits,
+            exposed_collective_s=p.exposed_collective_s), partitioned.blocks_total
+
+    return project
+
+
+def rank(sl: Slice, project: Projector, tensor_dims: list[int] | None = None, script_batch: int | None = None,
+         budget: int = MAX_PROJECTIONS, say: Callable[[str], None] = lambda line: None) -> SliceRanking:
+    """The before plan (the script as written, FSDP over every chip), then the best-first search within
+    `budget` projections (the before plan counted). `script_batch`: the script's global batch, where known."""
+    t0 = time.perf_counter()
+    allowed = meshes(sl.chips, tensor_dims)
+    label = f"projected for {sl.name}"
+    fsdp = _mesh(1, sl.chips, 1)
+    before, blocks_total = project(SlicePlan(mesh=fsdp, per_chip_batch=None))
+    say(f"projection ({label}): the script as written, {before.plan.describe()}: {_short(before)}")
+    if before.error is not None:
+        raise TpuAgentError(f"the script as written cannot be projected for {sl.name}: {before.error}")
+    blocks, notes, spent = bool(blocks_total), [], 1
+    per_chip = script_batch // sl.chips if script_batch and script_batch % sl.chips == 0 else None
+    start = SlicePlan(mesh=fsdp, per_chip_batch=min(per_chip or 1, MAX_PER_CHIP_BATCH))
+    done: dict[tuple, ProjectedPlan] = {}
+    if per_chip == start.per_chip_batch:  # the script's batch is that per chip: the before plan's projection
+        done[start.key()] = before.model_copy(update={"plan": start})
+    else:
+        done[start.key()], _ = project(start)
+        spent += 1
+        say(f"projection ({label}): {start.describe()}: {_short(done[start.key()])}")
+        if done[start.key()].error and "batch cannot be changed" in done[start.key()].error:
+            notes.append(f"the script's batch cannot be changed, so per-chip batches were not searched: "
+                         f"{done[start.key()].error}")
+            start = before.plan
+            done = {start.key(): before}
+    expanded: set[tuple] = set()
+    while True:
+        current = _next_to_expand(list(done.values()), expanded)
+        if current is None:
+            break  # the best plan, and every plan faster than it that does not fit, expanded
+        expanded.add(current.key())
+        todo = [plan for plan in neighbours(current, allowed, blocks) if plan.key() not in done]
+        if todo and spent >= budget:
+            notes.append(f"the search stopped at its budget of {budget} projections")
+            break
+        for plan in todo[:budget - spent]:
+            done[plan.key()], _ = project(plan)
+            spent += 1
+            say(f"projection ({label}): {plan.describe()}: {_short(done[plan.key()])}")
+    if not blocks:
+        notes.append("no repeated blocks found: checkpointing not searched")
+    if tensor_dims is None:
+        notes.append("the model's Linear widths are unknown: no tensor axis searched")
+    ranked = sorted(done.values(), key=order_key)
+    after = best_fitting(ranked)
+    if after is None:
+        notes.append(f"no plan projected fits in HBM per chip ({label})")
+    batches = 1 if start.per_chip_batch is None else int(math.log2(MAX_PER_CHIP_BATCH)) + 1
+    return SliceRanking(slice=sl.name, chips=sl.chips, label=label, before=before, after=after, ranked=ranked,
+                        meshes=len(allowed), candidates=len(allowed) * batches * (2 if blocks else 1),
+                        projections=spent, seconds=time.perf_counter() - t0, notes=notes)
+
+
+def _next_to_expand(done: list[ProjectedPlan], expanded: set[tuple]) -> SlicePlan | None:
+    """Best first: the fastest plan that fits, or a faster one that does not (checkpointing or another mesh next
+    to it may make it fit); while none fits, the one with the least memory per chip."""
+    open_ = [p for p in done if p.plan.key() not in expanded and p.error is None and p.step_s is not None]
+    fit = best_fitting(done)
+    if fit is None:
+        return min(open_, key=lambda p: p.memory_per_chip_bytes or 0.0).plan if open_ else None
+    ahead = [p for p in open_ if (p.fits and p is fit) or (not p.fits and _cost(p) < _cost(fit))]
+    return min(ahead, key=_cost).plan if ahead else None
+
+
+def _short(p: ProjectedPlan) -> str:
+    if p.error is not None:
+        return f"failed: {p.error}"
+    per = f", {p.time_per_sample_s * 1e3:.4g} ms per sample" if p.time_per_sample_s is not None else ""
+    return (f"step {p.step_s * 1e3:.4g} ms{per}, MFU {p.mfu:.1%}, {p.memory_per_chip_bytes / 2**30:.3g} GiB per chip "
+            f"({'fits' if p.fits else 'does not fit'})")
+
+
+def tensor_dims(modules) -> list[int] | None:
+    """The widths a tensor-parallel split cuts: in and out features of the Linear layers built more than once (the
+    repeated blocks'; a profile's `modules`). None when the profile read none."""
+    if modules is None:
+        return None
+    dims = [v for m in modules.sizes if m.kind == "Linear" and m.count > 1
+            for k, v in m.sizes.items() if k in ("in_features", "out_features") and isinstance(v, int)]
+    return dims or None
+
+
+def for_tune(script: str, args: list[str], target: str, profile, script_batch: int | None,
+             say: Callable[[str], None]) -> SliceRanking | None:
+    """`tune --target SLICE`: the slice's plans ranked by projection, unless the baseline ran on a real TPU (then
+    the tune measures; nothing is projected)."""
+    from . import slices
+
+    sl = slices.parse(target)
+    device = getattr(profile, "device", None)
+    if device is not None and device.platform == "tpu" and not device.emulated:
+        say(f"projection: not run, this host is a TPU ({device.device_kind}): the tune measures on it")
+        return None
+    dims = tensor_dims(getattr(profile, "modules", None))
+    say(f"projection ({sl.name}, {sl.chips} chips; not attached here): plans ranked by projected step time per "
+        f"sample among those that fit per chip, at most {MAX_PROJECTIONS} projections; estimates, never verified")
+    return rank(sl, projector(script, args, sl, script_batch), dims, script_batch, say=say)
