@@ -56,11 +56,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def step_stats(steps: list[Step]) -> StepStats | None:
-    """Statistics over the steady steps: after warm-up, not instrumented, nothing compiled in them.
-
-    Falls back, saying so, to measured steps that compiled, then to warm-up steps, then to every step.
-    """
+def steady_steps(steps: list[Step]) -> tuple[list[Step], str]:
+    """The steps the statistics cover, and which they are: after warm-up, not instrumented, nothing compiled
+    in them. Falls back, saying so, to measured steps that compiled, then to warm-up steps, then to every step."""
     choices = [
         ([s for s in steps if not s.warmup and not s.instrumented and not s.compiled],
          "measured steps after warm-up, excluding steps that compiled or were instrumented"),
@@ -72,10 +70,18 @@ def step_stats(steps: list[Step]) -> StepStats | None:
     ]
     for chosen, basis in choices:
         if chosen:
-            times = [s.wall_s for s in chosen]
-            return StepStats(count=len(times), median_s=percentile(times, 0.5), p10_s=percentile(times, 0.1),
-                             p90_s=percentile(times, 0.9), mean_s=sum(times) / len(times), basis=basis)
-    return None
+            return chosen, basis
+    return [], ""
+
+
+def step_stats(steps: list[Step]) -> StepStats | None:
+    """Statistics over the steady steps (`steady_steps`)."""
+    chosen, basis = steady_steps(steps)
+    if not chosen:
+        return None
+    times = [s.wall_s for s in chosen]
+    return StepStats(count=len(times), median_s=percentile(times, 0.5), p10_s=percentile(times, 0.1),
+                     p90_s=percentile(times, 0.9), mean_s=sum(times) / len(times), basis=basis)
 
 
 # ----------------------------------------------------------------------------- hot ops

@@ -10,7 +10,6 @@ import os
 import re
 from collections.abc import Callable
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tpu_agent.backend.generations import DEFAULT_GENERATION
@@ -324,14 +323,3 @@ def _transfers(stats, window, steps: int) -> Transfers:
         h2d_count_per_step=(h1 - h0) / n, h2d_bytes_per_step=(hb1 - hb0) / n,
         d2h_count_per_step=(d1 - d0) / n, d2h_bytes_per_step=(db1 - db0) / n,
     )
-
-
-def write_profile(profile: Profile, path: Path) -> None:
-    """Atomically: a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(profile.model_dump_json(indent=2) + "\n")
-        tmp.replace(path)
-    except OSError:
-        tmp.unlink(missing_ok=True)  # nothing half-written left behind
-        raise

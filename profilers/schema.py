@@ -10,6 +10,7 @@ model whose `estimate` field is True, and the terminal says "estimate" beside it
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -110,6 +111,9 @@ class Step(BaseModel):
     device_s: float | None = Field(None, description="measured: time in executable launches, each waited for until "
                                    "it finished; None: launches were not waited for in this step")
     launches: int | None = Field(None, description="executable launches in this step (with device_s)")
+    comm_s: float | None = Field(None, description="measured: time in this rank's collectives in this step, each "
+                                 "from issue to completion (waiting for the other ranks included); None: none ran")
+    collectives: int | None = Field(None, description="collectives this rank ran in this step (with comm_s)")
 
 
 class StepStats(BaseModel):
@@ -427,6 +431,62 @@ class BuiltModules(BaseModel):
     experts: list[ExpertsModules] = Field(default_factory=list, description="Hugging Face MoE experts modules")
 
 
+class CollectiveStat(BaseModel):
+    """One collective op over one group, on one rank, over the steps the step statistics cover: measured."""
+
+    op: str = Field(description="all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, barrier")
+    ranks: list[int] = Field(description="the group's global ranks")
+    count: int = Field(description="calls in those steps")
+    calls_per_step: float
+    bytes: int = Field(description="their bytes together, as nccl-tests sizes a collective: the gathered output of "
+                       "an all_gather, the input of the others")
+    bytes_per_call: float
+    bytes_per_step: float
+    time_s: float = Field(description="measured: their time together, each from issue to completion on this rank "
+                          "(its input waited for first; waiting for the other ranks included)")
+    time_per_step_s: float
+    bandwidth: float | None = Field(None, description="bytes / time_s (bytes per second; algorithm bandwidth)")
+
+
+class RankProfile(BaseModel):
+    """One rank of a distributed run: its own measured figures."""
+
+    rank: int
+    status: str = Field(description="its profile's status: complete, stopped, failed")
+    exit_code: int | None = None
+    profile: str | None = Field(None, description="its full profile.json")
+    step_time: StepStats | None = None
+    comm_s_per_step: float | None = Field(None, description="measured: mean time per step in collectives")
+    comm_share: float | None = Field(None, description="time in collectives / wall time, over the same steps (0 to 1)")
+    compute_s_per_step: float | None = Field(None, description="median of (step wall time - its collectives' time): "
+                                             "the step without communication")
+    live_peak_bytes: int | None = Field(None, description="measured: most device bytes alive at a step boundary")
+    xla_peak_bytes: int | None = Field(None, description="largest peak of its executables (XLA memory analysis)")
+    collectives: list[CollectiveStat] = Field(default_factory=list)
+    untimed_collectives: int = Field(0, description="collectives met inside a traced program, not timed")
+
+
+class SlowestRank(BaseModel):
+    rank: int
+    compute_s_per_step: float | None = None
+    step_s: float | None = None
+    spread: float | None = Field(None, description="its time / the fastest rank's - 1, on the same basis")
+    basis: str
+
+
+class Distributed(BaseModel):
+    """A run of several ranks (`tpu-agent profile --nproc N`): each rank's figures, gathered after the job."""
+
+    world_size: int
+    launcher: str = "torch.distributed.run"
+    ranks: list[RankProfile] = Field(default_factory=list, description="in rank order, the ranks that wrote a profile")
+    missing_ranks: list[int] = Field(default_factory=list, description="ranks that wrote no profile")
+    step_time_s: float | None = Field(None, description="the slowest rank's median step time (the job's pace)")
+    comm_share: float | None = Field(None, description="the ranks' mean share of the step in collectives")
+    slowest_rank: SlowestRank | None = None
+    method: str = Field("", description="how the collectives were timed, in one line")
+
+
 class Profile(BaseModel):
     schema_version: int = SCHEMA_VERSION
     status: Literal["complete", "stopped", "failed"] = Field(
@@ -461,3 +521,17 @@ class Profile(BaseModel):
     target: Target | None = None
     files: Files = Field(default_factory=Files)
     notes: list[str] = Field(default_factory=list)
+    distributed: Distributed | None = Field(None, description="a run of several ranks: per-rank step time, memory, "
+                                            "collectives and communication share; the rest of the profile is rank "
+                                            "0's (a rank's own profile: its entry alone)")
+
+
+def write_profile(profile: Profile, path: Path) -> None:
+    """Atomically: a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(profile.model_dump_json(indent=2) + "\n")
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # nothing half-written left behind
+        raise

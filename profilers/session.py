@@ -87,6 +87,7 @@ class Collected:
     trace_dir: str | None = None
     batches: object = None  # a batches.BatchWatch: every batch the script's loaders yielded
     transfers: object = None  # a shapes.TransferWatch: the lines that copied tensors to the device
+    collective_steps: list[dict] = field(default_factory=list)  # per step: (op, ranks) -> (calls, bytes, seconds)
 
 
 def _stats_tuple():
@@ -116,6 +117,14 @@ class Session:
     def __init__(self, settings: Settings, run_dir: Path, script: str, args: list[str], *,
                  progress: Callable[..., None] | None = None,
                  environment: Callable[[], Environment] | None = None) -> None:
+        from .ranks import launch_of, rank_dir
+
+        self.launch = launch_of()  # one rank of several: its own profile, in its own folder
+        if self.launch is not None:
+            run_dir = rank_dir(run_dir, self.launch.rank)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            if settings.trace_dir:
+                settings = settings.model_copy(update={"trace_dir": str(Path(settings.trace_dir) / f"rank{self.launch.rank}")})
         self.run = RunInfo(settings, run_dir, script, args, environment)
         self.settings = settings
         self.run_dir = run_dir
@@ -135,6 +144,7 @@ class Session:
         self._timed_step = False  # the step under way waits for every launch (host/device split)
         self._time_executables_was: bool | None = None  # STATE.time_executables before the profiler flipped it
         self.modules = None  # a modules.ModuleWatch: the sizes of the modules built
+        self.collectives = None  # a ranks.CollectiveWatch: each step's collectives, timed
 
     # ------------------------------------------------------------------ set-up
 
@@ -149,6 +159,12 @@ class Session:
 
         self._set_mode(torch)
         self._watch_shapes()
+        from .ranks import CollectiveWatch
+
+        try:
+            self.collectives = CollectiveWatch()
+        except Exception as exc:  # noqa: BLE001 - the profile goes on without collective times
+            self.data.notes.append(f"collectives could not be timed: {exc}")
         jax.monitoring.register_event_duration_secs_listener(self._on_jax_event)
         self._remove_listener = steps.add_step_listener(self._on_step)
         from .modules import ModuleWatch
@@ -231,10 +247,12 @@ class Session:
         if self._launches_at_start is not None:
             total_s, calls = _launch_totals()
             device_s, launches = total_s - self._launches_at_start[0], calls - self._launches_at_start[1]
+        comm_s, ran = self._step_collectives()
         d.steps.append(Step.model_construct(  # no validation on the step path: the values are ours
             index=k, wall_s=now - self._step_start, compile_s=self._compile_acc,
             warmup=k <= self.settings.warmup, instrumented=self._counter is not None or self._timed_step,
             compiled=self._compiled_in_step, live_bytes=live_bytes, device_s=device_s, launches=launches,
+            comm_s=comm_s, collectives=ran,
         ))
         self.data.compile_s += self._compile_acc
         self._compile_acc = 0.0
@@ -259,6 +277,16 @@ class Session:
         self._time_launches(self._is_timed(k + 1))
         self._begin_step_mark(k + 1)
         self._step_start = time.perf_counter()
+
+    def _step_collectives(self) -> tuple[float | None, int | None]:
+        """The collectives of the step that just ended: (seconds, calls), None when none ran."""
+        if self.collectives is None:
+            return None, None
+        delta = self.collectives.step()
+        self.data.collective_steps.append(delta)
+        if not delta:
+            return None, None
+        return sum(s for _c, _b, s in delta.values()), sum(c for c, _b, _s in delta.values())
 
     # ------------------------------------------------------------------ host/device split
 
@@ -363,10 +391,13 @@ class Session:
             self.data.notes.append(f"profiler error while closing the measurement: {exc}")
         self._progress("analysing")
         try:
-            from .build import build_profile, write_profile
+            from .build import build_profile
+            from .schema import write_profile
 
             profile = build_profile(self.data, self.run, exit_code, error)
             profile.modules = self.modules.report() if self.modules is not None else None
+            if self.launch is not None:
+                profile.distributed = self._rank_section(profile)
             try:
                 write_profile(profile, self.run_dir / PROFILE_FILE)  # first without the plot: kept if plotting fails
             except OSError as exc:  # the environment (a full disk, a read-only folder), not a bug: no traceback
@@ -389,6 +420,17 @@ class Session:
         finally:
             self._progress("done")
 
+    def _rank_section(self, profile):
+        """This rank's entry of a distributed run's profile (the parent gathers the ranks' after the job)."""
+        from .ranks import METHOD, rank_profile
+        from .schema import Distributed
+
+        watch = self.collectives
+        entry = rank_profile(self.launch.rank, profile.steps.items, self.data.collective_steps, status=profile.status,
+                             exit_code=profile.exit_code, live_peak=profile.memory.live_peak_bytes,
+                             xla_peak=profile.memory.xla_peak_bytes, untimed=watch.untimed if watch else 0)
+        return Distributed(world_size=self.launch.world_size, ranks=[entry], method=METHOD)
+
     def _close_measurement(self) -> None:
         import jax
 
@@ -410,9 +452,10 @@ class Session:
             RECORDER.flush("end of run")
             live = self._sync()
             d.whole_run = True
+            comm_s, ran = self._step_collectives()
             d.steps.append(Step(index=1, wall_s=time.perf_counter() - self._step_start, compile_s=self._compile_acc,
                                 instrumented=self._counter is not None, compiled=self._compiled_in_step,
-                                live_bytes=live))
+                                live_bytes=live, comm_s=comm_s, collectives=ran))
             d.compile_s += self._compile_acc
             d.live_peak = live
             d.window_start = None
@@ -426,6 +469,8 @@ class Session:
             if self._counter is not None:  # failed before the first step ended
                 self._end_flop_count("the run up to the failure (no step completed)")
         self._compile_acc = 0.0
+        if self.collectives is not None:
+            self.collectives.stop()
         try:
             jax.monitoring.unregister_event_duration_listener(self._on_jax_event)
         except Exception:  # noqa: BLE001

@@ -5,10 +5,16 @@ group's devices (`jax.make_array_from_single_device_arrays`), a jitted `shard_ma
 (`psum`, `all_gather`, `psum_scatter`, `all_to_all`...), and the rank reads back its own block. Every rank of
 the group must call the same collective in the same order, as with NCCL or gloo. One program per
 (collective, group, reduce op), compiled once per shape and dtype.
+
+While the profiler records (`record(True)`, `tpu-agent profile`), each collective is timed on its rank: its
+input waited for first, then from issue to its result's completion (`block_until_ready`), so the time is the
+collective's own, waiting for the other ranks to join included; with its bytes, by (op, group) in `RECORDED`.
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from functools import partial
 
 import jax
@@ -25,6 +31,30 @@ REDUCE_OPS = ("sum", "avg", "max", "min", "product", "band", "bor", "bxor")
 
 _meshes: dict[tuple, Mesh] = {}
 _programs: dict[tuple, object] = {}
+
+
+@dataclass
+class Totals:
+    """One (op, group)'s collectives on this rank since recording began: measured."""
+
+    calls: int = 0
+    bytes: int = 0  # as nccl-tests counts a collective's size: the gathered output of an all_gather, else the input
+    seconds: float = 0.0  # issue to completion, the input waited for first
+
+
+class Recording:
+    def __init__(self) -> None:
+        self.on = False
+        self.totals: dict[tuple[str, tuple[int, ...]], Totals] = {}  # (op, the group's global ranks) -> totals
+        self.untimed = 0  # collectives met while tracing a program (none today: they are not traceable)
+
+
+RECORDED = Recording()
+
+
+def record(on: bool) -> None:
+    """Time every collective from here (the profiler's switch; off, a collective adds no wait of its own)."""
+    RECORDED.on = on
 
 
 def mesh_of(ranks: tuple[int, ...]) -> Mesh:
@@ -44,16 +74,30 @@ def _program(kind: str, ranks: tuple[int, ...], fn, **static):
     return program
 
 
-def _run(kind: str, ranks: tuple[int, ...], local, fn, **static):
-    """`fn` on the group's blocks (each rank's array with a leading axis of 1); this rank's result block."""
+def _run(kind: str, ranks: tuple[int, ...], local, fn, *, size: int | None = None, **static):
+    """`fn` on the group's blocks (each rank's array with a leading axis of 1); this rank's result block.
+    `size`: the bytes recorded for it (default: the input's)."""
     mesh = mesh_of(ranks)
     device = mesh.devices.flat[_position(mesh)]
     local = jax.device_put(local, device)
     block = local[None]
     global_array = jax.make_array_from_single_device_arrays((len(ranks), *local.shape),
                                                             NamedSharding(mesh, P(AXIS)), [block])
+    timed = RECORDED.on and not isinstance(local, jax.core.Tracer)
+    if timed:
+        local.block_until_ready()  # the input's own computation is not the collective's time
+        start = time.perf_counter()
+    elif RECORDED.on:
+        RECORDED.untimed += 1
     with faults.watching(kind, ranks):  # a collective some rank never joins times out, naming it
         out = _program(kind, ranks, fn, **static)(global_array)
+        if timed:
+            out.block_until_ready()
+    if timed:
+        totals = RECORDED.totals.setdefault((kind, ranks), Totals())
+        totals.calls += 1
+        totals.bytes += local.size * local.dtype.itemsize if size is None else size
+        totals.seconds += time.perf_counter() - start
     return out.addressable_data(0)[0]
 
 
@@ -100,7 +144,8 @@ def all_reduce(local, ranks: tuple[int, ...], op: str = "sum"):
 
 def all_gather(local, ranks: tuple[int, ...]):
     """The ranks' arrays concatenated along dim 0 (`all_gather_into_tensor`)."""
-    return _run("all_gather", ranks, local, lambda x, n: jax.lax.all_gather(x[0], AXIS, axis=0, tiled=True)[None])
+    return _run("all_gather", ranks, local, lambda x, n: jax.lax.all_gather(x[0], AXIS, axis=0, tiled=True)[None],
+                size=local.size * local.dtype.itemsize * len(ranks))
 
 
 def reduce_scatter(local, ranks: tuple[int, ...], op: str = "sum"):
@@ -132,4 +177,5 @@ def all_to_all(local, ranks: tuple[int, ...]):
 
 
 def barrier(ranks: tuple[int, ...]) -> None:
-    all_reduce(jnp.zeros((), jnp.int32), ranks).block_until_ready()
+    """An all-reduce of one int32 (4 bytes), recorded as a barrier."""
+    _run("barrier", ranks, jnp.zeros((), jnp.int32), lambda x, n, op: _reduce(x, op, n), op="sum").block_until_ready()

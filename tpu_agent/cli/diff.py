@@ -4,7 +4,8 @@ Markdown on stdout so a CI job can post it on a pull request as is. Step time
 and XLA peak memory gate (exit 1 when HEAD is worse beyond the threshold);
 FLOPs, MFU, live memory and padding waste are shown, not gated: padding adds
 FLOPs on purpose, MFU moves with FLOPs as well as with speed, and live memory
-grows with the number of steps a leaky script was profiled for.
+grows with the number of steps a leaky script was profiled for. Distributed profiles (`profile --nproc N`)
+add their per-rank figures below the table (diff_ranks.py).
 """
 
 from __future__ import annotations
@@ -127,7 +128,8 @@ def diff(
                      show_default=False),
     ] = None,
 ) -> int:
-    """Compare two profiles or reports as a markdown table: step time, FLOPs, MFU, memory, padding waste.
+    """Compare two profiles or reports as a markdown table: step time, FLOPs, MFU, memory, padding waste; for
+    distributed profiles, also each rank's step time, memory, communication share and collectives.
 
     Exit 0, or 1 on a regression beyond --fail-above, or 2 on bad input.
     Example: [bold]tpu-agent diff main/profile.json pr/profile.json --fail-above 5[/bold]
@@ -136,7 +138,10 @@ def diff(
         raise InputError(f"--fail-above takes a percentage >= 0, got {fail_above:g}")
     b, h = load_summary(base), load_summary(head)
     rows = compare(b, h, fail_above)
-    sys.stdout.write(markdown(b, h, rows, base_name=str(base), head_name=str(head), fail_above=fail_above))
+    from tpu_agent.cli.diff_ranks import load_distributed, markdown as ranks_markdown
+
+    sys.stdout.write(markdown(b, h, rows, base_name=str(base), head_name=str(head), fail_above=fail_above)
+                     + ranks_markdown(load_distributed(base), load_distributed(head)))
     return 1 if any(r.regression for r in rows) else 0
 
 

@@ -114,17 +114,23 @@ def profile_script(
     stderr: Console,
     timeout: float | None = None,
     device_map: str | None = None,
+    nproc: int = 1,
 ) -> int:
     from tpu_agent.run.profiled import read_profile, run_profiled
 
     check_script(script)
+    if nproc < 1:
+        raise InputError(f"--nproc takes a number of ranks >= 1, got {nproc}")
+    if nproc > 1 and settings.devices > 1:
+        raise InputError("--devices simulates devices in one process; with --nproc each rank is one process with "
+                         "one device: give one or the other")
     mapped = device_map_env(device_map)
     if settings.trace_dir:
         settings.trace_dir = str(writable_dir(Path(settings.trace_dir).resolve(), "the trace directory"))
     runs_root = writable_dir(output_dir if output_dir is not None else Path.cwd() / RUNS_SUBDIR, "the output directory")
 
     display = None
-    if stderr.is_terminal and not json_output:
+    if stderr.is_terminal and not json_output and nproc == 1:  # the ranks' launcher passes no progress pipe on
         total = settings.warmup + settings.steps + settings.timed_steps() if settings.steps is not None else None
         display = ProgressDisplay(stderr, Path(script).name, total)
     try:
@@ -134,10 +140,12 @@ def profile_script(
             stdout=subprocess.PIPE if display else (sys.stderr.fileno() if json_output else None),
             stderr=subprocess.PIPE if display else None,
             pass_fds=(display.write_fd,) if display else (),
-            monitor=display, timeout=timeout,
+            monitor=display, timeout=timeout, nproc=nproc,
         )
     except OSError as exc:
         raise TpuAgentError(f"could not start the run: {exc}") from None
+    if nproc > 1 and not result.timed_out:
+        _gather_ranks(Path(result.run_dir), nproc, result.exit_code)
 
     if result.timed_out:
         sys.stdout.flush()
@@ -176,6 +184,20 @@ def profile_script(
                                                                   highlight=False, color_system=None))
     return result.exit_code
 
+
+def _gather_ranks(run_dir: Path, nproc: int, exit_code: int) -> None:
+    """The ranks' profiles (ranks/rank<R>/profile.json) gathered into the run's profile.json."""
+    from tpu_agent.profilers.ranks import gather
+    from tpu_agent.profilers.schema import write_profile
+    from tpu_agent.profilers.session import PROFILE_FILE
+
+    merged = gather(run_dir, nproc, exit_code)
+    if merged is not None:
+        try:
+            write_profile(merged, run_dir / PROFILE_FILE)
+        except OSError as exc:
+            raise CannotWrite(f"cannot write the profile {shown_path(run_dir / PROFILE_FILE)}: "
+                              f"{exc.strerror or exc} (the ranks' own are in {shown_path(run_dir / 'ranks')})") from None
 
 
 class ProfileMode(str, enum.Enum):
@@ -229,6 +251,7 @@ def profile(
         typer.Option("--timeout", min=0.001, metavar="SECONDS", help="Stop the script after this many seconds (exit 124).", show_default=False),
     ] = None,
     device_map: DeviceMapOption = None,
+    nproc: Annotated[int, typer.Option("--nproc", min=1, metavar="N", help="Ranks on this host: PyTorch's launcher (torch.distributed.run, as torchrun --nproc-per-node N) starts the script once per rank, each profiled; profile.json gathers them (per-rank step time, memory, collectives, communication share, the slowest rank).")] = 1,
 ) -> int:
     """Profile SCRIPT on the bundled `tpu` device: step time, FLOPs, MFU, memory, hot ops, padding waste.
 
@@ -236,7 +259,8 @@ def profile(
     torch.tpu.mark_step()). Writes profile.json, HLO files and a step-time plot
     to .tpu-agent/runs/<time>-<script>/. The exit code is the script's own; a run that put no work
     on tpu has no device figures to show (one line, exit 1).
-    Example: [bold]tpu-agent profile train.py --steps 10 -- --epochs 1[/bold]
+    Example: [bold]tpu-agent profile train.py --steps 10 -- --epochs 1[/bold];
+    [bold]tpu-agent profile --nproc 2 train.py --steps 10[/bold]
     """
     settings = Settings(
         steps=steps, warmup=warmup, mode=mode.value, devices=devices, target=target.value if target else None,
@@ -245,7 +269,7 @@ def profile(
     )
     return profile_script(script, script_args or [], settings=settings, output_dir=output_dir,
                           json_output=json_output, stdout=stdout_console(), stderr=stderr_console(), timeout=timeout,
-                          device_map=device_map)
+                          device_map=device_map, nproc=nproc)
 
 
 def register(app: typer.Typer) -> None:

@@ -220,6 +220,10 @@ def render(p: Profile, console: Console) -> None:
             ("on TPU ", "bold"), (t.generation, "bold"), " ", ("(estimate, roofline)", "italic yellow"),
             f": step {ms(t.step_s.value)} ({t.bound}-bound: compute {ms(t.compute_s.value)}, "
             f"memory {ms(t.memory_s.value)}), MFU {t.mfu.value:.1%}"))
+    if p.distributed is not None:
+        from tpu_agent.cli.ranks_view import render_ranks
+
+        render_ranks(p.distributed, console)
     if p.notes:
         console.print()
         for note in p.notes:
