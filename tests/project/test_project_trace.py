@@ -14,7 +14,8 @@ from tpu_agent.project import attention, lower, record
 TINY = Path(__file__).with_name("tiny_llama.py")
 
 
-def test_attention_lowering_matches_pytorch_forward_and_backward():
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_lowering_matches_pytorch_forward_and_backward(causal):
     import jax
     import jax.numpy as jnp
 
@@ -22,17 +23,21 @@ def test_attention_lowering_matches_pytorch_forward_and_backward():
     q = torch.randn(2, 4, 40, 16, dtype=torch.float64, requires_grad=True)
     k = torch.randn(2, 2, 40, 16, dtype=torch.float64, requires_grad=True)  # grouped-query: 2 kv heads
     v = torch.randn(2, 2, 40, 16, dtype=torch.float64, requires_grad=True)
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
     grad = torch.randn_like(out)
     out.backward(grad)
-    old, attention.CHUNK = attention.CHUNK, 16  # three chunks, the last one short
+    old = attention.CHUNK, attention.CAUSAL_BLOCK
+    attention.CHUNK = attention.CAUSAL_BLOCK = 16  # three chunks, the last one short
     try:
         lower._tables()  # 64-bit types on, as the device runs them
         jq, jk, jv, jg = (jnp.asarray(t.detach().numpy()) for t in (q, k, v, grad))
-        o, lse = attention.lower_forward(jq, jk, jv, None, True, 0.25)
-        dq, dk, dv = attention.lower_backward(jg, jq, jk, jv, None, o, lse, True, 0.25)
+        o, lse = attention.lower_forward(jq, jk, jv, None, causal, 0.25)
+        dq, dk, dv = attention.lower_backward(jg, jq, jk, jv, None, o, lse, causal, 0.25)
+        # a causal block reads only the keys up to its last row (those above the diagonal are skipped)
+        assert attention._blocks(40, 40, causal) == ([(0, 16), (16, 32), (32, 40)] if causal else
+                                                     [(0, 40), (16, 40), (32, 40)])
     finally:
-        attention.CHUNK = old
+        attention.CHUNK, attention.CAUSAL_BLOCK = old
     np.testing.assert_allclose(np.asarray(o), out.detach().numpy(), rtol=1e-5, atol=1e-6)  # scores in float32, as on a TPU
     for mine, theirs in ((dq, q.grad), (dk, k.grad), (dv, v.grad)):
         np.testing.assert_allclose(np.asarray(mine), theirs.numpy(), rtol=1e-5, atol=1e-5)
