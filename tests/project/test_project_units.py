@@ -137,3 +137,50 @@ def test_the_attention_lowerings_own_traffic_is_not_hbm_traffic():
     part = Partitioned(slice=sl.name, generation="v5e", chips=8, mesh={"fsdp": 8}, blocks_total=None,
                        blocks_name=None, programs=[program], placements={})
     assert cost.project(part, sl).memory_s == pytest.approx(2e9 / 819e9)
+
+
+def test_conversions_and_collective_buffers_are_not_hbm_traffic():
+    """XLA:CPU's f32 conversions of bf16 values and the collectives' buffers leave the non-dot traffic too."""
+    sl = slices.parse("v5e-8")
+    program = Traced(blocks=None, flops=0.0, dot_flops=0.0, bytes_accessed=10e9, dot_bytes=2e9, attention_bytes=3e9,
+                     convert_bytes=2e9, collective_bytes=1e9, argument_bytes=0, output_bytes=0, alias_bytes=0,
+                     temp_bytes=0, model_flops=1.0, collectives=[], compile_s=0.0, ops=1)
+    part = Partitioned(slice=sl.name, generation="v5e", chips=8, mesh={"fsdp": 8}, blocks_total=None,
+                       blocks_name=None, programs=[program], placements={})
+    assert cost.project(part, sl).memory_s == pytest.approx(2e9 / 819e9)
+
+
+SPLIT_HLO = """HloModule m
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%wide (x: bf16[4,8]) -> f32[4,8] {
+  %x = bf16[4,8]{1,0} parameter(0)
+  ROOT %c = f32[4,8]{1,0} convert(%x)
+}
+
+ENTRY %main (p0: bf16[4,8], p1: f32[8,8]) -> f32[4,8] {
+  %p0 = bf16[4,8]{1,0} parameter(0)
+  %p1 = f32[8,8]{1,0} parameter(1)
+  %widened = f32[4,8]{1,0} fusion(%p0), kind=kLoop, calls=%wide
+  %summed = f32[4,8]{1,0} all-reduce(%widened), channel_id=1, replica_groups={{0,1}}, to_apply=%add
+  %dot = f32[4,8]{1,0} dot(%summed, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %tanh = f32[4,8]{1,0} tanh(%dot)
+}
+"""
+
+
+def test_the_non_dot_split_reads_conversions_and_collectives_from_the_hlo():
+    from tpu_agent.profilers import hlo
+    from tpu_agent.project import partition
+
+    scores, converts, moved = partition._non_dot_split(hlo.parse_module(SPLIT_HLO))
+    assert (scores, converts, moved) == (0.0, 4 * 8 * (2 + 4), 4 * 8 * (4 + 4))  # the tanh and the dot stay
+    # every parameter in bf16: XLA:CPU's f32 all-reduce of a bf16 value moves bf16 on a TPU
+    wide, = collectives.collectives(hlo.parse_module(SPLIT_HLO), {"data": 2})
+    narrow, = collectives.collectives(hlo.parse_module(SPLIT_HLO), {"data": 2}, narrow=16)
+    assert (wide.result_bytes, narrow.result_bytes) == (4 * 8 * 4, 4 * 8 * 2)

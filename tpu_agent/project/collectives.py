@@ -86,7 +86,31 @@ def _scatters(inst: hlo.Instruction, consumers: dict, group: int) -> bool:
         for u in users)
 
 
-def collectives(module: hlo.Module, mesh: dict[str, int]) -> list[Collective]:
+def _summed_twins(inst: hlo.Instruction, consumers: dict, module: hlo.Module) -> list[int]:
+    """Elements of a tuple all-reduce that one consumer adds together, but the first of each such set: XLA:CPU
+    all-reduces each partial sum (three for a tensor-parallel q/k/v input gradient) where a TPU compile adds
+    them first and all-reduces once (XLA's AllReduceReassociate pass; the CPU pipeline does not run it)."""
+    by_user: dict[str, list[int]] = {}
+    for gte in consumers.get(inst.name, []):
+        index = re.search(r"index=(\d+)", gte.attrs)
+        users = consumers.get(gte.name, [])
+        if gte.opcode != "get-tuple-element" or index is None or len(users) != 1:
+            continue
+        user = users[0]
+        adds = user.opcode == "add" or any(i.opcode == "add" for c in user.called for i in module.computations.get(c, []))
+        if adds:
+            by_user.setdefault(user.name, []).append(int(index.group(1)))
+    twins = []
+    for indices in by_user.values():
+        same = [i for i in indices[1:] if i < len(inst.shape) and inst.shape[i].dims == inst.shape[indices[0]].dims]
+        twins += same
+    return twins
+
+
+def collectives(module: hlo.Module, mesh: dict[str, int], narrow: int | None = None) -> list[Collective]:
+    """`narrow`: the width in bits of the step's own floats when every parameter and optimizer state is of that
+    width (bf16: 16): an f32 collective is then XLA:CPU computing that narrow value in f32 (it runs bf16 dots and
+    arithmetic in f32) and is counted at the narrow width, as a TPU moves it."""
     devices = math.prod(mesh.values())
     found = []
     for computation, insts in module.computations.items():
@@ -107,6 +131,11 @@ def collectives(module: hlo.Module, mesh: dict[str, int]) -> list[Collective]:
             if inst.opcode.endswith("-start") and len(shapes) > 1:
                 shapes = shapes[len(shapes) // 2:]  # (operands, results)
             bits = _narrowed_bits(inst, by_name, consumers)
+            if bits is None and narrow and shapes and all(a.dtype == "f32" for a in shapes):
+                bits = narrow
+            if op == "all-reduce" and len(shapes) > 1:
+                twins = set(_summed_twins(inst, consumers, module))
+                shapes = [a for i, a in enumerate(shapes) if i not in twins]
             result_bytes = sum(a.elements * (bits or a.bits) // 8 for a in shapes)
             if op == "all-reduce" and _scatters(inst, consumers, size):
                 op, result_bytes = "reduce-scatter", result_bytes // size

@@ -6,7 +6,8 @@ Per generation, never per configuration: peak bf16 FLOP/s, HBM bandwidth and cap
 benchmarks/projection_table.py and checked on the others.
 
 - compute: dot FLOPs / (peak x efficiency); other work: the bytes XLA's cost analysis says the non-dot ops
-  move / HBM bandwidth. A chip's time is the larger of the two (roofline: the MXU and the vector/memory
+  move / HBM bandwidth, less what a TPU would not move through HBM (partition.py: the attention kernel's scores,
+  XLA:CPU's float-width conversions, the collectives' own buffers). A chip's time is the larger of the two (roofline: the MXU and the vector/memory
   pipelines overlap).
 - a collective over mesh axes runs as a ring along each torus dim those axes span, every spanned dim's links
   in both directions at once: all-gather and reduce-scatter move (n-1)/n of the full array, all-reduce twice
@@ -94,13 +95,16 @@ def assumptions(sl: Slice, partitioned: Partitioned) -> list[str]:
         "chip time = max(dot FLOPs / (peak x efficiency), non-dot bytes / HBM bandwidth) (roofline); no host, "
         "input-pipeline or launch time",
         "FLOPs, bytes and memory from XLA's CPU compile of the partitioned step: fusion and layouts differ from a "
-        "TPU compile; attention as one query-chunked op (flash-like: the scores are not saved, and the "
-        "traffic of its non-dot ops is not counted as HBM traffic: a TPU's flash kernel keeps the scores on chip)",
+        "TPU compile; attention as one query-chunked op (flash-like: the scores are not saved, causal attention "
+        "skips the key blocks above the diagonal, and the traffic of its non-dot ops is not counted as HBM "
+        "traffic: a TPU's flash kernel keeps the scores on chip); XLA:CPU's bf16<->f32 conversions and the "
+        "collectives' buffers are not counted as HBM traffic either",
         "memory per chip: parameters, optimizer state and batch as placed (XLA's argument and output sizes) plus "
         "the activations backward reads from forward, split by the batch axes; working buffers (a layer's "
         "transients, gathered weights, the logits' gradient) are not counted, and XLA:CPU's own temporaries "
         "(unfused, attention scores included) are shown apart, not used",
-        "MFU counts 3x the forward matmul FLOPs (attention included, non-causal) over peak x chips",
+        "MFU counts 3x the forward matmul FLOPs (attention counted non-causal, as MaxText's published "
+        "figures before its PR 1988) over peak x chips",
     ]
     if partitioned.blocks_total:
         out.append(f"traced with 2 and 1 of the {partitioned.blocks_total} repeated blocks "
@@ -118,7 +122,8 @@ def project(partitioned: Partitioned, sl: Slice) -> Projection:
 
     def times(p: Traced) -> tuple[float, float, float, float]:
         compute = p.dot_flops / (gen.peak_bf16_flops * MXU_EFFICIENCY[sl.generation])
-        memory = max(p.bytes_accessed - p.dot_bytes - p.attention_bytes, 0.0) / gen.hbm_bandwidth
+        memory = max(p.bytes_accessed - p.dot_bytes - p.attention_bytes - p.convert_bytes - p.collective_bytes,
+                     0.0) / gen.hbm_bandwidth
         overlapped = sum(c.seconds for c in p.collectives if c.axes and set(c.axes) <= set(OVERLAPPED_AXES))
         exposed = sum(c.seconds for c in p.collectives) - overlapped
         return compute, memory, overlapped, exposed

@@ -97,37 +97,61 @@ def _activation_rule(mesh, mesh_axes: dict, batch_sizes: set, graph, batch_axis,
     return rule
 
 
-def _attention_inner_bytes(module) -> float:
-    """Bytes the attention lowering's non-dot ops move (scores, masks, exponentials, per chip): a TPU runs
-    attention as one fused flash kernel (MaxText: splash attention) whose scores stay on chip, where XLA:CPU
-    writes every one of them to memory."""
-    from . import attention
+_PLUMBING = ("parameter", "constant", "tuple", "get-tuple-element", "bitcast")
+_CONVERT_ONLY = {"convert", "parameter", "bitcast", "broadcast", "reshape", "copy", "transpose"}
+
+
+def _non_dot_split(module) -> tuple[float, float, float]:
+    """Bytes of the entry computation's non-dot ops that XLA's cost analysis counts but a TPU does not move
+    through HBM as such, per chip: (attention, conversions, collectives).
+
+    - attention: the lowering's scores, masks and exponentials (named scope); a TPU runs attention as one fused
+      flash kernel (MaxText: splash attention) whose scores stay on chip, where XLA:CPU writes each to memory;
+    - conversions: ops that only convert between float widths (with layout plumbing): XLA:CPU runs bf16 dots and
+      arithmetic in f32 and materialises the casts; the MXU reads bf16 operands, and a TPU compile fuses casts
+      into their consumers;
+    - collectives: their buffers move over ICI and are costed there (cost.py), not as HBM traffic."""
+    from . import attention, collectives
 
     if module.entry is None:
-        return 0.0
+        return 0.0, 0.0, 0.0
 
-    def names(inst) -> list[str]:
-        found = [inst.op_name or ""]
+    def inner(inst) -> list:
+        found = []
         for called in inst.called:
-            found += [i.op_name or "" for i in module.computations.get(called, [])]
+            for i in module.computations.get(called, []):
+                found += [i, *inner(i)]
         return found
-
-    def has_dot(inst) -> bool:
-        if inst.opcode in ("dot", "convolution"):
-            return True
-        return any(has_dot(i) for c in inst.called for i in module.computations.get(c, []))
 
     insts = module.computations.get(module.entry, [])
     shapes = {i.name: i.shape for i in insts}
-    total = 0.0
+    scores = converts = moved = 0.0
     for inst in insts:
-        if inst.opcode in ("parameter", "constant", "tuple", "get-tuple-element", "bitcast") or has_dot(inst):
+        if inst.opcode in _PLUMBING:
             continue
-        if not any(attention.SCOPE in n for n in names(inst)):
+        body = inner(inst)
+        ops = {i.opcode for i in body}
+        if inst.opcode in ("dot", "convolution") or ops & {"dot", "convolution"}:
             continue
         arrays = list(inst.shape) + [a for o in inst.operands for a in shapes.get(o, [])]
-        total += sum(a.elements * a.bits / 8 for a in arrays)
-    return total
+        size = sum(a.elements * a.bits / 8 for a in arrays)
+        if any(attention.SCOPE in (i.op_name or "") for i in [inst, *body]):
+            scores += size
+        elif inst.opcode.removesuffix("-start").removesuffix("-done") in collectives.KINDS:
+            moved += size
+        elif inst.opcode == "convert" or (inst.opcode == "fusion" and "convert" in ops and ops <= _CONVERT_ONLY):
+            converts += size
+    return scores, converts, moved
+
+
+def _narrow_bits(graph) -> int | None:
+    """16 when every parameter and optimizer-state input of the step is bf16 or f16 (a step held in half
+    precision, whose f32 collectives are XLA:CPU's widening); else None."""
+    import torch
+
+    floats = [dtype for shape, dtype, role, _name in graph.inputs.values()  # an optimizer's step count is a scalar
+              if role in ("param", "state") and dtype.is_floating_point and len(shape) > 0]
+    return 16 if floats and all(d in (torch.bfloat16, torch.float16) for d in floats) else None
 
 
 def _saved_per_chip(saved, mesh_axes: dict, batch_axis) -> int:
@@ -207,12 +231,15 @@ def partition_graph(graph, mesh_axes: dict, rules, batch_axis, placements: dict)
         for c in op.contractions:
             dot_flops += c.flops
             dot_bytes += sum(a.elements * a.bits / 8 for a in (c.lhs, c.rhs, c.out))
+    scores, converts, moved = _non_dot_split(module)
     return Traced(
-        blocks=graph.blocks, attention_bytes=_attention_inner_bytes(module), saved_bytes=_saved_per_chip(fn.saved, mesh_axes, batch_axis), flops=float(cost.get("flops", 0.0)), dot_flops=dot_flops,
+        blocks=graph.blocks, attention_bytes=scores, convert_bytes=converts, collective_bytes=moved,
+        saved_bytes=_saved_per_chip(fn.saved, mesh_axes, batch_axis), flops=float(cost.get("flops", 0.0)),
+        dot_flops=dot_flops,
         bytes_accessed=float(cost.get("bytes accessed", 0.0)), dot_bytes=dot_bytes,
         argument_bytes=int(memory.argument_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),
         alias_bytes=int(memory.alias_size_in_bytes), temp_bytes=int(memory.temp_size_in_bytes),
-        model_flops=_matmul_flops(graph), collectives=collectives.collectives(module, mesh_axes),
+        model_flops=_matmul_flops(graph), collectives=collectives.collectives(module, mesh_axes, _narrow_bits(graph)),
         compile_s=compile_s, ops=len(graph.nodes))
 
 

@@ -25,6 +25,8 @@ class Traced(BaseModel):
     bytes_accessed: float
     dot_bytes: float
     attention_bytes: float = 0.0  # bytes the attention lowering's non-dot ops move (on chip in a flash kernel)
+    convert_bytes: float = 0.0  # bytes of XLA:CPU's float-width conversions (bf16 computed in f32; none on a TPU)
+    collective_bytes: float = 0.0  # bytes of the collectives' buffers (costed over ICI, not as HBM traffic)
     argument_bytes: int
     output_bytes: int
     alias_bytes: int
