@@ -26,7 +26,10 @@ def parse():
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--experts", type=int, default=0)
     p.add_argument("--top-k", type=int, default=2)
-    p.add_argument("--remat", action="store_true", help="checkpoint every decoder layer (MaxText remat_policy=full)")
+    p.add_argument("--remat", choices=("none", "full", "qkv", "minimal"), default="none", nargs="?", const="full",
+                   help="activation checkpointing as MaxText's remat_policy: full (every decoder layer; --remat alone), "
+                        "qkv (custom: the layer input and q/k/v projections kept, the rest recomputed), minimal (the "
+                        "projections kept, attention recomputed), none")
     p.add_argument("--steps", type=int, default=4)
     return p.parse_args()
 
@@ -57,6 +60,42 @@ class DenseMoE(nn.Module):
         return torch.einsum("becs,bech->bsh", dispatch, out) * weights.sum(-1, keepdim=True)
 
 
+def _checkpointed(layer, policy: str):
+    """A decoder layer's forward with part of it recomputed in backward, as MaxText's remat policies do.
+
+    qkv: MaxText's `custom` policy with decoder_layer_input, query_proj, key_proj, value_proj (and out_proj)
+    offloaded or kept: everything after the q/k/v projections (attention, o_proj, the MLP) is recomputed; the
+    normed input stays saved here as the projections' input (MaxText recomputes that norm).
+    minimal: `checkpoint_dots_with_no_batch_dims`: every projection's output kept, the attention core (a dot with
+    batch dims, the splash kernel) recomputed."""
+    from torch.utils.checkpoint import checkpoint
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    attn = layer.self_attn
+
+    def core(q, k, v, cos, sin):
+        shape = (*q.shape[:-1], -1, attn.head_dim)
+        q, k, v = (x.view(shape).transpose(1, 2) for x in (q, k, v))
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=attn.scaling, enable_gqa=True)
+        return out.transpose(1, 2).reshape(*out.shape[:1], out.shape[2], -1)
+
+    def rest(residual, q, k, v, cos, sin):
+        x = residual + attn.o_proj(core(q, k, v, cos, sin))
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    def forward(hidden_states, *args, position_embeddings=None, **kwargs):
+        cos, sin = position_embeddings
+        h = layer.input_layernorm(hidden_states)
+        q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+        if policy == "qkv":
+            return checkpoint(rest, hidden_states, q, k, v, cos, sin, use_reentrant=False)
+        x = hidden_states + attn.o_proj(checkpoint(core, q, k, v, cos, sin, use_reentrant=False))
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    return forward
+
+
 def build(a):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -68,8 +107,11 @@ def build(a):
         if a.experts:
             for layer in model.model.layers:
                 layer.mlp = DenseMoE(a.hidden, a.mlp, a.experts, a.top_k).to(torch.bfloat16)
-    if a.remat:
+    if a.remat == "full":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif a.remat in ("qkv", "minimal"):
+        for layer in model.model.layers:
+            layer.forward = _checkpointed(layer, a.remat)
     return model
 
 

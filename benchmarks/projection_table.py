@@ -43,22 +43,33 @@ def maxtext(scale: int) -> list[str]:
 
 LLAMA31_8B = ["--hidden", "4096", "--heads", "32", "--kv-heads", "8", "--mlp", "14336", "--layers", "32",
               "--vocab", "128256"]
+LLAMA31_70B = ["--hidden", "8192", "--heads", "64", "--kv-heads", "8", "--mlp", "28672", "--layers", "80",
+               "--vocab", "128256"]
+RECIPE_70B = ("https://github.com/AI-Hypercomputer/tpu-recipes/tree/main/training/trillium/Llama3.1-70B-MaxText "
+              "(MaxText@tpu-recipes-v0.1.4 llama3_1_70b_8192: per_device_batch_size 5; its log: 462.297 TFLOP/s/device)")
 
-# name, role, slice, mesh, model args, per-chip batch, seq, remat, published MFU, source (config file)
+# name, role, slice, mesh, model args, per-chip batch, seq, remat (projection_model.py --remat: MaxText's
+# remat_policy full -> full, minimal and minimal_offloaded -> minimal, custom keeping the layer input and q/k/v
+# -> qkv), published MFU, source (config file)
 ROWS = [
-    ("maxtext-32b-v5e", "fit", "v5e-256", {"fsdp": 256}, maxtext(32), 4, 2048, True, 66.86, V5E + "; configs/v5e/32b.sh"),
-    ("maxtext-16b-v5e", "check", "v5e-256", {"fsdp": 256}, maxtext(16), 6, 2048, True, 61.10, V5E + "; configs/v5e/16b.sh"),
-    ("maxtext-64b-v5e", "check", "v5e-256", {"fsdp": 256}, maxtext(64), 2, 2048, True, 59.90, V5E + "; configs/v5e/64b.sh"),
-    ("maxtext-128b-v5e", "check", "v5e-256", {"fsdp": 16, "tensor": 16}, maxtext(128), 1, 2048, False, 56.06,
-     V5E + "; configs/v5e/128b.sh"),
-    ("maxtext-32b-v5p", "fit", "v5p-128", {"fsdp": 16, "tensor": 4}, maxtext(32), 6, 2048, False, 71.47,
+    ("maxtext-32b-v5e", "fit", "v5e-256", {"fsdp": 256}, maxtext(32), 4, 2048, "full", 66.86,
+     V5E + "; configs/v5e/32b.sh"),
+    ("maxtext-16b-v5e", "check", "v5e-256", {"fsdp": 256}, maxtext(16), 6, 2048, "full", 61.10,
+     V5E + "; configs/v5e/16b.sh"),
+    ("maxtext-64b-v5e", "check", "v5e-256", {"fsdp": 256}, maxtext(64), 2, 2048, "full", 59.90,
+     V5E + "; configs/v5e/64b.sh"),
+    ("maxtext-128b-v5e", "check", "v5e-256", {"fsdp": 16, "tensor": 16}, maxtext(128), 1, 2048, "minimal", 56.06,
+     V5E + "; configs/v5e/128b.sh (minimal_offloaded)"),
+    ("maxtext-32b-v5p", "fit", "v5p-128", {"fsdp": 16, "tensor": 4}, maxtext(32), 6, 2048, "minimal", 71.47,
      V5P + "; configs/v5p/32b.sh"),
-    ("maxtext-64b-v5p", "check", "v5p-128", {"fsdp": 16, "tensor": 4}, maxtext(64), 3, 2048, False, 70.31,
+    ("maxtext-64b-v5p", "check", "v5p-128", {"fsdp": 16, "tensor": 4}, maxtext(64), 3, 2048, "minimal", 70.31,
      V5P + "; configs/v5p/64b.sh"),
-    ("maxtext-128b-v5p", "check", "v5p-256", {"fsdp": 16, "tensor": 8}, maxtext(128), 1, 2048, False, 68.68,
+    ("maxtext-128b-v5p", "check", "v5p-256", {"fsdp": 16, "tensor": 8}, maxtext(128), 1, 2048, "minimal", 68.68,
      V5P + "; configs/v5p/128b.sh"),
-    ("llama3.1-8b-v6e", "fit", "v6e-256", {"fsdp": 256}, LLAMA31_8B, 4, 8192, False, 45.46,
-     V6E + "; benchmarks/maxtext_trillium_model_configs.py llama3_1_8b_8192"),
+    ("llama3.1-8b-v6e", "fit", "v6e-256", {"fsdp": 256}, LLAMA31_8B, 4, 8192, "qkv", 45.46,
+     V6E + "; benchmarks/maxtext_trillium_model_configs.py llama3_1_8b_8192 (remat custom)"),
+    ("llama3.1-70b-v6e", "check", "v6e-256", {"fsdp": 256}, LLAMA31_70B, 5, 8192, "qkv", 50.33,
+     V6E + "; " + RECIPE_70B),
 ]
 
 
@@ -69,7 +80,7 @@ def partitioned(row, cache: Path) -> tuple[Partitioned, float]:
         data = json.loads(path.read_text())
         return Partitioned.model_validate(data["partitioned"]), data["wall_s"]
     sl = slices.parse(target)
-    args = [*model, "--batch", str(per_chip * sl.chips), "--seq", str(seq)] + (["--remat"] if remat else [])
+    args = [*model, "--batch", str(per_chip * sl.chips), "--seq", str(seq), "--remat", remat]
     t0 = time.perf_counter()
     part = run.partition(MODEL, args, sl, mesh)
     wall = time.perf_counter() - t0
@@ -119,7 +130,7 @@ def main() -> int:
         if role == "check":
             errors.append(abs(err))
         print(f"| {name} | {role} | {target} | {','.join(f'{k}={v}' for k, v in mesh.items())} | {per_chip} x {seq} | "
-              f"{'full' if remat else 'none'} | {proj.mfu * 100:.1f}% | {published:.2f}% | {err:+.1f} | "
+              f"{remat} | {proj.mfu * 100:.1f}% | {published:.2f}% | {err:+.1f} | "
               f"{'yes' if proj.fits else 'no'} ({proj.hbm_bytes_per_chip / 2**30:.1f} GiB) | {wall:.0f} s | {source} |")
     print()
     print("fitted MXU efficiency per generation: " + ", ".join(f"{g} {fitted[g]:.3f}" for g in sorted(
