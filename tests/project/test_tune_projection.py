@@ -65,6 +65,14 @@ def test_the_budget_bounds_the_projections_and_none_fitting_chooses_none():
     assert any("stopped at its budget of 3" in n for n in ranking.notes)
 
 
+def test_a_round_the_budget_cuts_short_is_said():
+    """The best plan so far is the start, and the budget ends among its neighbours: the search says so."""
+    project, asked = _table_projector({((("fsdp", 4),), None, False): (0.001, 1e9)})
+    ranking = rank.rank(slices.parse("v6e-4"), project, tensor_dims=[64], script_batch=8, budget=3)
+    assert ranking.projections == 3 == len(asked) and ranking.after.plan.per_chip_batch == 2
+    assert any("left unprojected" in n for n in ranking.notes), ranking.notes
+
+
 def test_meshes_are_every_factorisation_the_dims_allow():
     assert rank.meshes(8, None) == [{"fsdp": 8}, {"data": 2, "fsdp": 4}, {"data": 4, "fsdp": 2}, {"data": 8}]
     tensor = {m.get("tensor", 1) for m in rank.meshes(8, [64, 32, 128])}

@@ -216,13 +216,14 @@ def rank(sl: Slice, project: Projector, tensor_dims: list[int] | None = None, sc
             break  # the best plan, and every plan faster than it that does not fit, expanded
         expanded.add(current.key())
         todo = [plan for plan in neighbours(current, allowed, blocks) if plan.key() not in done]
-        if todo and spent >= budget:
-            notes.append(f"the search stopped at its budget of {budget} projections")
-            break
-        for plan in todo[:budget - spent]:
+        for plan in todo[:max(budget - spent, 0)]:
             done[plan.key()], _ = project(plan)
             spent += 1
             say(f"projection ({label}): {plan.describe()}: {_short(done[plan.key()])}")
+        if any(plan.key() not in done for plan in todo):
+            notes.append(f"the search stopped at its budget of {budget} projections, plans next to "
+                         f"{current.describe()} left unprojected")
+            break
     if not blocks:
         notes.append("no repeated blocks found: checkpointing not searched")
     if tensor_dims is None:
@@ -248,12 +249,22 @@ def _next_to_expand(done: list[ProjectedPlan], expanded: set[tuple]) -> SlicePla
     return min(ahead, key=_cost).plan if ahead else None
 
 
+def size_text(n: float | None) -> str:
+    if n is None:
+        return "-"
+    return f"{n / 2**30:.3g} GiB" if n >= 2**30 else f"{n / 2**20:.3g} MiB"
+
+
+def mfu_text(mfu: float | None) -> str:
+    return "-" if mfu is None else f"{mfu * 100:.3g}%"
+
+
 def _short(p: ProjectedPlan) -> str:
     if p.error is not None:
         return f"failed: {p.error}"
     per = f", {p.time_per_sample_s * 1e3:.4g} ms per sample" if p.time_per_sample_s is not None else ""
-    return (f"step {p.step_s * 1e3:.4g} ms{per}, MFU {p.mfu:.1%}, {p.memory_per_chip_bytes / 2**30:.3g} GiB per chip "
-            f"({'fits' if p.fits else 'does not fit'})")
+    return (f"step {p.step_s * 1e3:.4g} ms{per}, MFU {mfu_text(p.mfu)}, {size_text(p.memory_per_chip_bytes)} per "
+            f"chip ({'fits' if p.fits else 'does not fit'})")
 
 
 def tensor_dims(modules) -> list[int] | None:

@@ -3,15 +3,9 @@
 
 from __future__ import annotations
 
-from tpu_agent.project.rank import ProjectedPlan, SliceRanking
+from tpu_agent.project.rank import ProjectedPlan, SliceRanking, mfu_text, size_text
 
 SHOWN = 12  # rows of the ranking table
-
-
-def _gib(n: float | None) -> str:
-    if n is None:
-        return "-"
-    return f"{n / 2**30:.3g} GiB" if n >= 2**30 else f"{n / 2**20:.3g} MiB"
 
 
 def _ms(t: float | None) -> str:
@@ -21,11 +15,11 @@ def _ms(t: float | None) -> str:
 def _memory(p: ProjectedPlan) -> str:
     if p.memory_per_chip_bytes is None:
         return "-"
-    return f"{_gib(p.memory_per_chip_bytes)} of {_gib(p.hbm_bytes)} ({'fits' if p.fits else 'does not fit'})"
+    return f"{size_text(p.memory_per_chip_bytes)} of {size_text(p.hbm_bytes)} ({'fits' if p.fits else 'does not fit'})"
 
 
 def _mfu(p: ProjectedPlan | None) -> str:
-    return "-" if p is None or p.mfu is None else f"{p.mfu * 100:.3g}%"
+    return mfu_text(p.mfu if p is not None else None)
 
 
 def section(r: SliceRanking) -> list[str]:
@@ -67,7 +61,7 @@ def console_line(r: SliceRanking) -> str:
     if r.after is None:
         return f"{label_of(r)}: no plan projected fits in HBM per chip ({r.projections} projected)"
     return (f"{label_of(r)} (not verified): {r.after.plan.describe()}: MFU {_mfu(r.before)} as written -> "
-            f"{_mfu(r.after)}, {_gib(r.after.memory_per_chip_bytes)} per chip ({r.projections} of {r.candidates} "
+            f"{_mfu(r.after)}, {size_text(r.after.memory_per_chip_bytes)} per chip ({r.projections} of {r.candidates} "
             "plans projected)")
 
 
