@@ -73,6 +73,20 @@ def test_a_round_the_budget_cuts_short_is_said():
     assert any("left unprojected" in n for n in ranking.notes), ranking.notes
 
 
+def test_a_script_whose_batch_cannot_change_is_ranked_at_its_own_batch():
+    project, asked = _table_projector({})
+
+    def fixed_batch(plan):
+        if plan.per_chip_batch is not None:
+            return ProjectedPlan(plan=plan, error="--per-chip-batch 1: the script's batch cannot be changed (...)"), 4
+        return project(plan)
+
+    ranking = rank.rank(slices.parse("v6e-4"), fixed_batch, tensor_dims=[64], script_batch=None, budget=10)
+    assert {p.plan.per_chip_batch for p in ranking.ranked} == {None} and len(ranking.ranked) >= 3
+    assert ranking.after is not None and any("batch cannot be changed" in n for n in ranking.notes)
+    assert ranking.candidates == ranking.meshes * 2  # no batches: meshes x checkpointing
+
+
 def test_meshes_are_every_factorisation_the_dims_allow():
     assert rank.meshes(8, None) == [{"fsdp": 8}, {"data": 2, "fsdp": 4}, {"data": 4, "fsdp": 2}, {"data": 8}]
     tensor = {m.get("tensor", 1) for m in rank.meshes(8, [64, 32, 128])}
