@@ -78,7 +78,7 @@ class CollectiveWatch:
 
 
 def rank_profile(rank: int, steps: list[Step], per_step: list[dict], *, status: str, exit_code: int | None,
-                 live_peak: int | None, xla_peak: int | None, untimed: int) -> RankProfile:
+                 live_peak: int | None, xla_peak: int | None, runtime_peak: int | None, untimed: int) -> RankProfile:
     """One rank's figures over the steps the step statistics cover (`per_step[i]`: what step i+1 ran)."""
     from .analysis import percentile, step_stats, steady_steps  # the child's side: the device is loaded there
 
@@ -102,7 +102,8 @@ def rank_profile(rank: int, steps: list[Step], per_step: list[dict], *, status: 
         comm_s_per_step=sum(comm) / n if n else None,
         comm_share=sum(comm) / wall if wall > 0 else None,
         compute_s_per_step=percentile([st.wall_s - c for st, c in zip(chosen, comm)], 0.5) if n else None,
-        live_peak_bytes=live_peak, xla_peak_bytes=xla_peak, collectives=collectives, untimed_collectives=untimed,
+        live_peak_bytes=live_peak, xla_peak_bytes=xla_peak, runtime_peak_bytes=runtime_peak, collectives=collectives,
+        untimed_collectives=untimed,
     )
 
 

@@ -462,6 +462,8 @@ class RankProfile(BaseModel):
                                              "the step without communication")
     live_peak_bytes: int | None = Field(None, description="measured: most device bytes alive at a step boundary")
     xla_peak_bytes: int | None = Field(None, description="largest peak of its executables (XLA memory analysis)")
+    runtime_peak_bytes: int | None = Field(None, description="measured: the runtime's peak_bytes_in_use, where its "
+                                           "memory_stats() has it (TPU, GPU; not the CPU)")
     collectives: list[CollectiveStat] = Field(default_factory=list)
     untimed_collectives: int = Field(0, description="collectives met inside a traced program, not timed")
 

@@ -428,7 +428,9 @@ class Session:
         watch = self.collectives
         entry = rank_profile(self.launch.rank, profile.steps.items, self.data.collective_steps, status=profile.status,
                              exit_code=profile.exit_code, live_peak=profile.memory.live_peak_bytes,
-                             xla_peak=profile.memory.xla_peak_bytes, untimed=watch.untimed if watch else 0)
+                             xla_peak=profile.memory.xla_peak_bytes,
+                             runtime_peak=profile.memory.device_stats.get("peak_bytes_in_use"),
+                             untimed=watch.untimed if watch else 0)
         return Distributed(world_size=self.launch.world_size, ranks=[entry], method=METHOD)
 
     def _close_measurement(self) -> None:
