@@ -98,3 +98,39 @@ def test_profile_nproc_0_or_with_devices_is_one_line_and_exit_2(tmp_path):
         assert proc.returncode == 2, proc.stderr
         assert "--nproc" in one_error_line(proc)
     assert not (tmp_path / ".tpu-agent").exists()
+
+
+def _rank_profile(tmp_path, rank: int, step_s: float, comm_s: float):
+    """A rank's own profile as its session writes it, with one measured step."""
+    from datetime import datetime, timezone
+
+    from tpu_agent.profilers.ranks import rank_dir
+    from tpu_agent.profilers.schema import (CollectiveStat, Distributed, Profile, RankProfile, Settings, Steps,
+                                            StepStats, write_profile)
+
+    stats = StepStats(count=1, median_s=step_s, p10_s=step_s, p90_s=step_s, mean_s=step_s, basis="one step")
+    reduce = CollectiveStat(op="all_reduce", ranks=[0, 1, 2], count=1, calls_per_step=1, bytes=8, bytes_per_call=8,
+                            bytes_per_step=8, time_s=comm_s, time_per_step_s=comm_s)
+    entry = RankProfile(rank=rank, status="complete", exit_code=0, step_time=stats, comm_s_per_step=comm_s,
+                        comm_share=comm_s / step_s, compute_s_per_step=step_s - comm_s, collectives=[reduce])
+    prof = Profile(status="complete", exit_code=0, created_at=datetime.now(timezone.utc), script="train.py", args=[],
+                   cwd=str(tmp_path), run_dir=str(rank_dir(tmp_path, rank)), settings=Settings(), mode_used="fused",
+                   steps=Steps(markers=["optimizer"], stats=stats),
+                   distributed=Distributed(world_size=3, ranks=[entry]))
+    rank_dir(tmp_path, rank).mkdir(parents=True)
+    write_profile(prof, rank_dir(tmp_path, rank) / "profile.json")
+
+
+def test_gather_names_the_missing_rank_and_the_slowest_by_its_time_outside_collectives(tmp_path):
+    """Rank 0's step is the longest on the wall, but it spent it waiting in its collective: rank 1 is slowest."""
+    from tpu_agent.profilers.ranks import gather
+
+    _rank_profile(tmp_path, 0, step_s=0.30, comm_s=0.20)
+    _rank_profile(tmp_path, 1, step_s=0.25, comm_s=0.01)
+    merged = gather(tmp_path, 3, exit_code=1)
+    d = merged.distributed
+    assert [r.rank for r in d.ranks] == [0, 1] and d.missing_ranks == [2]
+    assert d.slowest_rank.rank == 1 and d.slowest_rank.spread == pytest.approx(0.24 / 0.10 - 1)
+    assert d.step_time_s == 0.30 and d.comm_share == pytest.approx((0.20 / 0.30 + 0.01 / 0.25) / 2)
+    assert merged.status == "failed" and merged.exit_code == 1
+    assert any("rank(s) 2 wrote no profile" in n for n in merged.notes)
