@@ -19,6 +19,7 @@ one that is faster than the best that fits (checkpointing next to it may make it
 from __future__ import annotations
 
 import math
+import subprocess
 import time
 from pathlib import Path
 from typing import Callable
@@ -32,6 +33,7 @@ from .slices import Slice
 AXES = ("data", "fsdp", "tensor")  # outermost first: the tensor axis on the nearest chips (mesh row-major over ids)
 MAX_PROJECTIONS = 10  # the before plan included
 MAX_PER_CHIP_BATCH = 64
+PROJECTION_TIMEOUT_S = 900.0  # one projection of an 8B model takes about 2 minutes here; past this it is a failure
 CHECKPOINTED = str(Path(__file__).with_name("checkpointed.py"))
 
 
@@ -171,9 +173,13 @@ def projector(script: str, args: list[str], sl: Slice, script_batch: int | None 
         dp = run.data_parallel(plan.mesh)
         batch = plan.per_chip_batch * dp if plan.per_chip_batch is not None else script_batch
         try:
-            partitioned, p = run.project(ran, ran_args, sl, plan.mesh, per_chip_batch=plan.per_chip_batch)
+            partitioned, p = run.project(ran, ran_args, sl, plan.mesh, per_chip_batch=plan.per_chip_batch,
+                                         timeout=PROJECTION_TIMEOUT_S)
         except TpuAgentError as exc:
             return ProjectedPlan(plan=plan, global_batch=batch, error=str(exc).splitlines()[0][:300]), None
+        except subprocess.TimeoutExpired:
+            return ProjectedPlan(plan=plan, global_batch=batch,
+                                 error=f"the projection ran past {PROJECTION_TIMEOUT_S:.0f} s and was stopped"), None
         return ProjectedPlan(
             plan=plan, global_batch=batch, step_s=p.step_s, time_per_sample_s=p.step_s / batch if batch else None,
             mfu=p.mfu, memory_per_chip_bytes=p.hbm_bytes_per_chip, hbm_bytes=p.hbm_capacity, fits=p.fits,
