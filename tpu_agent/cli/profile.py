@@ -144,7 +144,7 @@ def profile_script(
         )
     except OSError as exc:
         raise TpuAgentError(f"could not start the run: {exc}") from None
-    if nproc > 1 and not result.timed_out:
+    if nproc > 1:  # after a timeout too: the ranks' partial profiles, as a single run keeps its own
         _gather_ranks(Path(result.run_dir), nproc, result.exit_code)
 
     if result.timed_out:

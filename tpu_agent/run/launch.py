@@ -27,6 +27,10 @@ from tpu_agent.paths import new_run_dir, write_atomic
 SCHEMA_VERSION = 1
 RUN_DIR_ENV = envvars.RUN_DIR.name  # tells the child (and its hooks) where to write
 RESULT_FILE = "run.json"
+# Past a deadline the launcher of N ranks gets longer than a child to stop: it gives its ranks (each in a session
+# of its own, out of our reach) up to 30 s after its SIGTERM before it SIGKILLs them; killed sooner, it leaves
+# them running.
+LAUNCHER_GRACE_S = 40.0
 
 
 class RunResult(BaseModel):
@@ -74,7 +78,8 @@ def launch(script: str | Path, args: Sequence[str], *, env: Mapping[str, str], c
                             stderr=stderr, pass_fds=tuple(pass_fds), start_new_session=new_session)
 
 
-def _wait(proc: subprocess.Popen[bytes], deadline: Callable[[], float] | None = None) -> tuple[int, bool, bool]:
+def _wait(proc: subprocess.Popen[bytes], deadline: Callable[[], float] | None = None,
+          grace: float = 5.0) -> tuple[int, bool, bool]:
     """Wait for the child, letting it handle Ctrl-C; pass SIGTERM and SIGHUP on to it (the child stops as it
     would have, and the wait ends as interrupted, the signal remembered for our exit code: 128 + N); stop it past
     `deadline()` (a monotonic time, asked again each time round). (exit status, timed out, interrupted)."""
@@ -99,7 +104,7 @@ def _wait(proc: subprocess.Popen[bytes], deadline: Callable[[], float] | None = 
                 if left > 0:
                     return proc.wait(timeout=min(left, 1.0)), False, ctrl_c > 0 or bool(signalled)
                 timed_out = True
-                _stop(proc)
+                _stop(proc, grace)
             except subprocess.TimeoutExpired:
                 continue
             except KeyboardInterrupt:
@@ -165,7 +170,7 @@ def run_script(
     proc = launch(script, args, env=child_env, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=pass_fds,
                   nproc=nproc)
     with monitor(proc) if monitor is not None else nullcontext():
-        returncode, timed_out, interrupted = _wait(proc, deadline)
+        returncode, timed_out, interrupted = _wait(proc, deadline, LAUNCHER_GRACE_S if nproc > 1 else 5.0)
     duration = time.perf_counter() - t0
 
     sig = -returncode if returncode < 0 else None
