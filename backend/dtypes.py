@@ -26,6 +26,10 @@ _TORCH_TO_JAX = {
     torch.int16: jnp.int16,
     torch.int8: jnp.int8,
     torch.uint8: jnp.uint8,
+    # PyTorch's shell dtypes (few ops): flash attention's rng_state is uint64 (varlen_attn makes one on the device)
+    torch.uint16: jnp.uint16,
+    torch.uint32: jnp.uint32,
+    torch.uint64: jnp.uint64,
     torch.bool: jnp.bool_,
     torch.complex64: jnp.complex64,
     torch.complex128: jnp.complex128,

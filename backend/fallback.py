@@ -32,11 +32,16 @@ def decompose(func, args, kwargs):
         # A library's own op with a kernel for devices like ours (FSDP2's fsdp.all_gather_copy_in,
         # split_with_sizes_copy, chunk_cat): that kernel, written in torch ops, runs them here.
         return func._op_dk(_PRIVATE_USE1, *args, **kwargs)
+    if func.namespace not in _OWN_NAMESPACES and func.has_kernel_for_dispatch_key(_EXPLICIT):
+        # A custom op whose one kernel is for every device (torch.library.custom_op without device_types:
+        # varlen_attn's torch_attn._varlen_attn): that kernel, in aten ops we lower.
+        return func._op_dk(_EXPLICIT, *args, **kwargs)
     return NotImplemented
 
 
 _OWN_NAMESPACES = ("aten", "prims", "c10d", "_c10d_functional")
 _PRIVATE_USE1 = torch._C.DispatchKey.PrivateUse1
+_EXPLICIT = torch._C.DispatchKey.CompositeExplicitAutograd
 
 
 def _describe(x) -> str:

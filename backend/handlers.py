@@ -26,12 +26,20 @@ def _device(x):
     return DEVICE
 
 
-@handler(aten._local_scalar_dense.default)
+@handler(aten._local_scalar_dense.default, aten.item.default)  # item: bool(t)'s decomposition (DTensor's RNG check)
 def _item(x):
     value = materialize(x, "Tensor.item()")
     STATS.d2h_count += 1
     STATS.d2h_bytes += value.dtype.itemsize * value.size
     return jax.device_get(value).item()
+
+
+@handler(aten._assert_async.default, aten._assert_async.msg)
+def _assert_async(x, assert_msg="Expected Tensor with single nonzero value, but got zero"):
+    """CUDA checks later, at a kernel launch; here the value is read now (a sync point: TorchTitan's RoPE
+    position check, once per layer and step)."""
+    if not _item(x):
+        raise RuntimeError(assert_msg)
 
 
 @handler(aten.is_pinned.default)

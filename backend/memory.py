@@ -17,7 +17,7 @@ _PEAK = {"allocated": 0, "reserved": 0}
 def _device():
     import jax
 
-    return jax.devices()[0]
+    return jax.local_devices()[0]  # this process's: in a multi-process job devices()[0] is rank 0's
 
 
 def _current() -> tuple[int, int, int | None]:

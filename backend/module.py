@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import struct
 import sys
 from collections import namedtuple
 
@@ -217,13 +218,15 @@ def initial_seed() -> int:
 
 
 def get_rng_state(device=None) -> torch.Tensor:
+    """16 bytes, seed then counter (uint64, little-endian): CUDA's Philox layout, which DTensor's RNG tracker
+    (FSDP2 and TorchTitan's parameter init) reads and moves the offset of."""
     seed_value, counter = RNG.get_state()
-    return torch.tensor([seed_value & 0x7FFFFFFFFFFFFFFF, seed_value >> 63, counter], dtype=torch.int64)
+    return torch.tensor(list(struct.pack("<QQ", seed_value, counter)), dtype=torch.uint8)
 
 
 def set_rng_state(new_state: torch.Tensor, device=None) -> None:
-    low, high, counter = (int(v) for v in new_state.tolist())
-    RNG.set_state(low | (high << 63), counter)
+    seed_value, counter = struct.unpack("<QQ", bytes(new_state.to("cpu", torch.uint8).tolist()))
+    RNG.set_state(seed_value, counter)
 
 
 def get_rng_state_all() -> list[torch.Tensor]:

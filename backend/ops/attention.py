@@ -121,3 +121,59 @@ def attention_backward(grad_out, query, key, value, attn_bias, grad_input_mask, 
     elif not float_bias or not grad_input_mask[3]:
         dbias = jnp.zeros(attn_bias.shape, attn_bias.dtype)
     return dq, dk, dv, dbias
+
+
+def _packed_mask(cum_seq_q, cum_seq_k, total_q, total_k, left, right):
+    """[Tq, Tk] True where a query may see a key: the same packed sequence, inside the window (flash
+    attention's bottom-right alignment when a sequence's query and key lengths differ; -1 is unbounded)."""
+    iq, ik = jnp.arange(total_q), jnp.arange(total_k)
+    seq_q = jnp.searchsorted(cum_seq_q[1:], iq, side="right")
+    seq_k = jnp.searchsorted(cum_seq_k[1:], ik, side="right")
+    pos_q = iq - cum_seq_q[seq_q]
+    # The key position a query lines up with: its own plus (key length - query length) of its sequence.
+    shift = (cum_seq_k[seq_q + 1] - cum_seq_k[seq_q]) - (cum_seq_q[seq_q + 1] - cum_seq_q[seq_q])
+    diag = (pos_q + shift)[:, None]
+    pos_k = (ik - cum_seq_k[seq_k])[None, :]
+    mask = seq_q[:, None] == seq_k[None, :]
+    if right >= 0:
+        mask &= pos_k <= diag + right
+    if left >= 0:
+        mask &= pos_k >= diag - left
+    return mask
+
+
+def _varlen(q, k, v, cum_seq_q, cum_seq_k, is_causal, scale, left, right):
+    """Packed [T, N, H] attention as one batch of T: out [Tq, N, Hv] and logsumexp [N, Tq]."""
+    left = -1 if left is None else left
+    right = 0 if is_causal else (-1 if right is None else right)
+    mask = _packed_mask(cum_seq_q, cum_seq_k, q.shape[0], k.shape[0], left, right)
+    q4, k4, v4 = (x.transpose(1, 0, 2)[None] for x in (q, k, v))
+    out, lse = _attend(q4, k4, v4, mask, 0.0, False, _scale(q4, scale), None)
+    return out[0].transpose(1, 0, 2), lse[0]
+
+
+@lower(aten._flash_attention_forward.default, static_floats=True)
+def flash_attention_varlen(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+                           return_debug_mask, *, scale=None, window_size_left=None, window_size_right=None,
+                           seqused_k=None, alibi_slopes=None, block_table=None, num_splits=None):
+    """Flash attention's packed form (`torch.nn.attention.varlen_attn`, TorchTitan's varlen backend): sequences
+    of any lengths side by side in [T, N, H], bounded by the cumulative lengths `cum_seq_q`/`cum_seq_k`."""
+    if cum_seq_q is None or dropout_p > 0 or return_debug_mask or seqused_k is not None \
+            or alibi_slopes is not None or block_table is not None:
+        raise NotImplementedError("_flash_attention_forward on tpu: only the packed (cum_seq) form without "
+                                  "dropout, alibi, paged keys or debug mask")
+    out, lse = _varlen(query, key, value, cum_seq_q, cum_seq_k, is_causal, scale, window_size_left,
+                       window_size_right)
+    return (out, lse, jnp.zeros((2,), jnp.uint64), jnp.zeros((), jnp.uint64),
+            jnp.zeros((0,), query.dtype))
+
+
+@lower(aten._flash_attention_backward.default, static_floats=True)
+def flash_attention_varlen_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+                                    dropout_p, is_causal, rng_state, unused, *, scale=None, window_size_left=None,
+                                    window_size_right=None):
+    def forward(q, k, v):
+        return _varlen(q, k, v, cum_seq_q, cum_seq_k, is_causal, scale, window_size_left, window_size_right)[0]
+
+    _, pullback = jax.vjp(forward, query, key, value)
+    return pullback(grad_out)
