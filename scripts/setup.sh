@@ -74,8 +74,9 @@ else
   "$PY" -m pip install "$TORCH_SPEC"
 fi
 
-# The test extra brings the hf extra (transformers, accelerate: Trainer and Accelerate scripts).
-say "installing tpu-agent (editable) with the test extra (and the hf extra it includes)"
-"$PY" -m pip install -e '.[test]'
+# The test extra brings the hf extra (transformers, accelerate: Trainer and Accelerate scripts); the titan extra,
+# TorchTitan for tests/distributed/test_torchtitan.py (about 50 s more on a first install).
+say "installing tpu-agent (editable) with the test extra (and the hf extra it includes) and the titan extra"
+"$PY" -m pip install -e '.[test,titan]'
 echo "$want" > "$STAMP"
 say "done: $VENV/bin/tpu-agent"

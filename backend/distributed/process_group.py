@@ -64,6 +64,13 @@ def _reduce_op(opts) -> str:
     return reduce_op_name(opts.reduceOp if opts is not None else ReduceOp.SUM)
 
 
+def _premul_factor(opts):
+    """PREMUL_SUM's factor (each rank's input times it, then summed), else None. FSDP2 reduce-scatters with
+    PREMUL_SUM(1 / factor) when a gradient divide factor is set: TorchTitan sets 1.0."""
+    op = opts.reduceOp if opts is not None else None
+    return op.factor if getattr(op, "op", None) == ReduceOp.RedOpType.PREMUL_SUM else None
+
+
 def _on_tpu(tensors) -> bool:
     return bool(tensors) and tensors[0].device.type == DEVICE_TYPE
 
@@ -107,8 +114,11 @@ class TpuProcessGroup(ProcessGroup):
             tensors = [tensors]
         if not _on_tpu(tensors):
             return self._gloo_does("allreduce", tensors, opts=opts)
-        op = _reduce_op(opts)
+        factor = _premul_factor(opts)
+        op = "sum" if factor is not None else _reduce_op(opts)
         for t in tensors:
+            if factor is not None and factor != 1:
+                t.mul_(factor)
             self._ops.all_reduce_(t, self.ranks, op)
         return _completed(tensors)
 
@@ -139,7 +149,11 @@ class TpuProcessGroup(ProcessGroup):
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
         if not _on_tpu([input]):
             return self._gloo_does("_reduce_scatter_base", output, input, opts=opts)
-        self._ops.reduce_scatter_into(output, input, self.ranks, _reduce_op(opts))
+        factor = _premul_factor(opts)
+        if factor is not None:
+            self._ops.reduce_scatter_into(output, input * factor if factor != 1 else input, self.ranks, "sum")
+        else:
+            self._ops.reduce_scatter_into(output, input, self.ranks, _reduce_op(opts))
         return _completed([output])
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
@@ -224,6 +238,10 @@ def register() -> None:
         return
     dist.Backend.register_backend(NAME, create, extended_api=True, devices=[DEVICE_TYPE])
     _no_backend_named_means_tpu()
+    if not hasattr(dist, "set_timeout"):
+        # PyTorch after 2.13's public name for _set_pg_timeout: TorchTitan 0.3.0 calls it after its first step
+        # (on any device); 2.13 has only the private one. It sets the gloo half of a tpu group's timeout.
+        dist.set_timeout = dist.distributed_c10d._set_pg_timeout
 
 
 def _no_backend_named_means_tpu() -> None:
