@@ -126,7 +126,9 @@ class TpuTensor(torch.Tensor):
         if type(cache) is Lazy:
             if cache.value is not None:
                 self._cache = cache.value
-            elif cache.node is None:  # a pending read whose graph ran without it: read again
+            elif cache.node is None or cache.node.order < RECORDER.order - RECORDER.since_flush:
+                # A pending read whose graph ran without it, or one recorded before the last flush, which did
+                # not compute it and may have consumed its inputs (their nodes cut): read again.
                 self._cache_version = -1
         if self._cache_version != box.version:
             self._cache = apply_chain(box.array, self._view_chain)

@@ -193,3 +193,18 @@ def test_the_check_against_gloo_flags_a_loss_a_parameter_and_ranks_that_disagree
     assert problems[0].startswith("rank 1:") and " b " in problems[0]
     assert problems[1] == "the ranks' final parameters differ"
     assert check(CASES["fsdp2-bf16-reshard"], [off_param, off_param], [ref, ref]) == []  # 1e-2 for bf16
+
+
+def test_a_view_read_before_a_flush_that_did_not_compute_it_is_read_again():
+    """Fused mode: the DCP resume's bug (FSDP2's `reset_sharded_param` takes `local_tensor.view(-1)` of a
+    parameter `load_state_dict` had just copied a view into). The view of the copied view was recorded on a
+    placeholder that the next flush consumed inside its graph without keeping its value; reading it later
+    failed in the flush ('NoneType' object has no attribute 'inputs'). It now reads its base again."""
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        source = torch.arange(8.0).to("tpu") * 2
+        padded = torch.zeros(8, device="tpu")
+        local = padded[:6]
+        local.copy_(source[1:7])
+        flat = local.view(-1)
+        torch.tpu.synchronize()
+        assert (flat + 1).cpu().tolist() == [3.0, 5.0, 7.0, 9.0, 11.0, 13.0]
