@@ -124,3 +124,13 @@ def test_a_slice_the_generation_does_not_offer_is_one_line_and_exit_2(capsys):
     assert run_cli(["tune", TINY, "--target", "v6e-7"]) == 2
     err = capsys.readouterr().err
     assert err == "error: --target: v6e offers slices of 1, 4, 8, 16, 32, 64, 128, 256 chips, not 7 (got 'v6e-7')\n"
+
+
+def test_a_slice_from_pyproject_is_checked_the_same(tmp_path, capsys):
+    (tmp_path / "pyproject.toml").write_text('[tool.tpu-agent]\ntarget = "v5p-100"\n')
+    script = tmp_path / "train.py"
+    script.write_text(Path(TINY).read_text())
+    assert run_cli(["tune", str(script)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "[tool.tpu-agent] target: v5p offers no slice of 50 chips" in err, err
+    assert "(got 'v5p-100')" in err
