@@ -126,11 +126,15 @@ def build_profile(d: "Collected", run: "RunInfo", exit_code: int, error: str | N
     # ---- FLOPs, peak, MFU
     flops_per_step = sum(i.flops * i.calls_per_step for i in infos)
     bytes_per_step = sum(i.bytes_accessed * i.calls_per_step for i in infos)
-    device = _guarded(notes, "the device", lambda: _device(), None)
+    ranked = run.rank is not None  # one rank of several: its own device; ranks calibrating at once would race
+    device = _guarded(notes, "the device", lambda: _device(local=ranked), None)
     peak = None
     if device is not None:
         peak = _guarded(notes, "the device's peak", lambda: peaks.device_peak(
-            device.platform, device.device_kind, device.count, notes=notes), None)
+            device.platform, device.device_kind, device.count, measure=not ranked, notes=notes), None)
+        if peak is None and ranked and device.platform != "tpu":
+            notes.append("no MFU: this machine's peak is not calibrated yet, and ranks do not calibrate it (they "
+                         "would measure it together); run `tpu-agent doctor --calibrate` once")
     achieved = flops_per_step / stats.median_s if stats and stats.median_s > 0 else None
     check = None
     if d.counter_flops is not None and d.region is not None:
@@ -250,12 +254,13 @@ def _ranges(indices: list[int]) -> str:
     return "steps " + ", ".join(out)
 
 
-def _device() -> Device:
+def _device(local: bool = False) -> Device:
+    """The process's JAX devices; `local`: its own alone (a rank of several: jax.devices() lists every rank's)."""
     import jax
 
     from tpu_agent.backend.generations import current_generation
 
-    devices = jax.devices()
+    devices = jax.local_devices() if local else jax.devices()
     platform = devices[0].platform
     if platform == "tpu":
         gen = peaks.tpu_generation(devices[0].device_kind)

@@ -174,4 +174,7 @@ def gather(run_dir: Path, world_size: int, exit_code: int) -> Profile | None:
                     f"is in {RANKS_DIR}/rank<R>/profile.json"] + notes + merged.notes
     if missing:
         merged.notes.insert(1, f"rank(s) {', '.join(map(str, missing))} wrote no profile")
+    if merged.device is not None and merged.device.platform == "cpu":
+        merged.notes.append(f"the {world_size} ranks share this machine's CPU cores: each rank's MFU is against the "
+                            "whole CPU's peak")
     return merged

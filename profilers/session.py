@@ -59,6 +59,7 @@ class RunInfo:
     script: str
     args: list[str]
     environment: Callable[[], Environment] | None = None  # the `doctor` probe, recorded in the profile
+    rank: int | None = None  # one rank of several (profile --nproc): its own device, no peak calibration
 
 
 @dataclass
@@ -125,7 +126,8 @@ class Session:
             run_dir.mkdir(parents=True, exist_ok=True)
             if settings.trace_dir:
                 settings = settings.model_copy(update={"trace_dir": str(Path(settings.trace_dir) / f"rank{self.launch.rank}")})
-        self.run = RunInfo(settings, run_dir, script, args, environment)
+        self.run = RunInfo(settings, run_dir, script, args, environment,
+                           rank=self.launch.rank if self.launch is not None else None)
         self.settings = settings
         self.run_dir = run_dir
         self.data = Collected()
@@ -484,7 +486,7 @@ class Session:
         except Exception:  # noqa: BLE001
             pass
         try:
-            stats = jax.devices()[0].memory_stats()
+            stats = jax.local_devices()[0].memory_stats()  # this rank's (devices() lists every rank's)
             if stats:
                 d.device_stats = {k: int(v) for k, v in stats.items() if isinstance(v, (int, float))}
         except Exception:  # noqa: BLE001
