@@ -115,6 +115,34 @@ def test_varlen_attention_matches_attention_per_document():
         torch.testing.assert_close(mine.grad.cpu(), theirs.grad, atol=2e-6, rtol=2e-6)
 
 
+PREMUL_SUM = textwrap.dedent("""
+    import torch, torch.distributed as dist
+    from torch.distributed import ReduceOp
+    dist.init_process_group()
+    rank = dist.get_rank()
+    t = torch.tensor([1.0, 2.0], device="tpu") * (rank + 1)
+    dist.all_reduce(t, op=ReduceOp.PREMUL_SUM(0.5))
+    out = torch.empty(2, device="tpu")
+    dist.reduce_scatter_tensor(out, torch.arange(4.0, device="tpu") * (rank + 1), op=ReduceOp.PREMUL_SUM(0.25))
+    open(f"rank{rank}.txt", "w").write(f"{t.tolist()} {out.tolist()}")
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.slow  # torchrun, 2 ranks
+def test_premul_sum_scales_then_sums(tmp_path):
+    """FSDP2 reduce-scatters gradients with ReduceOp.PREMUL_SUM(1 / factor) once a gradient divide factor is
+    set, as TorchTitan does (1.0): each rank's input times the factor, then summed."""
+    from torchtitan.distributed import fsdp
+
+    assert "set_gradient_divide_factor(1.0)" in inspect.getsource(fsdp)
+    (tmp_path / "premul.py").write_text(PREMUL_SUM)
+    proc = run_tool("run", "-q", "--nproc", "2", "premul.py", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "rank0.txt").read_text() == "[1.5, 3.0] [0.0, 0.75]"
+    assert (tmp_path / "rank1.txt").read_text() == "[1.5, 3.0] [1.5, 2.25]"
+
+
 @pytest.mark.slow
 def test_llama3_debug_model_fsdp_2_ranks_matches_1_rank(tmp_path):
     """TorchTitan's train.py: a seed checkpoint (1 rank, CPU init), then 3 steps from it on 1 rank (batch 4)
