@@ -23,6 +23,9 @@ TRAIN = Path(torchtitan.__file__).parent / "train.py"
 CONFIG = ["--module", "llama3", "--config", "llama3_debugmodel_varlen_attn",
           "--parallelism.spmd-backend", "partial_dtensor", "--debug.seed", "0", "--metrics.log-freq", "1"]
 NO_ACTIVATION_CHECKPOINT = "activation-checkpoint:none"  # tyro's subcommand; it goes last
+# Under load a rank still compiling its first step's ops kept its partner in a collective past JAX's gloo timeout
+# (once, load 17): not what is tested, so once more (the cache then holds those programs).
+GLOO_READ_TIMEOUT = "Read timeout"
 _LOSS = re.compile(r"step:\s+(\d+)\s.*?loss:\s+([-\d.]+)")
 
 
@@ -39,8 +42,12 @@ def train(workdir: Path, args: list[str], *, nproc: int = 1, timeout: float = 90
     if nproc == 1:  # what torchrun --nproc-per-node 1 would set: TorchTitan reads LOCAL_RANK and starts a group
         env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
         return run_tool("run", "-q", str(TRAIN), "--", *argv, cwd=workdir, env=env, timeout=timeout)
-    return run_tool("run", "-q", "--nproc", str(nproc), str(TRAIN), "--", *argv, cwd=workdir, env=env,
-                    timeout=timeout)
+    for _ in range(2):
+        proc = run_tool("run", "-q", "--nproc", str(nproc), str(TRAIN), "--", *argv, cwd=workdir, env=env,
+                        timeout=timeout)
+        if proc.returncode == 0 or GLOO_READ_TIMEOUT not in proc.stdout + proc.stderr:
+            break
+    return proc
 
 
 def losses(proc: subprocess.CompletedProcess, rank_lines: int = 1) -> dict[int, float]:
