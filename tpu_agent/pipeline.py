@@ -68,7 +68,7 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
     def projection() -> None:  # --target SLICE: the slice's plans ranked by projection (estimates, never verified)
         say = lambda line: out.console.print(line, markup=False)  # noqa: E731
         try:
-            out.result.projection = rank.for_tune(str(script), args, options.slice, out.profile, batch, say)
+            rank.for_tune(str(script), args, options.slice, out.profile, batch, say, keep=out.projected)
         except TpuAgentError as exc:  # the measured tune goes on
             say(f"projection: not run: {exc}")
 

@@ -42,8 +42,10 @@ def test_the_fastest_plan_that_fits_is_chosen_and_one_that_does_not_fit_never_is
         (tp, 2, False): (0.006, 20e9),  # 2 per chip on an fsdp axis of 2: a global batch of 4, 1.5 ms per sample
     }
     project, asked = _table_projector(table)
-    ranking = rank.rank(sl, project, tensor_dims=[64, 128], script_batch=8, budget=10)
+    kept = []
+    ranking = rank.rank(sl, project, tensor_dims=[64, 128], script_batch=8, budget=10, keep=kept.append)
     assert len(asked) == ranking.projections <= 10
+    assert [r.projections for r in kept[:-1]] == list(range(2, 11)) and kept[-1] == ranking  # kept as it goes
     assert ranking.after.plan == SlicePlan(mesh={"fsdp": 4}, per_chip_batch=4, checkpoint=True)
     costs = [p.time_per_sample_s for p in ranking.ranked if p.fits]
     assert costs == sorted(costs) and ranking.ranked[0] == ranking.after

@@ -189,9 +189,11 @@ def projector(script: str, args: list[str], sl: Slice, script_batch: int | None 
 
 
 def rank(sl: Slice, project: Projector, tensor_dims: list[int] | None = None, script_batch: int | None = None,
-         budget: int = MAX_PROJECTIONS, say: Callable[[str], None] = lambda line: None) -> SliceRanking:
+         budget: int = MAX_PROJECTIONS, say: Callable[[str], None] = lambda line: None,
+         keep: Callable[[SliceRanking], None] = lambda ranking: None) -> SliceRanking:
     """The before plan (the script as written, FSDP over every chip), then the best-first search within
-    `budget` projections (the before plan counted). `script_batch`: the script's global batch, where known."""
+    `budget` projections (the before plan counted). `script_batch`: the script's global batch, where known.
+    `keep` gets the ranking so far after each projection (an interrupted tune keeps what was projected)."""
     t0 = time.perf_counter()
     allowed = meshes(sl.chips, tensor_dims)
     label = f"projected for {sl.name}"
@@ -204,17 +206,30 @@ def rank(sl: Slice, project: Projector, tensor_dims: list[int] | None = None, sc
     per_chip = script_batch // sl.chips if script_batch and script_batch % sl.chips == 0 else None
     start = SlicePlan(mesh=fsdp, per_chip_batch=min(per_chip or 1, MAX_PER_CHIP_BATCH))
     done: dict[tuple, ProjectedPlan] = {}
+
+    def ranking(extra: list[str]) -> SliceRanking:
+        ranked = sorted(done.values(), key=order_key)
+        batches = 1 if start.per_chip_batch is None else int(math.log2(MAX_PER_CHIP_BATCH)) + 1
+        return SliceRanking(slice=sl.name, chips=sl.chips, label=label, before=before, after=best_fitting(ranked),
+                            ranked=ranked, meshes=len(allowed), projections=spent, notes=notes + extra,
+                            candidates=len(allowed) * batches * (2 if blocks else 1),
+                            seconds=time.perf_counter() - t0)
+
+    def projected(plan: SlicePlan) -> ProjectedPlan:
+        nonlocal spent
+        done[plan.key()], _ = project(plan)
+        spent += 1
+        say(f"projection ({label}): {plan.describe()}: {_short(done[plan.key()])}")
+        keep(ranking([]))
+        return done[plan.key()]
+
     if per_chip == start.per_chip_batch:  # the script's batch is that per chip: the before plan's projection
         done[start.key()] = before.model_copy(update={"plan": start})
-    else:
-        done[start.key()], _ = project(start)
-        spent += 1
-        say(f"projection ({label}): {start.describe()}: {_short(done[start.key()])}")
-        if done[start.key()].error and "batch cannot be changed" in done[start.key()].error:
-            notes.append(f"the script's batch cannot be changed, so per-chip batches were not searched: "
-                         f"{done[start.key()].error}")
-            start = before.plan
-            done = {start.key(): before}
+    elif (error := projected(start).error) and "batch cannot be changed" in error:
+        notes.append(f"the script's batch cannot be changed, so per-chip batches were not searched: {error}")
+        start = before.plan
+        done.clear()
+        done[start.key()] = before
     expanded: set[tuple] = set()
     while True:
         current = _next_to_expand(list(done.values()), expanded)
@@ -223,9 +238,7 @@ def rank(sl: Slice, project: Projector, tensor_dims: list[int] | None = None, sc
         expanded.add(current.key())
         todo = [plan for plan in neighbours(current, allowed, blocks) if plan.key() not in done]
         for plan in todo[:max(budget - spent, 0)]:
-            done[plan.key()], _ = project(plan)
-            spent += 1
-            say(f"projection ({label}): {plan.describe()}: {_short(done[plan.key()])}")
+            projected(plan)
         if any(plan.key() not in done for plan in todo):
             notes.append(f"the search stopped at its budget of {budget} projections, plans next to "
                          f"{current.describe()} left unprojected")
@@ -234,14 +247,11 @@ def rank(sl: Slice, project: Projector, tensor_dims: list[int] | None = None, sc
         notes.append("no repeated blocks found: checkpointing not searched")
     if tensor_dims is None:
         notes.append("the model's Linear widths are unknown: no tensor axis searched")
-    ranked = sorted(done.values(), key=order_key)
-    after = best_fitting(ranked)
-    if after is None:
-        notes.append(f"no plan projected fits in HBM per chip ({label})")
-    batches = 1 if start.per_chip_batch is None else int(math.log2(MAX_PER_CHIP_BATCH)) + 1
-    return SliceRanking(slice=sl.name, chips=sl.chips, label=label, before=before, after=after, ranked=ranked,
-                        meshes=len(allowed), candidates=len(allowed) * batches * (2 if blocks else 1),
-                        projections=spent, seconds=time.perf_counter() - t0, notes=notes)
+    final = ranking([])
+    if final.after is None:
+        final.notes.append(f"no plan projected fits in HBM per chip ({label})")
+    keep(final)
+    return final
 
 
 def _next_to_expand(done: list[ProjectedPlan], expanded: set[tuple]) -> SlicePlan | None:
@@ -284,7 +294,7 @@ def tensor_dims(modules) -> list[int] | None:
 
 
 def for_tune(script: str, args: list[str], target: str, profile, script_batch: int | None,
-             say: Callable[[str], None]) -> SliceRanking | None:
+             say: Callable[[str], None], keep: Callable[[SliceRanking], None]) -> SliceRanking | None:
     """`tune --target SLICE`: the slice's plans ranked by projection, unless the baseline ran on a real TPU (then
     the tune measures; nothing is projected)."""
     from . import slices
@@ -297,4 +307,4 @@ def for_tune(script: str, args: list[str], target: str, profile, script_batch: i
     dims = tensor_dims(getattr(profile, "modules", None))
     say(f"projection ({sl.name}, {sl.chips} chips; not attached here): plans ranked by projected step time per "
         f"sample among those that fit per chip, at most {MAX_PROJECTIONS} projections; estimates, never verified")
-    return rank(sl, projector(script, args, sl, script_batch), dims, script_batch, say=say)
+    return rank(sl, projector(script, args, sl, script_batch), dims, script_batch, say=say, keep=keep)

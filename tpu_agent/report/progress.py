@@ -72,6 +72,12 @@ class TuneProgress:
         self.result.left_out = [line for _, line in knobs]
         self.say.left_out([line for knob, line in knobs if knob.matched_ops][:5])
 
+    # --target SLICE
+    def projected(self, ranking) -> None:
+        """The slice's plans ranked by projection so far (estimates): in tune.json after each projection."""
+        self.result.projection = ranking
+        self.save()
+
     # the search
     def round(self, number: int, round_: ProposalRound, out_of_scope: list[str], space: Space, budget: int) -> None:
         result = self.result
