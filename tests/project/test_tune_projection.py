@@ -136,3 +136,27 @@ def test_a_slice_from_pyproject_is_checked_the_same(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "[tool.tpu-agent] target: v5p offers no slice of 50 chips" in err, err
     assert "(got 'v5p-100')" in err
+
+
+def test_a_tune_for_a_slice_writes_the_ranking_beside_what_it_measured(tmp_path, monkeypatch):
+    """The pipeline in process (every process faked, support.fake_tune) with --target v6e-4: the projection phase
+    runs after the baseline, report.md and report.json carry it, and the verdicts stay the measured ones."""
+    import json
+    from functools import partial
+
+    from support import fake_tune
+    from tpu_agent.config import TuneOptions
+
+    (tmp_path / "train.py").write_text("import torch\n")
+    monkeypatch.setattr(fake_tune, "TuneOptions", partial(TuneOptions, target="v6e-4"))
+    project, asked = _table_projector({})
+    monkeypatch.setattr(rank, "projector", lambda *args, **kwargs: project)
+    result, _, text = fake_tune.tune(tmp_path, monkeypatch, fake_tune.Padding(), trials=3)
+    assert result.projection is not None and result.projection.projections == len(asked) == 10
+    assert list(result.phase_s)[:2] == ["baseline", "projection"]
+    assert "projection (projected for v6e-4): the script as written" in text
+    report = (Path(result.run_dir) / "report.md").read_text()
+    assert "### Plans for v6e-4 ranked by projection (projected for v6e-4; estimates, not verified)" in report
+    saved = json.loads((Path(result.run_dir) / "report.json").read_text())
+    assert saved["projection"]["verified"] is False and saved["settings"]["target"] == "v6e-4"
+    assert all(v.plan.mesh is None for v in result.verdicts)  # a projected plan is never a verdict's
