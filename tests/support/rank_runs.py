@@ -128,14 +128,16 @@ def check(case: Case, tpu: list[dict], gloo: list[dict]) -> list[str]:
 def run_case(case: Case, nproc: int, mode: str, out: Path, gloo: list[dict] | None = None) -> list[str]:
     """The case on tpu in `mode` at `nproc` ranks against gloo (run here unless given); its problems."""
     args = case.arguments(nproc)
+    timeout = 150 * nproc  # a 4-rank job took up to 3 minutes on the shared 2-core host (load 15)
     if gloo is None:
-        gloo = run_ranks(case.example, args, out / "gloo", on="cpu", nproc=nproc)
+        gloo = run_ranks(case.example, args, out / "gloo", on="cpu", nproc=nproc, timeout=timeout)
     saving = ["--checkpoint", str(out / "ckpt"), "--save-at", str(SAVE_AT)] if case.checkpoint else []
-    tpu = run_ranks(case.example, [*args, *saving], out / mode, on="tpu", env=MODES[mode], nproc=nproc)
+    tpu = run_ranks(case.example, [*args, *saving], out / mode, on="tpu", env=MODES[mode], nproc=nproc,
+                    timeout=timeout)
     problems = check(case, tpu, gloo)
     if case.checkpoint:
         resumed = run_ranks(case.example, [*args, "--checkpoint", str(out / "ckpt"), "--resume"],
-                            out / f"{mode}-resumed", on="tpu", env=MODES[mode], nproc=nproc)
+                            out / f"{mode}-resumed", on="tpu", env=MODES[mode], nproc=nproc, timeout=timeout)
         for rank, (again, first) in enumerate(zip(resumed, tpu, strict=True)):
             if again["first_step"] != SAVE_AT or again["losses"] != first["losses"][SAVE_AT:]:
                 problems.append(f"rank {rank}: resumed losses {again['losses']} where {first['losses'][SAVE_AT:]}")
