@@ -7,8 +7,10 @@ benchmarks/projection_table.py and checked on the others.
 
 - compute: dot FLOPs / (peak x efficiency); other work: the bytes XLA's cost analysis says the non-dot ops
   move / HBM bandwidth, less what a TPU would not move through HBM (partition.py: the attention kernel's scores,
-  XLA:CPU's float-width conversions, the collectives' own buffers). A chip's time is the larger of the two (roofline: the MXU and the vector/memory
-  pipelines overlap).
+  XLA:CPU's float-width conversions, the collectives' own buffers). A chip's time is their sum: a TensorCore
+  runs the step's fusions one after another, a dot fusion bound by the MXU and a non-dot one by HBM (the per-op
+  roofline summed over the step; taking the larger of the two totals instead assumed the vector and memory work
+  ran beside the MXU's, and put the 16B v5e row 6.5 points above its published MFU where the sum puts it 2.6).
 - a collective over mesh axes runs as a ring along each torus dim those axes span, every spanned dim's links
   in both directions at once: all-gather and reduce-scatter move (n-1)/n of the full array, all-reduce twice
   that, all-to-all (n-1)/n over a quarter of the ring's bandwidth (bisection); plus 1 us per hop.
@@ -28,11 +30,10 @@ from tpu_agent.profilers.topology import INTERCONNECTS
 from .results import Collective, Partitioned, Projection, Traced
 from .slices import Slice
 
-# v5e: fitted on the table's v5e fit row (0.838, 2026-12-03). v6e: fitted on its one row, Llama 3.1 8B (0.455,
-# 2026-12-03, code of d135f4f; no v6e check row exists, so it is unchecked, and it absorbs whatever the model
-# misses there, MaxText's host offloading among it). v5p's fit gave 1.148 (above peak: the model misses
-# something, see docs/benchmarks.md), so it, v4 and v7x (no published row) take an assumed 0.80.
-MXU_EFFICIENCY = {"v4": 0.80, "v5e": 0.838, "v5p": 0.80, "v6e": 0.455, "v7x": 0.80}
+# Fitted by benchmarks/projection_table.py on its fit rows (2026-12-04; docs/benchmarks.md): v5e 0.941 (MaxText
+# 32B, v5e-256), v5p 0.934 (MaxText 32B, v5p-128), v6e 0.743 (Llama 3.1 8B, v6e-256; it absorbs what the model
+# misses there, host offloading among it). v4 and v7x have no published row: an assumed 0.80.
+MXU_EFFICIENCY = {"v4": 0.80, "v5e": 0.941, "v5p": 0.934, "v6e": 0.743, "v7x": 0.80}
 HOP_LATENCY_S = 1e-6
 OVERLAPPED_AXES = ("data", "fsdp")
 
@@ -85,14 +86,15 @@ def assumptions(sl: Slice, partitioned: Partitioned) -> list[str]:
     ic = INTERCONNECTS[sl.generation]
     out = [
         f"chip: {gen.peak_bf16_flops / 1e12:.0f} TFLOP/s bf16 peak, MXU efficiency {MXU_EFFICIENCY[sl.generation]:.2f} "
-        f"(one per generation; fitted for v5e and v6e), HBM {gen.hbm_bandwidth / 1e12:.2f} TB/s, {gen.hbm_bytes / 2**30:.0f} GiB",
+        f"(one per generation; fitted for v5e, v5p and v6e, assumed for v4 and v7x), HBM {gen.hbm_bandwidth / 1e12:.2f} TB/s, {gen.hbm_bytes / 2**30:.0f} GiB",
         f"slice: {sl.chips} chips as a {'x'.join(map(str, sl.torus))} {ic.torus_dims}-D "
         f"{'torus' if all(sl.wraparound) else 'mesh/torus (wraparound: ' + str(list(sl.wraparound)) + ')'}, ICI "
         f"{ic.ici_link_bandwidth / 1e9:.0f} GB/s per link and direction; mesh axes laid row-major over device ids, "
         "device ids over the torus dim 0 first",
         "collectives: rings along each spanned torus dim, both directions; data/fsdp collectives overlap compute, "
         "others add in full",
-        "chip time = max(dot FLOPs / (peak x efficiency), non-dot bytes / HBM bandwidth) (roofline); no host, "
+        "chip time = dot FLOPs / (peak x efficiency) + non-dot bytes / HBM bandwidth (fusions run one after "
+        "another, each bound by the MXU or by HBM); no host, "
         "input-pipeline or launch time",
         "FLOPs, bytes and memory from XLA's CPU compile of the partitioned step: fusion and layouts differ from a "
         "TPU compile; attention as one query-chunked op (flash-like: the scores are not saved, causal attention "
@@ -132,7 +134,7 @@ def project(partitioned: Partitioned, sl: Slice) -> Projection:
     memory = _scaled(programs, total, lambda p: times(p)[1])
     overlapped = _scaled(programs, total, lambda p: times(p)[2])
     critical = _scaled(programs, total, lambda p: times(p)[3])
-    local = max(compute, memory)
+    local = compute + memory
     exposed = max(0.0, overlapped - local) + critical
     step = local + exposed
     model_flops = _scaled(programs, total, lambda p: p.model_flops)
