@@ -161,10 +161,26 @@ def test_bad_shapes_give_pytorchs_error():
         torch.mm(torch.ones(2, 3, device="tpu"), torch.ones(4, 5, device="tpu"))
 
 
-# An op with a CPU kernel and nothing else: never lowered, never decomposed.
-@torch.library.custom_op("tpu_agent_test::cube", mutates_args=())
+# An op with a CPU kernel and nothing else: never lowered, never decomposed. (Without device_types its one
+# kernel would be for every device, CompositeExplicitAutograd, and runs on tpu as on CUDA: test below.)
+@torch.library.custom_op("tpu_agent_test::cube", mutates_args=(), device_types="cpu")
 def cube(x: torch.Tensor) -> torch.Tensor:
     return x * x * x
+
+
+@torch.library.custom_op("tpu_agent_test::square", mutates_args=())
+def square(x: torch.Tensor) -> torch.Tensor:
+    return x * x
+
+
+def test_a_custom_op_for_every_device_runs_its_kernel_on_tpu(monkeypatch):
+    monkeypatch.delenv("TPU_AGENT_CPU_FALLBACK", raising=False)
+    a = torch.randn(2, 3)
+    before = STATS.fallbacks["tpu_agent_test.square.default"]
+    out = square(a.to("tpu"))
+    assert out.device.type == "tpu"
+    torch.testing.assert_close(out.cpu(), a * a)
+    assert STATS.fallbacks["tpu_agent_test.square.default"] == before  # its aten ops ran on the device, no fallback
 
 
 def test_unsupported_op_names_the_op_and_shapes(monkeypatch):
