@@ -1,8 +1,10 @@
 """Collectives as XLA programs over the ranks' devices: no torch, no copy to the host.
 
-Each rank passes its local `jax.Array`; it becomes its block of a global array over a one-axis mesh of the
-group's devices (`jax.make_array_from_single_device_arrays`), a jitted `shard_map` runs the collective
-(`psum`, `all_gather`, `psum_scatter`, `all_to_all`...), and the rank reads back its own block. Every rank of
+Each rank passes its local `jax.Array`; it is, as it is, its block of a global array laid along dim 0 over a
+one-axis mesh of the group's devices (`jax.make_array_from_single_device_arrays`), a jitted `shard_map` runs
+the collective (`psum`, `all_gather`, `psum_scatter`, `all_to_all`...), and the rank reads back its own
+block: one program, no copy in or out (a leading axis of 1 added and taken off had cost two more programs per
+collective, benchmarks/collectives.py). A 0-d array travels as shape (1,). Every rank of
 the group must call the same collective in the same order, as with NCCL or gloo. One program per
 (collective, group, reduce op), compiled once per shape and dtype.
 
@@ -75,13 +77,14 @@ def _program(kind: str, ranks: tuple[int, ...], fn, **static):
 
 
 def _run(kind: str, ranks: tuple[int, ...], local, fn, *, size: int | None = None, **static):
-    """`fn` on the group's blocks (each rank's array with a leading axis of 1); this rank's result block.
-    `size`: the bytes recorded for it (default: the input's)."""
+    """`fn` on the group's blocks (each rank's array, dim 0 the ranks' blocks laid end to end); this rank's
+    result block. `size`: the bytes recorded for it (default: the input's)."""
     mesh = mesh_of(ranks)
     device = mesh.devices.flat[_position(mesh)]
     local = jax.device_put(local, device)
-    block = local[None]
-    global_array = jax.make_array_from_single_device_arrays((len(ranks), *local.shape),
+    scalar = local.ndim == 0
+    block = local.reshape(1) if scalar else local
+    global_array = jax.make_array_from_single_device_arrays((len(ranks) * block.shape[0], *block.shape[1:]),
                                                             NamedSharding(mesh, P(AXIS)), [block])
     timed = RECORDED.on and not isinstance(local, jax.core.Tracer)
     if timed:
@@ -98,7 +101,8 @@ def _run(kind: str, ranks: tuple[int, ...], local, fn, *, size: int | None = Non
         totals.calls += 1
         totals.bytes += local.size * local.dtype.itemsize if size is None else size
         totals.seconds += time.perf_counter() - start
-    return out.addressable_data(0)[0]
+    mine = out.addressable_data(0)
+    return mine.reshape(()) if scalar and mine.shape == (1,) else mine
 
 
 def _position(mesh: Mesh) -> int:
@@ -115,7 +119,7 @@ def my_rank() -> int:
 
 
 def _reduce(x, op: str, n: int):
-    """Reduce a block (1, ...) over the ranks."""
+    """Reduce a block over the ranks."""
     if op == "sum":
         return jax.lax.psum(x, AXIS) if x.dtype != jnp.bool_ else jax.lax.pmax(x, AXIS)
     if op == "avg":
@@ -125,7 +129,7 @@ def _reduce(x, op: str, n: int):
         return jax.lax.pmax(x, AXIS)
     if op == "min":
         return jax.lax.pmin(x, AXIS)
-    gathered = jax.lax.all_gather(x[0], AXIS)  # (n, ...): the ops XLA has no collective for
+    gathered = jax.lax.all_gather(x, AXIS)  # (n, ...): the ops XLA has no collective for
     if op == "product":
         out = jnp.prod(gathered, axis=0, dtype=x.dtype)
     else:
@@ -133,7 +137,7 @@ def _reduce(x, op: str, n: int):
         out = gathered[0]
         for i in range(1, n):
             out = fn(out, gathered[i])
-    return out[None]
+    return out
 
 
 def all_reduce(local, ranks: tuple[int, ...], op: str = "sum"):
@@ -144,7 +148,7 @@ def all_reduce(local, ranks: tuple[int, ...], op: str = "sum"):
 
 def all_gather(local, ranks: tuple[int, ...]):
     """The ranks' arrays concatenated along dim 0 (`all_gather_into_tensor`)."""
-    return _run("all_gather", ranks, local, lambda x, n: jax.lax.all_gather(x[0], AXIS, axis=0, tiled=True)[None],
+    return _run("all_gather", ranks, local, lambda x, n: jax.lax.all_gather(x, AXIS, axis=0, tiled=True),
                 size=local.size * local.dtype.itemsize * len(ranks))
 
 
@@ -157,23 +161,23 @@ def reduce_scatter(local, ranks: tuple[int, ...], op: str = "sum"):
         return reduced[i * size:(i + 1) * size]
 
     def body(x, n, op):
-        out = jax.lax.psum_scatter(x[0], AXIS, scatter_dimension=0, tiled=True)
+        out = jax.lax.psum_scatter(x, AXIS, scatter_dimension=0, tiled=True)
         if op == "avg":
             out = (out / n).astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else out // n
-        return out[None]
+        return out
 
     return _run("reduce_scatter", ranks, local, body, op=op)
 
 
 def broadcast(local, ranks: tuple[int, ...], root: int):
     """The root's array on every rank (`root`: its position in `ranks`). Exact: selected, not summed."""
-    return _run("broadcast", ranks, local, lambda x, n, root: jax.lax.all_gather(x[0], AXIS)[root][None], root=root)
+    return _run("broadcast", ranks, local, lambda x, n, root: jax.lax.all_gather(x, AXIS)[root], root=root)
 
 
 def all_to_all(local, ranks: tuple[int, ...]):
     """Dim 0 split into n equal chunks, chunk j sent to rank j, received chunks concatenated in rank order."""
     return _run("all_to_all", ranks, local,
-                lambda x, n: jax.lax.all_to_all(x[0], AXIS, 0, 0, tiled=True)[None])
+                lambda x, n: jax.lax.all_to_all(x, AXIS, 0, 0, tiled=True))
 
 
 def barrier(ranks: tuple[int, ...]) -> None:
