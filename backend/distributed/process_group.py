@@ -238,9 +238,13 @@ def register() -> None:
         return
     dist.Backend.register_backend(NAME, create, extended_api=True, devices=[DEVICE_TYPE])
     _no_backend_named_means_tpu()
+
+
+def name_set_timeout() -> None:
+    """PyTorch after 2.13's public name for _set_pg_timeout: TorchTitan 0.3.0 calls it after its first step (on
+    any device); 2.13 has only the private one. It sets the gloo half of a tpu group's timeout. Named in the
+    tool's child only (run.child), so a script run without the tool sees torch.distributed as it is."""
     if not hasattr(dist, "set_timeout"):
-        # PyTorch after 2.13's public name for _set_pg_timeout: TorchTitan 0.3.0 calls it after its first step
-        # (on any device); 2.13 has only the private one. It sets the gloo half of a tpu group's timeout.
         dist.set_timeout = dist.distributed_c10d._set_pg_timeout
 
 

@@ -45,15 +45,24 @@ def test_torchtitan_finds_tpu_in_the_tools_child_only(tmp_path):
     assert plain.stdout.split() == ["None", "tpu", "cuda", "False"], plain.stdout
 
 
-def test_set_timeout_torchtitan_calls_is_there():
+def test_set_timeout_torchtitan_calls_is_there_under_the_tool_only(tmp_path):
     """TorchTitan calls torch.distributed.set_timeout after its first step (on any device); PyTorch 2.13 has
-    only the private _set_pg_timeout, which the backend's registration names publicly."""
+    only the private _set_pg_timeout, which the tool's child names publicly. A script run without the tool
+    sees torch.distributed as it is."""
     from torch.distributed import distributed_c10d
     from torchtitan.distributed import utils as titan_dist
 
     assert "torch.distributed.set_timeout(" in inspect.getsource(titan_dist.set_pg_timeouts)
     assert not hasattr(distributed_c10d, "set_timeout")  # torch itself lacks it: the name is the tool's
-    assert torch.distributed.set_timeout is distributed_c10d._set_pg_timeout
+    (tmp_path / "names.py").write_text(
+        "import torch.distributed as dist\n"
+        "print(getattr(dist, 'set_timeout', None) is dist.distributed_c10d._set_pg_timeout)\n")
+    tool = run_tool("run", "-q", "names.py", cwd=tmp_path, timeout=300)
+    assert tool.returncode == 0, tool.stderr[-3000:]
+    assert tool.stdout.split()[-1:] == ["True"], tool.stdout
+    plain = run_python("names.py", cwd=tmp_path, env=clean_env(), timeout=300)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    assert plain.stdout.split() == ["False"], plain.stdout
 
 
 def test_dtensor_rng_reads_the_device_state_as_cuda_philox():

@@ -147,6 +147,9 @@ def main(argv: list[str] | None = None) -> None:
     from tpu_agent.backend import module as device_module
 
     device_module.claim()  # Trainer, Accelerate and torch.accelerator take tpu here (not under plain python)
+    from tpu_agent.backend.distributed import process_group
+
+    process_group.name_set_timeout()
     if mapped is not None:  # before the profiler's hooks: its step-1 FLOP count runs under the map
         from tpu_agent.run import device_map
 
