@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from tpu_agent.backend.generations import DEFAULT_GENERATION
 
-from . import analysis, flopcheck, hlo, peaks, shapes
+from . import analysis, flopcheck, hlo, peaks, shapes, warmup
 from .schema import (Device, Executable, Files, Flops, GraphBreaks, GraphBreakSite, Memory, Profile, Recompilation, Steps,
                      Transfers)
 
@@ -165,6 +165,7 @@ def build_profile(d: "Collected", run: "RunInfo", exit_code: int, error: str | N
         notes.append(growth)
     memory = Memory(xla_peak_bytes=xla_peak[0], xla_peak_executable=xla_peak[1], live_peak_bytes=d.live_peak,
                     live_end_bytes=d.live_end, device_stats=d.device_stats)
+    warm = _guarded(notes, "the warm-up", lambda: warmup.summarize(steps_section, memory), None)
     hot = _guarded(notes, "the hot ops", lambda: analysis.hot_ops(infos, flops_per_step, HOT_OPS), [])
     pad = _guarded(notes, "the padding report", lambda: analysis.padding_report(infos, pad_gen), None)
     recompiles = _guarded(notes, "the recompilations", lambda: _recompilations(RECORDER, d, s.warmup, ran), [])
@@ -197,7 +198,7 @@ def build_profile(d: "Collected", run: "RunInfo", exit_code: int, error: str | N
         script=os.path.abspath(run.script), args=list(run.args), cwd=os.getcwd(),
         run_dir=str(run.run_dir), settings=s, mode_used=mode_used,
         environment=environment, device=device, steps=steps_section, flops=flops, host_device=host_device,
-        memory=memory,
+        memory=memory, warmup=warm,
         parameters=sum(trained.values()) if trained else None,
         executables=sorted(exe_rows, key=lambda r: -(r.flops * r.calls_per_step)),
         hot_ops=hot, padding=pad, recompilations=recompiles, recompiling=recompiling, graph_breaks=breaks, transfers=transfers,

@@ -136,6 +136,30 @@ class Steps(BaseModel):
     compiles: int = Field(0, description="XLA compilations over the whole run")
 
 
+class WarmUp(BaseModel):
+    """A run's start as TorchTPU reports its benchmarks: first step, warm-up until compiling stops, steady step."""
+
+    first_step_s: float = Field(description="measured: step 1's wall time, its tracing and compiles included")
+    first_step_instrumented: bool = Field(False, description="step 1 ran under FlopCounterMode (the profiler's FLOP "
+                                          "cross-check), which adds its own Python time per op")
+    compiling_steps: int = Field(description="steps up to the last one that compiled (the compile count stops "
+                                 "changing after it); 0: no step compiled")
+    warmup_s: float = Field(description="measured: wall time of those steps")
+    overhead_s: float | None = Field(None, description="warmup_s less the same number of steady steps; None: no "
+                                     "steady step to compare with")
+    steady_step_s: float | None = Field(None, description="measured: median of the steps after the last compiling "
+                                        "step (warm-up setting ignored); None: every step compiled")
+    steady_steps: int = 0
+    programs_compiled: int = Field(description="XLA compilations over the whole run (each a distinct program)")
+    peak_bytes: int | None = Field(None, description="measured peak device memory (the runtime's peak where it "
+                                   "keeps one, else the most live buffer bytes at a step boundary)")
+    peak_source: str | None = None
+    live_growth_bytes_per_step: float | None = Field(None, description="measured: least-squares slope of live "
+                                                     "device bytes over the steady steps")
+    memory_flat: bool | None = Field(None, description="live device bytes do not grow over the steady steps "
+                                     "(slope under 1 KiB or 0.1 % of the first steady step's per step)")
+
+
 class FlopCheck(BaseModel):
     """XLA's count and PyTorch's FlopCounterMode on the same region."""
 
@@ -523,6 +547,8 @@ class Profile(BaseModel):
     target: Target | None = None
     files: Files = Field(default_factory=Files)
     notes: list[str] = Field(default_factory=list)
+    warmup: WarmUp | None = Field(None, description="first step, warm-up until compiling stops, steady step, "
+                                  "programs compiled, peak memory and its growth; None: no step")
     distributed: Distributed | None = Field(None, description="a run of several ranks: per-rank step time, memory, "
                                             "collectives and communication share; the rest of the profile is rank "
                                             "0's (a rank's own profile: its entry alone)")

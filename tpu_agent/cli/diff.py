@@ -2,7 +2,8 @@
 
 Markdown on stdout so a CI job can post it on a pull request as is. Step time
 and XLA peak memory gate (exit 1 when HEAD is worse beyond the threshold);
-FLOPs, MFU, live memory and padding waste are shown, not gated: padding adds
+FLOPs, MFU, live memory, padding waste and the warm-up (first step, overhead, programs compiled) are
+shown, not gated: padding adds
 FLOPs on purpose, MFU moves with FLOPs as well as with speed, and live memory
 grows with the number of steps a leaky script was profiled for. Distributed profiles (`profile --nproc N`)
 add their per-rank figures below the table (diff_ranks.py).
@@ -44,6 +45,10 @@ METRICS = (
     # Not gated: buffers a script keeps across steps make it grow with the number of steps profiled.
     Metric("live memory peak (measured)", "live_peak_bytes", size, True, False),
     Metric("padding waste (estimate)", "padding_waste", percent, True, False, points=True),
+    # Not gated: a first step's time is mostly compiling, which a warm compilation cache removes.
+    Metric("first step", "first_step_s", ms, True, False),
+    Metric("warm-up overhead", "warmup_overhead_s", ms, True, False),
+    Metric("programs compiled", "programs_compiled", lambda v: f"{v:.0f}", True, False),
 )
 
 

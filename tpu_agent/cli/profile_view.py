@@ -52,6 +52,8 @@ def _rows(p: Profile) -> list[tuple[str, Text | str]]:
         rows.append((label, Text.assemble((f"median {ms(st.median_s)}", "bold"),
                                           f"  p10 {ms(st.p10_s)}  p90 {ms(st.p90_s)}  over {st.count} step(s): {st.basis}")))
     rows.append(("compile", f"{p.steps.compile_s:.3g} s in {p.steps.compiles} XLA compilation(s), measured"))
+    if p.warmup is not None:
+        rows.append(("warm-up", warmup_line(p)))
     f = p.flops
     if f is not None:
         rows.append(("FLOPs/step", Text.assemble((si(f.per_step, "FLOP"), "bold"),
@@ -115,6 +117,30 @@ def _rows(p: Profile) -> list[tuple[str, Text | str]]:
         rows.append(("graph breaks", "none"))
     rows.append(("CPU fallbacks", ", ".join(f"{k} x{v}" for k, v in p.fallbacks.items()) or "none"))
     return rows
+
+
+def warmup_line(p: Profile) -> str:
+    """TorchTPU's benchmark figures: first step, warm-up until compiling stops, steady step, programs, peak memory."""
+    w = p.warmup
+    parts = [f"first step {ms(w.first_step_s)}" + (" (under FlopCounterMode)" if w.first_step_instrumented else "")]
+    if w.compiling_steps:
+        over = f", {ms(w.overhead_s)} above as many steady steps" if w.overhead_s is not None else ""
+        parts.append(f"compiling stopped after step {w.compiling_steps} ({ms(w.warmup_s)}{over})")
+    else:
+        parts.append("no step compiled")
+    if w.steady_step_s is not None:
+        parts.append(f"steady {ms(w.steady_step_s)} (median of {w.steady_steps} step(s) after it)")
+    else:
+        parts.append("no steady step: the last step compiled")
+    parts.append(f"{w.programs_compiled} program(s) compiled")
+    if w.peak_bytes is not None:
+        parts.append(f"peak memory {size(w.peak_bytes)} ({w.peak_source})")
+    if w.memory_flat is not None:
+        growth = size(abs(w.live_growth_bytes_per_step))
+        sign = "+" if w.live_growth_bytes_per_step >= 0 else "-"
+        parts.append(("live memory flat" if w.memory_flat else "live memory GROWS")
+                     + f" ({sign}{growth} per step over {w.steady_steps} steps)")
+    return "; ".join(parts) + "; measured"
 
 
 def step_ranges(indices: list[int]) -> str:

@@ -32,6 +32,10 @@ class Summary(BaseModel):
     live_peak_bytes: int | None = Field(None, description="measured: most device bytes alive at a step boundary")
     padding_waste: float | None = Field(None, description="estimate: share of dot/conv TPU work that is tile padding")
     padding_generation: str | None = None
+    first_step_s: float | None = Field(None, description="measured: step 1's wall time, compiles included")
+    warmup_overhead_s: float | None = Field(None, description="measured: the steps until compiling stopped, less "
+                                            "as many steady steps")
+    programs_compiled: int | None = Field(None, description="XLA compilations over the run")
 
 
 def from_profile(profile) -> Summary:
@@ -51,6 +55,9 @@ def from_profile(profile) -> Summary:
         live_peak_bytes=profile.memory.live_peak_bytes,
         padding_waste=profile.padding.total_waste.value if profile.padding is not None else None,
         padding_generation=profile.padding.generation if profile.padding is not None else None,
+        first_step_s=profile.warmup.first_step_s if profile.warmup is not None else None,
+        warmup_overhead_s=profile.warmup.overhead_s if profile.warmup is not None else None,
+        programs_compiled=profile.warmup.programs_compiled if profile.warmup is not None else None,
     )
 
 
