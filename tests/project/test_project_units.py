@@ -184,3 +184,32 @@ def test_the_non_dot_split_reads_conversions_and_collectives_from_the_hlo():
     wide, = collectives.collectives(hlo.parse_module(SPLIT_HLO), {"data": 2})
     narrow, = collectives.collectives(hlo.parse_module(SPLIT_HLO), {"data": 2}, narrow=16)
     assert (wide.result_bytes, narrow.result_bytes) == (4 * 8 * 4, 4 * 8 * 2)
+
+
+def test_a_step_under_its_fsdp_collectives_is_a_floor_the_batch_does_not_move_until_compute_reaches_it():
+    """Issue #30 (c): on a tiny model the projected step did not change with --per-chip-batch. Not a bug: the
+    FSDP collectives (the weights' gathers, a per-hop latency each) take longer than the chip's compute, and under
+    the overlap rule the step is the longer of the two. The batch scales compute; the step moves once compute
+    passes the collectives, and the projection names the floor."""
+    from tpu_agent.project import report
+
+    sl = slices.parse("v5e-4")
+    gather = Collective(kind="all-gather", result_bytes=2**10, group_size=4, groups=1, axes=["fsdp"])
+    floor = 40 * cost.collective_seconds(gather, sl, {"fsdp": 4})
+    peak = 197e12 * cost.MXU_EFFICIENCY["v5e"]
+
+    def step(batch):
+        program = _program(1, peak * floor * batch / 8, [gather] * 40)  # compute = floor x batch / 8
+        part = Partitioned(slice=sl.name, generation="v5e", chips=4, mesh={"fsdp": 4}, blocks_total=None,
+                           blocks_name=None, programs=[program], placements={})
+        return part, cost.project(part, sl)
+
+    below = [step(b)[1] for b in (1, 2, 4)]
+    assert [p.step_s for p in below] == pytest.approx([floor] * 3)
+    assert {p.bound for p in below} == {"overlapped collectives"}
+    assert [p.compute_s for p in below] == pytest.approx([floor / 8, floor / 4, floor / 2])
+    above = [step(b)[1] for b in (16, 32)]
+    assert [p.step_s for p in above] == pytest.approx([2 * floor, 4 * floor])
+    assert {p.bound for p in above} == {"compute"}
+    part, p = step(1)
+    assert "a floor, a larger per-chip batch adds no step time" in report.render(part, p)

@@ -137,6 +137,10 @@ def project(partitioned: Partitioned, sl: Slice) -> Projection:
     local = compute + memory
     exposed = max(0.0, overlapped - local) + critical
     step = local + exposed
+    # What sets the step: data/fsdp collectives longer than the chip's own work are a floor (a larger per-chip
+    # batch adds no time until compute + memory reach them); else the largest of the parts that add up.
+    parts = {"compute": compute, "memory": memory, "critical collectives": critical}
+    bound = "overlapped collectives" if overlapped > local else max(parts, key=parts.get) if step > 0 else ""
     model_flops = _scaled(programs, total, lambda p: p.model_flops)
     hbm = _scaled(programs, total, lambda p: p.argument_bytes + p.output_bytes - p.alias_bytes + p.saved_bytes)
     xla_cpu = _scaled(programs, total, lambda p: p.argument_bytes + p.output_bytes - p.alias_bytes + p.temp_bytes)
@@ -150,7 +154,7 @@ def project(partitioned: Partitioned, sl: Slice) -> Projection:
     widest = max(programs, key=lambda p: p.blocks or 0)
     return Projection(
         slice=sl.name, generation=sl.generation, chips=sl.chips, mesh=mesh, step_s=step, compute_s=compute,
-        memory_s=memory, collective_s=overlapped + critical, exposed_collective_s=exposed,
+        memory_s=memory, collective_s=overlapped + critical, exposed_collective_s=exposed, bound=bound,
         collective_by_axis=by_axis, collective_bytes_by_kind=by_kind,
         flops_per_chip=_scaled(programs, total, lambda p: p.flops),
         dot_flops_per_chip=_scaled(programs, total, lambda p: p.dot_flops), model_flops=model_flops,

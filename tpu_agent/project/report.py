@@ -16,6 +16,15 @@ def _s(t: float) -> str:
     return f"{t * 1e3:.1f} ms" if t < 10 else f"{t:.2f} s"
 
 
+def _bound(p: Projection) -> str:
+    if p.bound == "overlapped collectives":
+        return (f"the data/fsdp collectives, longer than compute + other memory traffic "
+                f"({_s(p.compute_s + p.memory_s)}): a floor, a larger per-chip batch adds no step time until its "
+                "compute reaches them")
+    return {"compute": "compute (dots on the MXU)", "memory": "other memory traffic (non-dot ops through HBM)",
+            "critical collectives": "collectives on the critical path (tensor/expert axes)"}.get(p.bound, p.bound or "-")
+
+
 def render(partitioned: Partitioned, p: Projection, wall_s: float | None = None) -> str:
     label = f"projected for {p.slice}"
     mesh = ",".join(f"{k}={v}" for k, v in p.mesh.items())
@@ -29,6 +38,7 @@ def render(partitioned: Partitioned, p: Projection, wall_s: float | None = None)
         f"working buffers not counted; XLA:CPU's own analysis {_bytes(p.xla_cpu_bytes_per_chip)})",
         f"  step time         {_s(p.step_s)}  ({label}: compute {_s(p.compute_s)}, other memory traffic "
         f"{_s(p.memory_s)}, collectives {_s(p.collective_s)} of which exposed {_s(p.exposed_collective_s)})",
+        f"  bound by          {_bound(p)}  ({label})",
         f"  MFU               {p.mfu:.1%}  ({label}; model FLOPs {p.model_flops:.3g} per step over {p.chips} chips)",
         f"  communication     {share:.1%} of the step exposed  ({label})",
         f"  FLOPs per chip    {p.flops_per_chip:.3g}, of which dots {p.dot_flops_per_chip:.3g}  ({label}; XLA cost "

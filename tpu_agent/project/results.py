@@ -65,6 +65,7 @@ class Projection(BaseModel):
     memory_s: float
     collective_s: float
     exposed_collective_s: float
+    bound: str = ""  # what sets the step time: compute, memory, overlapped collectives or critical collectives
     collective_by_axis: dict[str, float]
     collective_bytes_by_kind: dict[str, float]
     flops_per_chip: float
