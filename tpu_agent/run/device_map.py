@@ -6,13 +6,19 @@ names (`torch.device("cuda")`, `device="cuda"`, `.to("cuda")`, `.cuda()`, `is_cu
 functions answer for `tpu` (`is_available`, `synchronize`, seeds, memory); autocast and GradScaler built
 for "cuda" are built for "tpu"; `torch.load(map_location="cuda")` loads onto `tpu`;
 `torch.backends.cuda.matmul.allow_tf32` sets the matching `torch.tpu` matmul precision (the cuDNN flags
-have no tpu meaning and stay flags). Parsing is here too, so the CLI and the child agree on the spelling.
+have no tpu meaning and stay flags). torch.distributed: "nccl" (alone or as "cuda:nccl") means the tpu
+backend, `init_device_mesh("cuda", ...)` a tpu mesh, and in a launched job the rank's CUDA device
+(`cuda:LOCAL_RANK`, `torch.cuda.set_device(LOCAL_RANK)`) is its one tpu device, index 0. Parsing is here
+too, so the CLI and the child agree on the spelling.
 """
 
 from __future__ import annotations
 
 import functools
 import sys
+
+import os
+import weakref
 
 from pydantic import BaseModel, ConfigDict
 
@@ -47,10 +53,23 @@ def parse(text: str) -> DeviceMap:
 
 def start_line(mapping: DeviceMap) -> str:
     return (f"tpu-agent: --device-map {mapping.spelled()}: the script's CUDA calls run on {mapping.target} "
-            "(torch.cuda, .cuda(), .to(\"cuda\"), device=\"cuda\", CUDA autocast and GradScaler)")
+            "(torch.cuda, .cuda(), .to(\"cuda\"), device=\"cuda\", CUDA autocast and GradScaler, "
+            "NCCL process groups)")
 
 
 # ---------------------------------------------------------------- the mapping itself (in the child)
+
+
+def _local_rank() -> int | None:
+    """This rank's LOCAL_RANK in a job a launcher started (torchrun), else None."""
+    value = os.environ.get("LOCAL_RANK", "")
+    return int(value) if value.isdigit() and os.environ.get("WORLD_SIZE", "1") != "1" else None
+
+
+def _index(index):
+    """A source device index as the target's: in a launched job each rank has one target device, index 0,
+    so the rank's own CUDA index (LOCAL_RANK, what GPU scripts pass) is 0; any other stays as given."""
+    return 0 if index is not None and index == _local_rank() else index
 
 
 def _device(value, source: str, target: str):
@@ -58,10 +77,12 @@ def _device(value, source: str, target: str):
     import torch
 
     if isinstance(value, torch.device):
-        return torch.device(target, value.index) if value.type == source else value
+        return torch.device(target, _index(value.index)) if value.type == source else value
     if isinstance(value, str):
         kind, colon, index = value.partition(":")
-        return f"{target}{colon}{index}" if kind == source else value
+        if kind != source:
+            return value
+        return f"{target}:{_index(int(index))}" if index.isdigit() else f"{target}{colon}{index}"
     return value
 
 
@@ -81,14 +102,14 @@ def _function_mode(source: str, target: str):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if func is new_device:
-                if args and isinstance(args[0], str):
-                    args = (_device(args[0], source, target), *args[1:])
-                elif args and isinstance(args[0], new_device):
+                if len(args) == 2 and args[0] == source and isinstance(args[1], int):  # torch.device("cuda", i)
+                    args = (target, _index(args[1]))
+                elif args and isinstance(args[0], (str, new_device)):
                     args = (_device(args[0], source, target), *args[1:])
             elif func is cuda_method:
                 index = args[1] if len(args) > 1 else kwargs.get("device")
                 index = index.index if isinstance(index, new_device) else index
-                where = target if index is None else f"{target}:{index if isinstance(index, int) else 0}"
+                where = target if index is None else f"{target}:{_index(index) if isinstance(index, int) else 0}"
                 return args[0].to(where, non_blocking=bool(kwargs.get("non_blocking", False)))
             elif type(func) is wrapper and func.__self__ is is_cuda:
                 return args[0].device.type in (source, target)
@@ -97,7 +118,7 @@ def _function_mode(source: str, target: str):
                 if len(args) > first:
                     value = args[first]
                     if isinstance(value, int) and not isinstance(value, bool) and func is torch.Tensor.to:
-                        value = f"{target}:{value}"  # `.to(0)`: CUDA device 0
+                        value = f"{target}:{_index(value)}"  # `.to(0)`: CUDA device 0
                     args = (*args[:first], _device(value, source, target), *args[first + 1:])
             if "device" in kwargs:
                 kwargs = {**kwargs, "device": _device(kwargs["device"], source, target)}
@@ -128,6 +149,10 @@ def _patch_cuda_module(torch, target: str) -> None:
     for name in same:
         if hasattr(tpu, name):
             setattr(cuda, name, getattr(tpu, name))
+    cuda.set_device = lambda device: tpu.set_device(_index(device) if isinstance(device, int)
+                                                    else _device(device, "cuda", target))
+    cuda.device = lambda device: tpu.device(_index(device) if isinstance(device, int)
+                                            else _device(device, "cuda", target))
     cuda.init = lambda: None
     cuda.is_bf16_supported = lambda including_emulation=True: True
     cuda.get_device_capability = lambda device=None: (8, 0)  # what bf16 and flash-attention checks ask for
@@ -206,6 +231,81 @@ def _patch_load(torch, source: str, target: str) -> None:
     torch.load = load
 
 
+def _backend(backend, source: str, target: str):
+    """A torch.distributed backend string with the source's ("nccl", "cuda:nccl") as the target's backend:
+    "nccl" -> "tpu", "cpu:gloo,cuda:nccl" -> "cpu:gloo,tpu:tpu"; anything else as is."""
+    from torch.distributed import Backend
+
+    native = {"cuda": "nccl"}[source]
+    text = str(backend) if backend is not None else ""
+    if text.lower() == native:
+        return Backend(target)
+    if ":" not in text:
+        return backend
+    pairs = [pair.split(":", 1) for pair in text.lower().split(",")]
+    if any(len(pair) != 2 for pair in pairs) or not any(d == source or n == native for d, n in pairs):
+        return backend
+    mapped = {target if device == source else device: target if name == native else name for device, name in pairs}
+    return Backend(",".join(f"{device}:{name}" for device, name in mapped.items()))
+
+
+def _patch_distributed(torch, source: str, target: str) -> None:
+    """NCCL process groups and CUDA device meshes built on the target: every group PyTorch creates goes through
+    `_new_process_group_helper`, every mesh through `DeviceMesh.__init__`. `dist.get_backend()` answers "nccl"
+    for a group the script asked for as NCCL (what it compares against); PyTorch's own code, which imports
+    get_backend from distributed_c10d, sees the backend the group has."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    from torch.distributed import distributed_c10d as c10d
+    from torch.distributed import device_mesh
+
+    native = {"cuda": "nccl"}[source]
+    asked_native = weakref.WeakSet()
+    helper = c10d._new_process_group_helper
+
+    @functools.wraps(helper)
+    def new_group(group_size, group_rank, global_ranks, backend, *args, **kwargs):
+        mapped = _backend(backend, source, target)
+        result = helper(group_size, group_rank, global_ranks, mapped, *args, **kwargs)
+        if mapped is not backend and native in str(backend).lower():
+            asked_native.add(result[0])
+        return result
+
+    c10d._new_process_group_helper = new_group
+    timeout = c10d._get_default_timeout  # init_process_group asks it first: NCCL's would warn "not compiled"
+    c10d._get_default_timeout = functools.wraps(timeout)(lambda backend: timeout(_backend(backend, source, target)))
+    get_backend = c10d.get_backend
+
+    @functools.wraps(get_backend)
+    def get_backend_as_asked(group=None):
+        pg = group or c10d._get_default_group()
+        return dist.Backend(native) if pg in asked_native else get_backend(group)
+
+    dist.get_backend = get_backend_as_asked
+    mesh_init = device_mesh.DeviceMesh.__init__
+
+    @functools.wraps(mesh_init)
+    def mesh(self, device_type, *args, **kwargs):
+        mesh_init(self, target if device_type == source else device_type, *args, **kwargs)
+
+    device_mesh.DeviceMesh.__init__ = mesh
+    ddp = torch.nn.parallel.DistributedDataParallel
+    ddp_init = ddp.__init__
+
+    def devices(value):
+        return _index(value) if isinstance(value, int) else _device(value, source, target)
+
+    @functools.wraps(ddp_init)
+    def ddp_on_target(self, module, device_ids=None, output_device=None, *args, **kwargs):
+        """DDP(model, device_ids=[LOCAL_RANK]): the rank's CUDA index, its one tpu device's index 0."""
+        device_ids = None if device_ids is None else [devices(d) for d in device_ids]
+        ddp_init(self, module, device_ids, None if output_device is None else devices(output_device), *args, **kwargs)
+
+    ddp.__init__ = ddp_on_target
+
+
 def apply(mapping: DeviceMap, say=None) -> None:
     """Map the source device onto the target for the rest of this process, and say so in one line (stderr)."""
     import torch
@@ -215,6 +315,7 @@ def apply(mapping: DeviceMap, say=None) -> None:
     _patch_amp(torch, source, target)
     _patch_load(torch, source, target)
     _patch_tf32(torch, target)
+    _patch_distributed(torch, source, target)
     original_default = torch.set_default_device
     torch.set_default_device = functools.wraps(original_default)(
         lambda device: original_default(_device(device, source, target)))
