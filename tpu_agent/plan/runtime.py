@@ -4,17 +4,23 @@ Each action applies itself (`Action.apply`): operand padding, matmul
 precision and the execution mode configure the backend at once. Sharding and
 module compilation need the user's model, which the script builds: a global
 forward pre-hook finds it at its first call (the outermost module holding
-tpu parameters). Source actions (`PadDim`) were applied to a copy of the
+tpu parameters). A torch.distributed script's parallelism (FSDP2's options,
+its mesh, checkpointed blocks) is changed by wrapping what it calls
+(parallelism.py). Source actions (`PadDim`) were applied to a copy of the
 script already (rewrite.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from tpu_agent.plan.actions import Mesh, Plan
+
+if TYPE_CHECKING:
+    from tpu_agent.plan.parallelism import Parallelism
 
 
 @dataclass
@@ -28,6 +34,7 @@ class Applied:
     compile_model: bool = False
     model: str | None = None  # the module the hook found
     sharded: list[tuple[str, tuple]] = field(default_factory=list)  # parameter name -> its PartitionSpec
+    parallelism: "Parallelism | None" = None  # a torch.distributed script's FSDP2, mesh and checkpointing changes
 
 
 def apply_runtime(plan: Plan) -> Applied:
@@ -37,6 +44,10 @@ def apply_runtime(plan: Plan) -> Applied:
         action.apply(applied)
     if applied.mesh is not None:
         _install_model_hook(applied)
+    if applied.parallelism is not None:
+        from tpu_agent.plan import parallelism
+
+        parallelism.install(applied.parallelism, applied.notes)
     if applied.compile_model:
         from tpu_agent.backend import auto_compile
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tpu_agent.profilers.schema import Profile
 from tpu_agent.propose.candidates import Evidence
-from tpu_agent.propose import buckets
+from tpu_agent.propose import buckets, parallel
 
 
 # ------------------------------------------------------------------ metrics and variables
@@ -74,6 +74,11 @@ METRICS: dict[str, tuple[str, Callable[[Profile], Any]]] = {
     "live_peak_bytes": ("most device buffer bytes alive at a step boundary",
                         lambda p: p.memory.live_peak_bytes or 0),
     "fallbacks": ("aten ops run on the CPU, counted", lambda p: sum(p.fallbacks.values())),
+    "world_size": ("ranks of a torch.distributed run (profile --nproc); 1 otherwise", parallel.world_size),
+    "fsdp": ("1 when the run is FSDP2: its ranks reduce-scattered gradients, or its source calls fully_shard",
+             parallel.uses_fsdp),
+    "mesh_2d": ("1 when the script builds a 2-D (dp, tp) mesh with init_device_mesh (read from its source)",
+                parallel.builds_2d_mesh),
     "host_share": ("measured share of a steady step that is host overhead (Python, dispatch, tracing, recording "
                    "ops), from steps whose launches were waited for; 0 without that measurement",
                    lambda p: p.host_device.host_share if p.host_device else 0.0),
@@ -97,6 +102,10 @@ VARIABLES: dict[str, tuple[str, Callable[[Profile], Any], Any]] = {
                         buckets.bucket_choices, [(64,), (32, 64)]),
     "$length_pads_seen": ("whether the pad values were seen in the script's own batches (not assumed)",
                           buckets.pads_seen, True),
+    "$mesh_shapes": ("[dp, tp] factorisations of the world size whose tp divides the blocks' Linear widths",
+                     parallel.mesh_shapes, [(1, 2), (2, 1)]),
+    "$dp_batches": ("whether the script's batches follow its rank or mesh coordinate (read from its source)",
+                    parallel.dp_batches, True),
     # filled in per playbook from its own targets.dims (offline.py); a list of sizes
     "$dims": ("the sizes of the unaligned dims the playbook's targets.dims selects", lambda p: [], [1000]),
 }
