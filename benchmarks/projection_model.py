@@ -2,12 +2,14 @@
 
 Hugging Face configs built here from published values (nothing downloaded); the model is built on the `tpu`
 device, which `tpu-agent project` reads as meta: no memory. Llama-style dense models, or Mixtral-style MoE
-(its experts run as a dense GShard-style dispatch: every expert sees capacity = tokens x top_k / experts).
+(its experts run as MaxText's dropping implementation does: a dense GShard-style dispatch, every expert seeing
+capacity = ceil(sequence x top_k / experts) x capacity factor tokens of each sequence).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 
 import torch
 from torch import nn
@@ -26,10 +28,14 @@ def parse():
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--experts", type=int, default=0)
     p.add_argument("--top-k", type=int, default=2)
-    p.add_argument("--remat", choices=("none", "full", "qkv", "minimal"), default="none", nargs="?", const="full",
+    p.add_argument("--capacity-factor", type=float, default=1.0,
+                   help="MaxText's capacity_factor: each expert takes ceil(seq x top_k / experts) x this tokens of a "
+                        "sequence (MaxText's generate_masks)")
+    p.add_argument("--remat", choices=("none", "full", "qkv", "mlp", "minimal"), default="none", nargs="?", const="full",
                    help="activation checkpointing as MaxText's remat_policy: full (every decoder layer; --remat alone), "
                         "qkv (custom: the layer input and q/k/v projections kept, the rest recomputed), minimal (the "
-                        "projections kept, attention recomputed), none")
+                        "projections kept, attention recomputed), mlp (custom with out_proj kept too: only the "
+                        "MLP block recomputed), none")
     p.add_argument("--steps", type=int, default=4)
     return p.parse_args()
 
@@ -38,17 +44,18 @@ class DenseMoE(nn.Module):
     """Top-k routing with a fixed capacity per expert, computed densely (einsum dispatch), as MaxText's dropping
     MoE does: shapes never depend on the data."""
 
-    def __init__(self, hidden, mlp, experts, top_k):
+    def __init__(self, hidden, mlp, experts, top_k, capacity_factor=1.0):
         super().__init__()
         self.router = nn.Linear(hidden, experts, bias=False)
         self.w1 = nn.Parameter(torch.empty(experts, hidden, mlp))
         self.w3 = nn.Parameter(torch.empty(experts, hidden, mlp))
         self.w2 = nn.Parameter(torch.empty(experts, mlp, hidden))
-        self.experts, self.top_k = experts, top_k
+        self.experts, self.top_k, self.capacity_factor = experts, top_k, capacity_factor
 
     def forward(self, x):
         b, s, h = x.shape
-        capacity = s * self.top_k // self.experts  # per sequence (one routing group per sequence)
+        # per sequence (one routing group per sequence), as MaxText's generate_masks
+        capacity = int(max(math.ceil(s * self.top_k / self.experts) * self.capacity_factor, self.capacity_factor))
         probs = self.router(x).softmax(-1)
         weights, _ = probs.topk(self.top_k, dim=-1)
         # dispatch: [batch, experts, capacity, seq], one-hot in a real router; its values do not matter here
@@ -66,6 +73,8 @@ def _checkpointed(layer, policy: str):
     qkv: MaxText's `custom` policy with decoder_layer_input, query_proj, key_proj, value_proj (and out_proj)
     offloaded or kept: everything after the q/k/v projections (attention, o_proj, the MLP) is recomputed; the
     normed input stays saved here as the projections' input (MaxText recomputes that norm).
+    mlp: `custom` with out_proj kept as well (MaxText's Mixtral v6e recipe): attention and o_proj run once, the
+    MLP block (post-attention norm and MLP, or the MoE) is recomputed.
     minimal: `checkpoint_dots_with_no_batch_dims`: every projection's output kept, the attention core (a dot with
     batch dims, the splash kernel) recomputed."""
     from torch.utils.checkpoint import checkpoint
@@ -90,6 +99,9 @@ def _checkpointed(layer, policy: str):
         q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
         if policy == "qkv":
             return checkpoint(rest, hidden_states, q, k, v, cos, sin, use_reentrant=False)
+        if policy == "mlp":
+            x = hidden_states + attn.o_proj(core(q, k, v, cos, sin))
+            return checkpoint(lambda x: x + layer.mlp(layer.post_attention_layernorm(x)), x, use_reentrant=False)
         x = hidden_states + attn.o_proj(checkpoint(core, q, k, v, cos, sin, use_reentrant=False))
         return x + layer.mlp(layer.post_attention_layernorm(x))
 
@@ -106,10 +118,10 @@ def build(a):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)
         if a.experts:
             for layer in model.model.layers:
-                layer.mlp = DenseMoE(a.hidden, a.mlp, a.experts, a.top_k).to(torch.bfloat16)
+                layer.mlp = DenseMoE(a.hidden, a.mlp, a.experts, a.top_k, a.capacity_factor).to(torch.bfloat16)
     if a.remat == "full":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    elif a.remat in ("qkv", "minimal"):
+    elif a.remat in ("qkv", "mlp", "minimal"):
         for layer in model.model.layers:
             layer.forward = _checkpointed(layer, a.remat)
     return model
