@@ -37,7 +37,8 @@ def reduce_op_name(op) -> str:
     for known, name in _REDUCE_OPS.items():
         if op == known:
             return name
-    raise NotImplementedError(f"tpu: reduce op {op} is not supported")
+    kind = getattr(op, "op", op)
+    raise NotImplementedError(f"tpu: reduce op {getattr(kind, 'name', kind)} is not supported here")
 
 
 def group_ranks(group, size: int | None = None) -> tuple[int, ...]:
@@ -60,15 +61,33 @@ def _completed(result) -> object:
     return _create_work_from_future(future)
 
 
-def _reduce_op(opts) -> str:
-    return reduce_op_name(opts.reduceOp if opts is not None else ReduceOp.SUM)
-
-
 def _premul_factor(opts):
     """PREMUL_SUM's factor (each rank's input times it, then summed), else None. FSDP2 reduce-scatters with
     PREMUL_SUM(1 / factor) when a gradient divide factor is set: TorchTitan sets 1.0."""
     op = opts.reduceOp if opts is not None else None
     return op.factor if getattr(op, "op", None) == ReduceOp.RedOpType.PREMUL_SUM else None
+
+
+def _reduction(opts) -> tuple[str, object]:
+    """(the reduce op as collectives.py names it, PREMUL_SUM's factor or None): PREMUL_SUM is a sum of the
+    inputs times the factor, in every reducing collective."""
+    factor = _premul_factor(opts)
+    if factor is not None:
+        return "sum", factor
+    return reduce_op_name(opts.reduceOp if opts is not None else ReduceOp.SUM), None
+
+
+def _scales(factor) -> bool:
+    return factor is not None and (isinstance(factor, torch.Tensor) or factor != 1)
+
+
+def _scaled(t, factor):
+    """`t` times PREMUL_SUM's factor (a new tensor; `t` itself when there is none)."""
+    return t * factor if _scales(factor) else t
+
+
+def _equal_splits(splits, rows: int, n: int) -> bool:
+    return not splits or (rows % n == 0 and all(s == rows // n for s in splits))
 
 
 def _on_tpu(tensors) -> bool:
@@ -102,6 +121,12 @@ class TpuProcessGroup(ProcessGroup):
 
         return tensor_ops
 
+    @property
+    def _exchange(self):
+        from . import exchange
+
+        return exchange
+
     # --- collectives: tpu tensors here, CPU tensors to gloo ---------------------------------------
     def _gloo_does(self, name: str, *args, opts=None):
         """The CPU tensors' collective, run by the group's gloo backend. (Not `super().name`: pybind tells a
@@ -114,10 +139,9 @@ class TpuProcessGroup(ProcessGroup):
             tensors = [tensors]
         if not _on_tpu(tensors):
             return self._gloo_does("allreduce", tensors, opts=opts)
-        factor = _premul_factor(opts)
-        op = "sum" if factor is not None else _reduce_op(opts)
+        op, factor = _reduction(opts)
         for t in tensors:
-            if factor is not None and factor != 1:
+            if _scales(factor):
                 t.mul_(factor)
             self._ops.all_reduce_(t, self.ranks, op)
         return _completed(tensors)
@@ -149,11 +173,8 @@ class TpuProcessGroup(ProcessGroup):
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
         if not _on_tpu([input]):
             return self._gloo_does("_reduce_scatter_base", output, input, opts=opts)
-        factor = _premul_factor(opts)
-        if factor is not None:
-            self._ops.reduce_scatter_into(output, input * factor if factor != 1 else input, self.ranks, "sum")
-        else:
-            self._ops.reduce_scatter_into(output, input, self.ranks, _reduce_op(opts))
+        op, factor = _reduction(opts)
+        self._ops.reduce_scatter_into(output, _scaled(input, factor), self.ranks, op)
         return _completed([output])
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
@@ -167,8 +188,9 @@ class TpuProcessGroup(ProcessGroup):
     def reduce_scatter(self, outputs, input_lists, opts=None):
         if not _on_tpu(outputs):
             return self._gloo_does("reduce_scatter", outputs, input_lists, opts=opts)
+        op, factor = _reduction(opts)
         for output, inputs in zip(outputs, input_lists):
-            self._ops.reduce_scatter_list(output, inputs, self.ranks, _reduce_op(opts))
+            self._ops.reduce_scatter_list(output, [_scaled(t, factor) for t in inputs], self.ranks, op)
         return _completed(outputs)
 
     def broadcast(self, tensors, opts=None):
@@ -184,8 +206,12 @@ class TpuProcessGroup(ProcessGroup):
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002
         if not _on_tpu([input]):
             return self._gloo_does("alltoall_base", output, input, output_split_sizes, input_split_sizes, opts=opts)
-        self._ops.all_to_all_into(output, input, self.ranks, list(output_split_sizes or []),
-                                  list(input_split_sizes or []))
+        out_splits, in_splits, n = list(output_split_sizes or []), list(input_split_sizes or []), len(self.ranks)
+        if _equal_splits(out_splits, output.shape[0], n) and _equal_splits(in_splits, input.shape[0], n):
+            self._ops.all_to_all_into(output, input, self.ranks, [], [])
+        else:  # MoE's token dispatch: each rank sends each other rank its own number of rows
+            self._exchange.all_to_all_single(output, input, self.ranks, out_splits or [output.shape[0] // n] * n,
+                                       in_splits or [input.shape[0] // n] * n)
         return _completed([output])
 
     all_to_all_single = alltoall_base
@@ -193,15 +219,41 @@ class TpuProcessGroup(ProcessGroup):
     def alltoall(self, outputs, inputs, opts=None):
         if not _on_tpu(inputs):
             return self._gloo_does("alltoall", outputs, inputs, opts=opts)
-        self._ops.all_to_all_list(outputs, inputs, self.ranks)
+        if len({(t.shape, t.dtype) for t in [*inputs, *outputs]}) == 1:
+            self._ops.all_to_all_list(outputs, inputs, self.ranks)
+        else:
+            self._exchange.all_to_all_list(outputs, inputs, self.ranks)
         return _completed(outputs)
+
+    def send(self, tensors, dst, tag=0):
+        if not _on_tpu(tensors):
+            return self._gloo_does("send", tensors, dst, tag)
+        for t in tensors:
+            self._exchange.send(t, self.ranks[self.rank()], self.ranks[dst])
+        return _completed(tensors)
+
+    def recv(self, tensors, src, tag=0):
+        if not _on_tpu(tensors):
+            return self._gloo_does("recv", tensors, src, tag)
+        for t in tensors:
+            self._exchange.recv(t, self.ranks[self.rank()], self.ranks[src])
+        return _completed(tensors)
+
+    def recv_anysource(self, tensors, tag=0):
+        if not _on_tpu(tensors):
+            return self._gloo_does("recv_anysource", tensors, tag)
+        raise NotImplementedError("tpu: recv without a source (recv_anysource) is not supported on tpu tensors: "
+                                  "name the sending rank")
 
     def reduce(self, tensors, opts=None):
         if not _on_tpu(tensors):
             return self._gloo_does("reduce", tensors, opts=opts)
-        op = _reduce_op(opts)
+        op, factor = _reduction(opts)
         for t in tensors:  # every rank computes the reduction; only the root's tensor takes it (as gloo)
-            self._ops.all_reduce_(t, self.ranks, op, only_rank=opts.rootRank)
+            scaled = _scaled(t, factor)
+            self._ops.all_reduce_(scaled, self.ranks, op, only_rank=opts.rootRank)
+            if scaled is not t and self.rank() == opts.rootRank:
+                t.copy_(scaled)
         return _completed(tensors)
 
     def gather(self, output_lists, inputs, opts=None):

@@ -139,6 +139,18 @@ def expected(rank: int) -> dict:
     }
 
 
+def _torchrun_2(code: str, tmp_path) -> None:
+    """`code` at 2 ranks under torchrun in tmp_path (once more if gloo aborted a rank at teardown)."""
+    script = tmp_path / "script.py"
+    script.write_text(code)
+    for _ in range(2):
+        proc = run_python("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
+                          cwd=tmp_path, env=clean_env(), timeout=300)
+        if proc.returncode == 0 or GLOO_TEARDOWN_ABORT not in proc.stderr:
+            break
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
 def _norm_close(a: list[float], b: list[float], rel: float) -> bool:
     return math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b))) <= rel * math.sqrt(sum(y * y for y in b))
 
@@ -146,14 +158,7 @@ def _norm_close(a: list[float], b: list[float], rel: float) -> bool:
 @pytest.mark.slow  # torchrun, 2 ranks joined in one JAX runtime (about 30 s)
 def test_every_collective_at_world_size_2_gives_gloos_values_whichever_way_the_backend_is_named(tmp_path):
     # ... and FSDP2 on tpu trains as the same model on the CPU does.
-    script = tmp_path / "collectives.py"
-    script.write_text(SCRIPT)
-    for _ in range(2):
-        proc = run_python("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
-                          cwd=tmp_path, env=clean_env(), timeout=300)
-        if proc.returncode == 0 or GLOO_TEARDOWN_ABORT not in proc.stderr:
-            break
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    _torchrun_2(SCRIPT, tmp_path)
     for rank in (0, 1):
         results = json.loads((tmp_path / f"rank{rank}.json").read_text())
         fsdp, ddp = results.pop("fsdp"), results.pop("ddp_compiled")
@@ -171,3 +176,111 @@ def test_every_collective_at_world_size_2_gives_gloos_values_whichever_way_the_b
         assert all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(ddp["losses"], ddp["reference"])), ddp
         for values, reference in zip(ddp["params"], ddp["reference_params"]):
             assert _norm_close(values, reference, 1e-5)
+
+
+EXCHANGES = textwrap.dedent("""
+    import json
+    import torch, torch.distributed as dist
+
+    dist.init_process_group()  # tpu tensors on the tpu backend; the same calls on CPU tensors over a gloo group
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+    results = {}
+
+    def both(name, fn):
+        tpu, cpu = fn("tpu", None), fn("cpu", gloo)
+        assert all(t.device.type == "tpu" for t in tpu), name
+        results[name] = [[t.cpu().flatten().tolist() for t in tpu], [t.flatten().tolist() for t in cpu]]
+
+    def uneven(splits, dtype):  # MoE's token dispatch: rank r sends splits[r][j] rows of 3 to rank j
+        def fn(device, group):
+            x = (torch.arange(sum(splits[rank]) * 3) + 100 * rank).reshape(-1, 3).to(dtype).to(device)
+            received = [splits[j][rank] for j in range(world)]
+            out = torch.empty(sum(received), 3, dtype=dtype, device=device)
+            dist.all_to_all_single(out, x, received, splits[rank], group=group)
+            return [out]
+        return fn
+
+    both("uneven_float", uneven([[1, 3], [2, 0]], torch.float32))
+    both("uneven_int", uneven([[5, 0], [1, 2]], torch.int64))  # another padded size: its own program
+
+    def sizes(device, group):  # inputs[j] to rank j, of sizes no two ranks share
+        inputs = [torch.arange((rank + 1) * 2, dtype=torch.float32, device=device) + 10 * rank,
+                  torch.arange(3 - rank, dtype=torch.float32, device=device) - 10 * rank]
+        outputs = [torch.empty((j + 1) * 2 if rank == 0 else 3 - j, device=device) for j in range(world)]
+        if device == "tpu":
+            dist.all_to_all(outputs, inputs, group=group)
+            return outputs
+        # gloo's all_to_all takes equal sizes only: the same exchange as all_to_all_single of the concatenation
+        flat = torch.empty(sum(len(o) for o in outputs))
+        dist.all_to_all_single(flat, torch.cat(inputs), [len(o) for o in outputs], [len(i) for i in inputs], group=group)
+        return list(flat.split([len(o) for o in outputs]))
+
+    both("all_to_all_sizes", sizes)
+
+    def point_to_point(device, group):
+        t = torch.arange(5, dtype=torch.float32, device=device) + 0.5
+        peer = 1 - rank
+        back = torch.empty(5, device=device)
+        if rank == 0:
+            dist.send(t, peer, group=group)
+            dist.recv(back, peer, group=group)
+        else:
+            dist.recv(back, peer, group=group)
+            dist.send(back * 2, peer, group=group)
+        return [back]
+
+    both("send_recv", point_to_point)
+
+    # PREMUL_SUM (gloo has none): against gloo's SUM of the inputs times the factor
+    premul = dist._make_nccl_premul_sum(0.25)
+    x = torch.arange(4, dtype=torch.float32) + 10 * rank
+    def reduced(kind):
+        def fn(device, group):
+            op, y = (premul, x.to(device)) if device == "tpu" else (dist.ReduceOp.SUM, x * 0.25)
+            if kind == "all_reduce":
+                dist.all_reduce(y, op=op, group=group); return [y]
+            if kind == "reduce_scatter_tensor":
+                out = torch.empty(2, device=device); dist.reduce_scatter_tensor(out, y, op=op, group=group); return [out]
+            if kind == "reduce_scatter":
+                out = torch.empty(2, device=device); dist.reduce_scatter(out, list(y.chunk(2)), op=op, group=group)
+                return [out]
+            dist.reduce(y, dst=1, op=op, group=group)
+            return [y] if rank == 1 else []
+        return fn
+
+    for kind in ("all_reduce", "reduce_scatter_tensor", "reduce_scatter", "reduce"):
+        try:
+            both(f"premul_{kind}", reduced(kind))
+        except Exception as exc:
+            results[f"premul_{kind}"] = f"{type(exc).__name__}: {exc}"
+
+    try:
+        dist.recv(torch.empty(2, device="tpu"))
+    except Exception as exc:
+        results["recv_anysource"] = str(exc)
+    dist.barrier()
+    dist.destroy_process_group()
+    with open(f"rank{rank}.json", "w") as f:
+        json.dump(results, f)
+""")
+
+
+@pytest.mark.slow  # torchrun, 2 ranks (about 30 s)
+def test_uneven_all_to_all_send_recv_and_premul_sum_on_tpu_give_gloos_values(tmp_path):
+    """all_to_all_single with unequal splits (MoE expert parallelism), all_to_all over tensors of different
+    sizes, send/recv, each on tpu against the same call on CPU gloo in the same job; PREMUL_SUM in every
+    reducing collective against gloo's sum of the scaled inputs; recv without a source refused in one line."""
+    _torchrun_2(EXCHANGES, tmp_path)
+    for rank in (0, 1):
+        results = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        refused = results.pop("recv_anysource")
+        assert "recv_anysource" in refused and "\n" not in refused, refused
+        assert set(results) == {"uneven_float", "uneven_int", "all_to_all_sizes", "send_recv", "premul_all_reduce",
+                                "premul_reduce_scatter_tensor", "premul_reduce_scatter", "premul_reduce"}
+        for name, got in results.items():
+            assert isinstance(got, list), (rank, name, got)
+            tpu, gloo = got
+            assert tpu == gloo, (rank, name, tpu, gloo)
+        assert results["send_recv"][0] == [[1.0, 3.0, 5.0, 7.0, 9.0] if rank == 0 else [0.5, 1.5, 2.5, 3.5, 4.5]]
+        assert results["uneven_float"][0][0][:3] == ([0.0, 1.0, 2.0] if rank == 0 else [3.0, 4.0, 5.0])
