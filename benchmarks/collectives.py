@@ -14,6 +14,10 @@ times), a figure is the median over rounds and the ratio the median of the round
 bandwidth as nccl-tests defines it, with S the buffer's bytes (all_gather: the gathered output, each rank
 giving S/N): all_reduce S/t * 2(N-1)/N, all_gather S/t * (N-1)/N. Goal (issue #26): tpu within 1.5x of
 gloo's time from 1 MB up.
+
+`--bare` also times, interleaved with the others, XLA's all-reduce alone: a jitted `shard_map` psum on a
+global array built once, outside the backend (no torch tensor, no write back), its ratio to gloo in a last
+column: what the backend could reach with XLA:CPU's collectives as they are.
 """
 
 from __future__ import annotations
@@ -79,6 +83,25 @@ def load_line(when: str) -> str:
     return f"load average at the {when}: {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
 
 
+def bare_psum(x):
+    """A call running XLA's all-reduce of tpu tensor `x`'s array, alone (its program and global array built
+    here, once)."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from tpu_agent.backend.distributed import collectives, tensor_ops
+
+    ranks = tuple(range(jax.process_count()))
+    mesh = collectives.mesh_of(ranks)
+    local = tensor_ops.array(x)
+    whole = jax.make_array_from_single_device_arrays((len(ranks) * local.shape[0],),
+                                                     NamedSharding(mesh, P(collectives.AXIS)), [local])
+    program = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, collectives.AXIS), mesh=mesh,
+                                    in_specs=P(collectives.AXIS), out_specs=P(collectives.AXIS)))
+    return lambda: program(whole).block_until_ready()
+
+
 def rank_main(args) -> None:
     """One rank: both backends over every size and op; rank 0 prints the table."""
     import torch
@@ -97,12 +120,14 @@ def rank_main(args) -> None:
                 if op == "all_reduce":
                     x = torch.full((numel,), float(rank + 1), device=device)
                     buffers[name] = (lambda x=x: dist.all_reduce(x)), x
+                    if args.bare and name == "tpu":
+                        buffers["bare"] = bare_psum(torch.full((numel,), float(rank + 1), device=device)), None
                 else:
                     mine = torch.full((numel // n,), float(rank + 1), device=device)
                     out = torch.empty(numel // n * n, device=device)
                     buffers[name] = (lambda out=out, mine=mine: dist.all_gather_into_tensor(out, mine)), out
             iters = iterations(size)
-            times: dict[str, list[float]] = {"tpu": [], "gloo": []}
+            times: dict[str, list[float]] = {name: [] for name in buffers}
             for round_ in range(args.rounds + 1):  # round 0 warms up (compiles the tpu programs)
                 for name, (call, _) in buffers.items():
                     dist.barrier()  # gloo: every rank starts together
@@ -120,16 +145,17 @@ def rank_main(args) -> None:
                 raise SystemExit(f"error: {op} {label(size)}: tpu and gloo results differ")
             t_tpu, t_gloo = statistics.median(times["tpu"]), statistics.median(times["gloo"])
             ratio = statistics.median(a / b for a, b in zip(times["tpu"], times["gloo"]))
-            rows.append((op, size, iters, t_tpu, t_gloo, ratio))
+            bare = statistics.median(a / b for a, b in zip(times["bare"], times["gloo"])) if "bare" in times else None
+            rows.append((op, size, iters, t_tpu, t_gloo, ratio, bare))
     if rank == 0:
         print(f"\n{n} ranks, median of {args.rounds} rounds (time per call of the slowest rank; busbw GB/s)")
         print(f"{'op':<11}{'size':>7}{'iters':>6}{'tpu ms':>10}{'gloo ms':>10}{'tpu busbw':>11}{'gloo busbw':>12}"
-              f"{'tpu/gloo':>10}")
-        for op, size, iters, t_tpu, t_gloo, ratio in rows:
+              f"{'tpu/gloo':>10}{'  bare psum/gloo' if args.bare else ''}")
+        for op, size, iters, t_tpu, t_gloo, ratio, bare in rows:
             f = bus_factor(op, n) * size / 1e9
             goal = "" if size < KB * KB else ("  met" if ratio <= 1.5 else "  MISS (goal <= 1.5)")
             print(f"{op:<11}{label(size):>7}{iters:>6}{t_tpu * 1e3:>10.3f}{t_gloo * 1e3:>10.3f}{f / t_tpu:>11.3f}"
-                  f"{f / t_gloo:>12.3f}{ratio:>10.2f}{goal}", flush=True)
+                  f"{f / t_gloo:>12.3f}{ratio:>10.2f}{goal}{'' if bare is None else f'  bare {bare:.2f}'}", flush=True)
     finish()
 
 
@@ -138,6 +164,7 @@ def main(argv=None) -> int:
     parser.add_argument("--nproc", type=int, nargs="+", default=[2, 4], help="world sizes (default: 2 4)")
     parser.add_argument("--max-mb", type=int, default=64, help="largest buffer, MB (default 64)")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per size (default 5)")
+    parser.add_argument("--bare", action="store_true", help="also time XLA's all-reduce alone (a bare psum)")
     args = parser.parse_args(argv)
     if "RANK" in os.environ:  # started by the launcher: one rank
         rank_main(args)
@@ -148,7 +175,8 @@ def main(argv=None) -> int:
     print(header(f"benchmarks/collectives.py: tpu backend vs gloo (CPU tensors), world sizes {args.nproc}"))
     print(load_line("start"), flush=True)
     for n in args.nproc:
-        status = launch(n, __file__, ["--max-mb", str(args.max_mb), "--rounds", str(args.rounds)])
+        status = launch(n, __file__, ["--max-mb", str(args.max_mb), "--rounds", str(args.rounds),
+                                      *(["--bare"] if args.bare else [])])
         if status != 0:
             return status
     print(load_line("end"))

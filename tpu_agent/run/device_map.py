@@ -15,9 +15,8 @@ too, so the CLI and the child agree on the spelling.
 from __future__ import annotations
 
 import functools
-import sys
-
 import os
+import sys
 import weakref
 
 from pydantic import BaseModel, ConfigDict
@@ -249,17 +248,12 @@ def _backend(backend, source: str, target: str):
     return Backend(",".join(f"{device}:{name}" for device, name in mapped.items()))
 
 
-def _patch_distributed(torch, source: str, target: str) -> None:
-    """NCCL process groups and CUDA device meshes built on the target: every group PyTorch creates goes through
-    `_new_process_group_helper`, every mesh through `DeviceMesh.__init__`. `dist.get_backend()` answers "nccl"
-    for a group the script asked for as NCCL (what it compares against); PyTorch's own code, which imports
-    get_backend from distributed_c10d, sees the backend the group has."""
-    import torch.distributed as dist
-
-    if not dist.is_available():
-        return
+def _patch_groups(dist, source: str, target: str) -> None:
+    """NCCL process groups built with the target's backend: every group PyTorch creates goes through
+    `_new_process_group_helper`. `dist.get_backend()` answers "nccl" for a group the script asked for as NCCL
+    (what it compares against); PyTorch's own code, which imports get_backend from distributed_c10d, sees the
+    backend the group has."""
     from torch.distributed import distributed_c10d as c10d
-    from torch.distributed import device_mesh
 
     native = {"cuda": "nccl"}[source]
     asked_native = weakref.WeakSet()
@@ -284,6 +278,13 @@ def _patch_distributed(torch, source: str, target: str) -> None:
         return dist.Backend(native) if pg in asked_native else get_backend(group)
 
     dist.get_backend = get_backend_as_asked
+
+
+def _patch_mesh_and_ddp(torch, source: str, target: str) -> None:
+    """`init_device_mesh("cuda", ...)` (every mesh goes through `DeviceMesh.__init__`) builds a target mesh;
+    `DDP(model, device_ids=[LOCAL_RANK])` names the rank's one target device."""
+    from torch.distributed import device_mesh
+
     mesh_init = device_mesh.DeviceMesh.__init__
 
     @functools.wraps(mesh_init)
@@ -304,6 +305,14 @@ def _patch_distributed(torch, source: str, target: str) -> None:
         ddp_init(self, module, device_ids, None if output_device is None else devices(output_device), *args, **kwargs)
 
     ddp.__init__ = ddp_on_target
+
+
+def _patch_distributed(torch, source: str, target: str) -> None:
+    import torch.distributed as dist
+
+    if dist.is_available():
+        _patch_groups(dist, source, target)
+        _patch_mesh_and_ddp(torch, source, target)
 
 
 def apply(mapping: DeviceMap, say=None) -> None:
