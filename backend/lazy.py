@@ -66,6 +66,9 @@ class Program:
     raw: Callable  # unjitted: traced inside the graph
     out_avals: dict  # input avals -> (treedef, [ShapeDtypeStruct])
     scope: str = ""  # HLO metadata scope: the op and the user's source line, "aten.mm.default[train.py:42]"
+    # A collective's global ranks (distributed/in_program.py): a graph holding one runs as the program its
+    # `over_ranks(graph, programs, args)` returns, one SPMD program over those ranks, instead of jax.jit(graph).
+    ranks: tuple | None = None
 
     def abstract_eval(self, args):
         key = tuple(_aval_key(a) for a in args)
@@ -237,8 +240,10 @@ class Recorder:
             return [env[i][k] for i, k in out_refs]
 
         name = f"fused_graph_{len(self.graphs)}"
+        collective = next((p for p in programs if p.ranks is not None), None)
         exe = executables.Executable(
-            name=name, kind="fused", fn=jax.jit(graph), raw=graph,
+            name=name, kind="fused", raw=graph,
+            fn=jax.jit(graph) if collective is None else collective.over_ranks(graph, programs, inputs),
             args=tuple(executables.abstract(a) for a in inputs),
             ops=tuple(p.name for p in programs),
         )

@@ -118,12 +118,15 @@ COMPILE_STEPS = Flag("TPU_AGENT_COMPILE_STEPS", "backend",
                      "`1`: the model's forward and backward and each optimizer's update run as compiled programs")
 XLA_CACHE = EnvVar("TPU_AGENT_XLA_CACHE", "backend",
                    "XLA's persistent compilation cache: a directory, or `off`; default xla/ in the cache directory")
+COLLECTIVES_IN_PROGRAM = Text("TPU_AGENT_COLLECTIVES_IN_PROGRAM", "backend",
+                              "`0`: in fused mode a collective runs between programs (a sync point), not inside "
+                              "the fused graph as one SPMD program over the ranks", default="1")
 DEFER_AND_FUSE = Flag("TORCH_TPU_DEFER_AND_FUSE", "backend",
                       "`1`: start in fused mode (Google TorchTPU's variable, honoured by the bundled device)")
 
 ALL: tuple[EnvVar, ...] = (CACHE_DIR, MEASURE_SLOTS, ANTHROPIC_API_KEY, RUN_DIR, PROFILE, PROGRESS_FD, TRIAL, PLAN,
                            DEVICE_MAP, DEVICE, DEVICES, GENERATION, CPU_FALLBACK, PAD_OPS, TIME_EXECUTABLES, MAX_GRAPH_OPS,
-                           COMPILE_STEPS, XLA_CACHE, DEFER_AND_FUSE)
+                           COMPILE_STEPS, XLA_CACHE, COLLECTIVES_IN_PROGRAM, DEFER_AND_FUSE)
 NAMES = frozenset(v.name for v in ALL)
 
 

@@ -33,6 +33,7 @@ REDUCE_OPS = ("sum", "avg", "max", "min", "product", "band", "bor", "bxor")
 
 _meshes: dict[tuple, Mesh] = {}
 _programs: dict[tuple, object] = {}
+runs = 0  # collective programs run between other programs (each its own XLA program), counted
 
 
 @dataclass
@@ -92,6 +93,8 @@ def _run(kind: str, ranks: tuple[int, ...], local, fn, *, size: int | None = Non
         start = time.perf_counter()
     elif RECORDED.on:
         RECORDED.untimed += 1
+    global runs
+    runs += 1
     with faults.watching(kind, ranks):  # a collective some rank never joins times out, naming it
         out = _program(kind, ranks, fn, **static)(global_array)
         if timed:
@@ -140,16 +143,36 @@ def _reduce(x, op: str, n: int):
     return out
 
 
+# The collectives' bodies: a rank's block in, its result out, over the axis AXIS (shared with in_program.py,
+# which traces them inside a fused graph's SPMD program).
+def all_reduce_body(x, n: int, op: str):
+    return _reduce(x, op, n)
+
+
+def all_gather_body(x, n: int):
+    return jax.lax.all_gather(x, AXIS, axis=0, tiled=True)
+
+
+def reduce_scatter_body(x, n: int, op: str):
+    out = jax.lax.psum_scatter(x, AXIS, scatter_dimension=0, tiled=True)
+    if op == "avg":
+        out = (out / n).astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else out // n
+    return out
+
+
+def broadcast_body(x, n: int, root: int):
+    return jax.lax.all_gather(x, AXIS)[root]
+
+
 def all_reduce(local, ranks: tuple[int, ...], op: str = "sum"):
     if op not in REDUCE_OPS:
         raise NotImplementedError(f"tpu: all_reduce with reduce op {op!r} is not supported ({', '.join(REDUCE_OPS)})")
-    return _run("all_reduce", ranks, local, lambda x, n, op: _reduce(x, op, n), op=op)
+    return _run("all_reduce", ranks, local, all_reduce_body, op=op)
 
 
 def all_gather(local, ranks: tuple[int, ...]):
     """The ranks' arrays concatenated along dim 0 (`all_gather_into_tensor`)."""
-    return _run("all_gather", ranks, local, lambda x, n: jax.lax.all_gather(x, AXIS, axis=0, tiled=True),
-                size=local.size * local.dtype.itemsize * len(ranks))
+    return _run("all_gather", ranks, local, all_gather_body, size=local.size * local.dtype.itemsize * len(ranks))
 
 
 def reduce_scatter(local, ranks: tuple[int, ...], op: str = "sum"):
@@ -160,18 +183,12 @@ def reduce_scatter(local, ranks: tuple[int, ...], op: str = "sum"):
         size = local.shape[0] // n
         return reduced[i * size:(i + 1) * size]
 
-    def body(x, n, op):
-        out = jax.lax.psum_scatter(x, AXIS, scatter_dimension=0, tiled=True)
-        if op == "avg":
-            out = (out / n).astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else out // n
-        return out
-
-    return _run("reduce_scatter", ranks, local, body, op=op)
+    return _run("reduce_scatter", ranks, local, reduce_scatter_body, op=op)
 
 
 def broadcast(local, ranks: tuple[int, ...], root: int):
     """The root's array on every rank (`root`: its position in `ranks`). Exact: selected, not summed."""
-    return _run("broadcast", ranks, local, lambda x, n, root: jax.lax.all_gather(x, AXIS)[root], root=root)
+    return _run("broadcast", ranks, local, broadcast_body, root=root)
 
 
 def all_to_all(local, ranks: tuple[int, ...]):

@@ -1,18 +1,20 @@
 """The process group's collectives on tpu tensors: their arrays in, results written back in place.
 
-A pending fused graph runs first (a collective is a sync point of fused mode, as on TorchTPU); the values
-then go to collectives.py as `jax.Array`s and come back as arrays on the same device: nothing is copied to
-the host.
+In fused mode the collectives DDP and FSDP2 use (all_reduce, broadcast, all_gather_into_tensor,
+reduce_scatter_tensor, all_to_all_single) are recorded into the pending graph, which then runs as one program
+over the ranks (in_program.py). Otherwise, and for the rest, a pending fused graph runs first (a sync point,
+as on TorchTPU); the values then go to collectives.py as `jax.Array`s and come back as arrays on the same
+device: nothing is copied to the host.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-from .. import lazy
+from .. import dtypes, lazy
 from ..lazy import RECORDER
 from ..tensor import TpuTensor
-from . import collectives
+from . import collectives, in_program
 
 REASON = "collective"  # the flush reason: a sync point, not a graph break
 
@@ -31,6 +33,17 @@ def array(t) -> object:
     return value
 
 
+def _recorded(kind: str, output, t, ranks, **static) -> bool:
+    """In fused mode: `kind` recorded into the pending graph, its result written to `output`; else False."""
+    if not in_program.recording():
+        return False
+    if not isinstance(t, TpuTensor):
+        array(t)  # the one error for a tensor on another device
+    output.set_jax(in_program.record(kind, ranks, t.jax(), tuple(output.shape), dtypes.to_jax_dtype(output.dtype),
+                                     **static))
+    return True
+
+
 def _write(t: TpuTensor, value) -> None:
     if value.dtype != jnp.dtype(array(t).dtype):
         value = value.astype(array(t).dtype)
@@ -39,6 +52,8 @@ def _write(t: TpuTensor, value) -> None:
 
 def all_reduce_(t, ranks, op: str, only_rank: int | None = None) -> None:
     """All-reduce into `t` (with `only_rank`, a group rank, a reduce: the result is written there alone)."""
+    if only_rank is None and _recorded("all_reduce", t, t, ranks, op=op):
+        return
     value = collectives.all_reduce(array(t), ranks, op)
     if only_rank is None or ranks.index(collectives.my_rank()) == only_rank:
         _write(t, value)
@@ -46,10 +61,14 @@ def all_reduce_(t, ranks, op: str, only_rank: int | None = None) -> None:
 
 def broadcast_(t, ranks, root: int) -> None:
     """`root`: the source's rank in the group (its position in `ranks`)."""
+    if _recorded("broadcast", t, t, ranks, root=root):
+        return
     _write(t, collectives.broadcast(array(t), ranks, root))
 
 
 def all_gather_into(output, t, ranks) -> None:
+    if t.dim() and _recorded("all_gather", output, t, ranks):
+        return
     _write(output, collectives.all_gather(array(t), ranks))
 
 
@@ -60,6 +79,9 @@ def all_gather_list(outputs, t, ranks) -> None:
 
 
 def reduce_scatter_into(output, t, ranks, op: str) -> None:
+    recordable = op in ("sum", "avg") and t.dim() and t.shape[0] % len(ranks) == 0
+    if recordable and _recorded("reduce_scatter", output, t, ranks, op=op):
+        return
     _write(output, collectives.reduce_scatter(array(t), ranks, op))
 
 
@@ -70,6 +92,10 @@ def reduce_scatter_list(output, inputs, ranks, op: str) -> None:
 
 def all_to_all_into(output, t, ranks, output_splits: list[int], input_splits: list[int]) -> None:
     n = len(ranks)
+    rows = t.shape[0] if t.dim() else 0
+    if (t.dim() and rows % n == 0 and all(s == rows // n for s in output_splits + input_splits)
+            and _recorded("all_to_all", output, t, ranks)):
+        return
     value = array(t)
     equal = value.shape[0] // n if value.shape[0] % n == 0 else None
     if any(s != equal for s in output_splits + input_splits):

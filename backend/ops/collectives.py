@@ -1,8 +1,10 @@
 """The functional collectives (`_c10d_functional`: what DTensor, FSDP2 and `funcol` call) as op lowerings.
 
-Each runs as an XLA collective over the group's ranks (distributed/collectives.py) on the tensor's array;
-they are not jit-traceable into another program (their program spans processes), so they run where they
-are met: in fused mode the pending graph runs first. They complete when they return, so `wait_tensor` is
+Each runs as an XLA collective over the group's ranks (distributed/collectives.py) on the tensor's array. In
+fused mode all_reduce, all_gather_into_tensor, reduce_scatter_tensor (sum, avg), broadcast and
+all_to_all_single (equal splits) are recorded into the pending graph, which runs as one program over the ranks
+(distributed/in_program.py; their handlers are in distributed/functional.py); otherwise, and for the rest,
+they run where they are met, the pending graph first. They complete when they return, so `wait_tensor` is
 the identity.
 """
 
@@ -62,9 +64,12 @@ def broadcast(x, src, group_name):
 @lower(functional.all_to_all_single, jit=False, meta_check=False)
 def all_to_all_single(x, output_split_sizes, input_split_sizes, group_name):
     ranks = group_ranks(group_name)
-    splits = [int(s) for s in list(output_split_sizes) + list(input_split_sizes)]
-    if any(s != x.shape[0] // len(ranks) for s in splits) or x.shape[0] % len(ranks):
-        raise NotImplementedError(f"tpu: all_to_all_single with unequal split sizes is not supported ({splits})")
+    out_splits, in_splits = [int(s) for s in output_split_sizes], [int(s) for s in input_split_sizes]
+    if any(s != x.shape[0] // len(ranks) for s in out_splits + in_splits) or x.shape[0] % len(ranks):
+        from ..distributed import exchange  # MoE's token dispatch: chunks padded to the largest any rank sends
+
+        equal = [x.shape[0] // len(ranks)] * len(ranks)
+        return exchange.all_to_all_uneven(x, ranks, out_splits or equal, in_splits or equal)
     return collectives.all_to_all(x, ranks)
 
 
@@ -76,3 +81,6 @@ def wait_tensor(x):
 @lower(functional._wrap_tensor_autograd.default)
 def wrap_tensor_autograd(x):
     return x  # PyTorch wraps a collective's result for a later wait; ours has completed: nothing to wrap
+
+
+from ..distributed import functional  # noqa: E402, F401  (their handlers: in fused mode, recorded into the graph)

@@ -1,0 +1,208 @@
+"""Collectives inside fused mode's graph: the graph then runs as ONE SPMD program over the ranks.
+
+Without this a collective is a sync point of fused mode: the pending graph runs, the collective runs as its own
+program (collectives.py), and a new graph starts, so a DDP step is a program per gradient bucket and the pieces
+between them. With it (fused mode, `TPU_AGENT_COLLECTIVES_IN_PROGRAM` not `0`) a collective on tpu tensors is a
+node of the graph, and the flushed graph runs under `shard_map` over a one-axis mesh of the collective's ranks:
+every input and output replicated in the sharding's words (`P()`, unchecked), which means each rank's own
+array, as it is, with no copy; the collectives as `psum` / `all_gather` / `psum_scatter` / `all_to_all` over
+the axis. One graph holds collectives over one group: a collective over another group (DTensor's dp and tp
+groups of a 2-D mesh) ends the graph first.
+
+What must hold: every rank of the group runs the same program at the same point. Before each run the ranks
+compare a fingerprint of their programs (a hash of the lowered program without source locations) with one
+small all-gather between programs; where they differ (a rank that read a value mid-step, a branch on
+the rank), every rank runs its graph op by op instead, with its collectives between programs as without this
+(correct wherever the ranks' collectives come in the same order, as they must on any backend), and says so
+once. A run is watched as a collective is (faults.py): a rank that never joins it ends the job with one line
+naming the graph. Every recorded collective is an output of its graph, so no rank's graph drops one whose
+result it does not read. Not in torch.compile captures (compile.py), whose step ends at a collective as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from dataclasses import dataclass
+from itertools import count
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from tpu_agent import envvars
+
+from .. import lazy
+from ..lazy import RECORDER
+from ..state import STATE
+from . import collectives, faults
+
+SWITCH = envvars.COLLECTIVES_IN_PROGRAM
+GROUP_CHANGE = "collective over another group"  # the flush reason when a graph's collectives change group
+
+
+def enabled() -> bool:
+    return SWITCH.value != "0"
+
+
+def recording() -> bool:
+    """Whether a collective met now is recorded into the pending graph (fused mode, not a compile capture)."""
+    return STATE.fused and RECORDER.capture is None and enabled()
+
+
+_BODIES = {
+    "all_reduce": collectives.all_reduce_body,
+    "all_gather": collectives.all_gather_body,
+    "reduce_scatter": collectives.reduce_scatter_body,
+    "broadcast": collectives.broadcast_body,
+    "all_to_all": lambda x, n: jax.lax.all_to_all(x, collectives.AXIS, 0, 0, tiled=True),
+}
+_BETWEEN = {  # the same collective as its own program, for a graph run op by op
+    "all_reduce": lambda x, ranks, op: collectives.all_reduce(x, ranks, op),
+    "all_gather": lambda x, ranks: collectives.all_gather(x, ranks),
+    "reduce_scatter": lambda x, ranks, op: collectives.reduce_scatter(x, ranks, op),
+    "broadcast": lambda x, ranks, root: collectives.broadcast(x, ranks, root),
+    "all_to_all": lambda x, ranks: collectives.all_to_all(x, ranks),
+}
+_ids = count(-1, -1)  # program ids below the executables' (which count up from 0)
+_programs: dict[tuple, "CollectiveProgram"] = {}
+
+
+@dataclass(eq=False)
+class CollectiveProgram(lazy.Program):
+    """A collective as a node of the graph: its body over the ranks' axis, then the shape and dtype its output
+    tensor has (all_gather_into_tensor's output may be laid out otherwise than the gathered blocks)."""
+
+    def abstract_eval(self, args):
+        key = tuple(lazy._aval_key(a) for a in args)
+        cached = self.out_avals.get(key)
+        if cached is None:
+            over = jax.shard_map(self.raw, mesh=collectives.mesh_of(self.ranks), in_specs=P(), out_specs=P(),
+                                 check_vma=False)  # the axis is bound only inside the mesh's program
+            shaped = jax.eval_shape(over, *[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args])
+            cached = self.out_avals[key] = (jax.tree_util.tree_structure(shaped), [shaped])
+        return cached
+
+    def over_ranks(self, graph, programs, args) -> "SpmdGraph":
+        groups = {p.ranks for p in programs if p.ranks is not None}
+        if len(groups) > 1:  # record() ends a graph before a collective over another group
+            raise RuntimeError(f"tpu: a fused graph with collectives over several groups {sorted(groups)}")
+        names = [p.name for p in programs if p.ranks is not None]
+        label = "a fused graph with " + ", ".join(f"{k} x{names.count(k)}" for k in dict.fromkeys(names))
+        return SpmdGraph(graph, self.ranks, label)
+
+
+def _program(kind: str, ranks: tuple[int, ...], shape, dtype, static: dict) -> CollectiveProgram:
+    key = (kind, ranks, shape, str(dtype), tuple(sorted(static.items())))
+    program = _programs.get(key)
+    if program is None:
+        body, between, n = _BODIES[kind], _BETWEEN[kind], len(ranks)
+
+        def raw(x):
+            # Traced inside the graph's SPMD program; called on an array when the graph runs op by op.
+            out = body(x, n, **static) if isinstance(x, jax.core.Tracer) else between(x, ranks, **static)
+            out = out if shape is None else out.reshape(shape)
+            return out if dtype is None or out.dtype == dtype else out.astype(dtype)
+
+        name = f"c10d.{kind}" + "".join(f"({v})" for _, v in sorted(static.items()))
+        program = _programs[key] = CollectiveProgram(next(_ids), name, raw, {}, scope=name, ranks=ranks)
+    return program
+
+
+class _Kept:
+    """Holds a recorded collective's output as a pending storage does, so that the flush computes it."""
+
+    __slots__ = ("array", "__weakref__")
+
+    def __init__(self, array) -> None:
+        self.array = array
+
+
+_kept: list[_Kept] = []  # this graph's collectives' outputs, until it runs
+_group: list = [None]  # the ranks of this graph's collectives
+
+
+def _flushed(exe, reason) -> None:
+    _kept.clear()
+    _group[0] = None
+
+
+RECORDER.listeners.append(_flushed)
+
+
+def record(kind: str, ranks: tuple[int, ...], value, shape=None, dtype=None, **static):
+    """Record `kind` over `ranks` on `value` (an array or a pending one) into the graph; its pending result,
+    reshaped to `shape` and cast to `dtype` where given."""
+    if _group[0] is not None and _group[0] != ranks:
+        RECORDER.flush(GROUP_CHANGE, also=[value], op=f"c10d.{kind}")
+        _kept.clear()
+        if type(value) is lazy.Lazy and value.value is not None:
+            value = value.value
+    _group[0] = ranks
+    dtype = None if dtype is None else jnp.dtype(dtype)
+    out = RECORDER.record(_program(kind, ranks, None if shape is None else tuple(shape), dtype, static), [value])
+    kept = _Kept(out)
+    RECORDER.track(kept)
+    _kept.append(kept)
+    return out
+
+
+def _fingerprint(program_text: str) -> np.ndarray:
+    """Two int32s that tell two ranks' programs apart: a hash of the lowered program without its source
+    locations. The programs must be the same, not only their collectives: two ranks' programs whose other
+    ops differed (a constant that was the rank) were seen to hang on this CPU host's gloo collectives."""
+    return np.frombuffer(hashlib.blake2b(program_text.encode(), digest_size=8).digest(), np.int32).copy()
+
+
+class SpmdGraph:
+    """A fused graph holding collectives, called as `jax.jit(graph)` would be, on this rank's arrays: it runs
+    as one program over the ranks' devices, or op by op where the ranks' graphs differ."""
+
+    def __init__(self, graph, ranks: tuple[int, ...], label: str):
+        self.graph, self.ranks = graph, ranks
+        self.fingerprint = None  # of the lowered program, known once lowered
+        mesh = collectives.mesh_of(ranks)
+        self.device = mesh.devices.flat[collectives._position(mesh)]
+        self.sharding = NamedSharding(mesh, P())  # each rank's array as it is (unchecked: they differ)
+        self.jitted = jax.jit(jax.shard_map(graph, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False))
+        self.label = label  # what the watch's timeout line names
+        self.said = False
+
+    def lower(self, *args):
+        """What Executable.compiled lowers: the arguments as the ranks' global arrays."""
+        lowered = self.jitted.lower(*[jax.ShapeDtypeStruct(np.shape(a), _dtype(a), sharding=self.sharding)
+                                      for a in args])
+        if self.fingerprint is None:
+            self.fingerprint = _fingerprint(lowered.as_text(debug_info=False))
+        return lowered
+
+    def __call__(self, *args):
+        local = [jax.device_put(a, self.device) for a in args]
+        if self.fingerprint is None:
+            self.lower(*local)
+        if not self._ranks_agree():
+            return list(self.graph(*local))
+        whole = [jax.make_array_from_single_device_arrays(a.shape, self.sharding, [a]) for a in local]
+        with faults.watching(self.label, self.ranks):  # a rank that never joins: one line naming the graph
+            out = self.jitted(*whole)
+        return [o.addressable_data(0) for o in out]
+
+    def _ranks_agree(self) -> bool:
+        mine = jax.device_put(self.fingerprint, self.device)
+        everyone = np.asarray(collectives.all_gather(mine, self.ranks)).reshape(len(self.ranks), -1)
+        if (everyone == self.fingerprint).all():
+            return True
+        if not self.said:
+            self.said = True
+            me = collectives.my_rank()
+            others = [r for r, f in zip(self.ranks, everyone) if (f != self.fingerprint).any()]
+            print(f"tpu: rank {me}: its fused graph with collectives differs from rank(s) {others}'s (other ops, "
+                  "constants or input shapes); it runs op by op, its collectives between programs",
+                  file=sys.stderr, flush=True)
+        return False
+
+
+def _dtype(a):
+    return a.dtype if hasattr(a, "dtype") else jnp.asarray(a).dtype
