@@ -202,6 +202,16 @@ EXCHANGES = textwrap.dedent("""
         return fn
 
     both("uneven_float", uneven([[1, 3], [2, 0]], torch.float32))
+
+    def functional(device, group):  # funcol, as DTensor and TorchTitan's expert parallelism call it
+        import torch.distributed._functional_collectives as funcol
+        splits = [[2, 1], [3, 2]]
+        x = (torch.arange(sum(splits[rank]) * 2) + 100 * rank).reshape(-1, 2).float().to(device)
+        out = funcol.all_to_all_single(x, [splits[j][rank] for j in range(world)], splits[rank],
+                                       group if group is not None else dist.group.WORLD)
+        return [funcol.wait_tensor(out)]
+
+    both("uneven_functional", functional)
     both("uneven_int", uneven([[5, 0], [1, 2]], torch.int64))  # another padded size: its own program
 
     def sizes(device, group):  # inputs[j] to rank j, of sizes no two ranks share
@@ -276,8 +286,9 @@ def test_uneven_all_to_all_send_recv_and_premul_sum_on_tpu_give_gloos_values(tmp
         results = json.loads((tmp_path / f"rank{rank}.json").read_text())
         refused = results.pop("recv_anysource")
         assert "recv_anysource" in refused and "\n" not in refused, refused
-        assert set(results) == {"uneven_float", "uneven_int", "all_to_all_sizes", "send_recv", "premul_all_reduce",
-                                "premul_reduce_scatter_tensor", "premul_reduce_scatter", "premul_reduce"}
+        assert set(results) == {"uneven_float", "uneven_functional", "uneven_int", "all_to_all_sizes", "send_recv",
+                                "premul_all_reduce", "premul_reduce_scatter_tensor", "premul_reduce_scatter",
+                                "premul_reduce"}
         for name, got in results.items():
             assert isinstance(got, list), (rank, name, got)
             tpu, gloo = got
