@@ -84,6 +84,9 @@ class TuneOptions(BaseModel):
                          metavar="TARGET")
     objective: Objective = option("time", f"{_either(Objective)}: step time, peak memory, or both.")
     devices: int = option(1, "Simulated devices on a CPU host (for sharding).", ge=1)
+    nproc: int = option(1, "Ranks on this host: the baseline, every trial and the verification run the script once "
+                        "per rank under PyTorch's launcher (torch.distributed.run, as torchrun --nproc-per-node N); "
+                        "a step's time is its slowest rank's.", metavar="N", ge=1)
     seed: int = option(0, "Seed of the sampler and the bootstrap.")
     study: str | None = option(None, "Optuna study name (default: from the script and settings).")
     storage: str | None = option(None, "Optuna storage URL (default: SQLite under .tpu-agent/).")
@@ -180,6 +183,8 @@ class TuneOptions(BaseModel):
         """What makes two runs the same study: the script, its args and the measuring settings."""
         keep = self.model_dump(include={"steps", "warmup", "target", "objective", "min_gain", "loss_tol"})
         keep["devices"] = self.devices if self.devices > 1 else None  # as studies made before recorded it
+        if self.nproc > 1:  # another job: absent at 1 rank, as studies made before recorded it
+            keep["nproc"] = self.nproc
         if self.allow:  # another search space; absent when empty, as studies made before recorded it
             keep["allow"] = self.allow
         text = json.dumps({"script": str(script), "args": args, **keep}, sort_keys=True)

@@ -25,7 +25,7 @@ from tpu_agent.propose.scope import knobs_in_scope
 from tpu_agent.report.console import TuneLines
 from tpu_agent.report.progress import TuneProgress
 from tpu_agent.report.result import TuneResult
-from tpu_agent.run.tune_profile import profile_for_tune
+from tpu_agent.run.tune_profile import profile_for_tune, ranks_lines
 from tpu_agent.search import study as studies
 from tpu_agent.search.rounds import search_rounds
 from tpu_agent.verify.best import verify_best
@@ -60,6 +60,8 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
         began = time.perf_counter()
         profile, path = profile_for_tune(script, args, run_dir, options)
         out.baseline(profile, path, time.perf_counter() - began)
+        for line in ranks_lines(profile):  # --nproc: each rank's step time and memory
+            out.console.print(line, markup=False)
         every_knob = discover(script, profile=profile, script_args=args, profile_path=str(path)).knobs
         batch = next((k.value for k in every_knob if k.batch and not k.overridden), None)
         knobs, left_out = knobs_in_scope(every_knob, options.allow)

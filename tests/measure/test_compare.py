@@ -70,7 +70,7 @@ def test_memory_and_numerics_from_the_same_pairs():
     assert Comparison(a, steps([0.010] * 6, device_bytes=0), FUSED, TuneOptions()).memory() is None
 
     baseline = losses_by_step(steps([0.010] * 6, loss=2.0))
-    assert losses_by_step(steps([0.010] * 2, loss=3.0), into=baseline)[1] == 2.0  # the first loss of a step stays
+    assert losses_by_step(steps([0.010] * 2, loss=3.0), into=baseline)[(1, 0)] == 2.0  # the first loss of a step stays
     losses = aligned_losses(baseline, steps([0.010] * 8, loss=2.0))
     assert len(losses) == 6  # the candidate's steps 7 and 8 have no baseline loss
     check, plan = Comparison(a, b, FUSED, TuneOptions(), losses=losses).numerics()

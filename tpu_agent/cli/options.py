@@ -17,6 +17,8 @@ DeviceMapOption = Annotated[str | None, typer.Option(
 JsonOutput = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
 
 PROG = "tpu-agent"
+NPROC_WITH_DEVICES = ("--devices simulates devices in one process; with --nproc each rank is one process with one "
+                      "device: give one or the other")  # profile's and tune's one line (exit 2)
 
 
 def device_map_env(text: str | None) -> dict[str, str]:

@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from tpu_agent import envvars
 from tpu_agent.cli.inputs import check_script
-from tpu_agent.cli.options import DeviceMapOption, ScriptArg, ScriptArgs, device_map_env, stderr_console, stdout_console
+from tpu_agent.cli.options import NPROC_WITH_DEVICES, DeviceMapOption, ScriptArg, ScriptArgs, device_map_env, stderr_console, stdout_console
 from tpu_agent.errors import InputError, TpuAgentError
 from tpu_agent.cli.format import ms
 from tpu_agent.paths import CANNOT_WRITE_EXIT, RUNS_SUBDIR, CannotWrite, probe_refusal, shown_path, writable_dir
@@ -116,14 +116,13 @@ def profile_script(
     device_map: str | None = None,
     nproc: int = 1,
 ) -> int:
-    from tpu_agent.run.profiled import read_profile, run_profiled
+    from tpu_agent.run.profiled import gather_ranks, read_profile, run_profiled
 
     check_script(script)
     if nproc < 1:
         raise InputError(f"--nproc takes a number of ranks >= 1, got {nproc}")
     if nproc > 1 and settings.devices > 1:
-        raise InputError("--devices simulates devices in one process; with --nproc each rank is one process with "
-                         "one device: give one or the other")
+        raise InputError(NPROC_WITH_DEVICES)
     mapped = device_map_env(device_map)
     if settings.trace_dir:
         settings.trace_dir = str(writable_dir(Path(settings.trace_dir).resolve(), "the trace directory"))
@@ -145,7 +144,7 @@ def profile_script(
     except OSError as exc:
         raise TpuAgentError(f"could not start the run: {exc}") from None
     if nproc > 1:  # after a timeout too: the ranks' partial profiles, as a single run keeps its own
-        _gather_ranks(Path(result.run_dir), nproc, result.exit_code)
+        gather_ranks(Path(result.run_dir), nproc, result.exit_code)
 
     if result.timed_out:
         sys.stdout.flush()
@@ -183,21 +182,6 @@ def profile_script(
         render(prof, stdout if stdout.is_terminal else Console(width=max(stdout.width, 140), soft_wrap=True,
                                                                   highlight=False, color_system=None))
     return result.exit_code
-
-
-def _gather_ranks(run_dir: Path, nproc: int, exit_code: int) -> None:
-    """The ranks' profiles (ranks/rank<R>/profile.json) gathered into the run's profile.json."""
-    from tpu_agent.profilers.ranks import gather
-    from tpu_agent.profilers.schema import write_profile
-    from tpu_agent.profilers.session import PROFILE_FILE
-
-    merged = gather(run_dir, nproc, exit_code)
-    if merged is not None:
-        try:
-            write_profile(merged, run_dir / PROFILE_FILE)
-        except OSError as exc:
-            raise CannotWrite(f"cannot write the profile {shown_path(run_dir / PROFILE_FILE)}: "
-                              f"{exc.strerror or exc} (the ranks' own are in {shown_path(run_dir / 'ranks')})") from None
 
 
 class ProfileMode(str, enum.Enum):

@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 
 from tpu_agent.cli.inputs import check_script
-from tpu_agent.cli.options import DeviceMapOption, ScriptArg, ScriptArgs, device_map_env, stderr_console, stdout_console
+from tpu_agent.cli.options import NPROC_WITH_DEVICES, DeviceMapOption, ScriptArg, ScriptArgs, device_map_env, stderr_console, stdout_console
 from tpu_agent.config import TuneOptions, resolve
 from tpu_agent.paths import shown_path
 from tpu_agent.report.effects import effect_lines
@@ -57,6 +57,7 @@ def tune(
     target: Annotated[str | None, flag("target")] = None,
     objective: Annotated[str | None, flag("objective")] = None,
     devices: Annotated[int | None, flag("devices")] = None,
+    nproc: Annotated[int | None, flag("nproc")] = None,
     seed: Annotated[int | None, flag("seed")] = None,
     study: Annotated[str | None, flag("study")] = None,
     storage: Annotated[str | None, flag("storage")] = None,
@@ -86,7 +87,8 @@ def tune(
     searches their combinations with Optuna, and keeps only changes whose gain was verified (interleaved
     A/B, bootstrap CI) and whose numerics were checked. Writes report.md, report.json, patch.diff and
     plan.json to the run directory; your files change only with --apply.
-    Example: [bold]tpu-agent tune train.py --trials 20 -- --epochs 1[/bold]
+    Example: [bold]tpu-agent tune train.py --trials 20 -- --epochs 1[/bold];
+    [bold]tpu-agent tune --nproc 2 train.py --trials 10[/bold] (a torchrun script, every rank)
     """
     given = {name: value for name, value in locals().items() if name in TuneOptions.model_fields}  # the flags
     from tpu_agent import interrupts, pipeline
@@ -214,6 +216,8 @@ def check_before_the_baseline(script: Path, opts, proposer: ProposerChoice) -> N
     from tpu_agent.plan.patch import uncommitted_sources
     from tpu_agent.propose.playbook import PlaybookError, load_playbooks
 
+    if opts.nproc > 1 and opts.devices > 1:  # as profile --nproc refuses it
+        raise InputError(NPROC_WITH_DEVICES)
     for directory in opts.playbooks:
         if not Path(directory).is_dir():
             raise InputError(f"--playbooks {directory}: no such directory")

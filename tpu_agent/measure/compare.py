@@ -16,7 +16,7 @@ import numpy as np
 from tpu_agent.config import TuneOptions
 from tpu_agent.measure.numerics import NumericsCheck, check_plan_numerics
 from tpu_agent.measure.stats import MIN_PAIRS, MemoryEstimate, SpeedupEstimate, median_ci, memory_saving, speedup
-from tpu_agent.measure.trials import StepRecord
+from tpu_agent.measure.trials import StepRecord, rank_records
 from tpu_agent.plan.actions import PadDim, Plan
 
 MIN_STEADY = 3  # pairs without compilation a trial's ratio needs; with fewer, every pair counts
@@ -68,18 +68,42 @@ def losses_of(steps: list[StepRecord]) -> list[float]:
     return [s.loss for s in steps if s.loss is not None]
 
 
-def losses_by_step(steps: list[StepRecord], into: dict[int, float] | None = None) -> dict[int, float]:
-    """Each step's loss, the first one measured kept (`into`: added to those known already)."""
+def losses_by_step(steps: list[StepRecord], into: dict[tuple[int, int], float] | None = None
+                   ) -> dict[tuple[int, int], float]:
+    """Each (step, rank)'s loss, the first one measured kept (`into`: added to those known already); one process
+    is rank 0, an N-rank job's step gives every rank's own loss."""
     out = {} if into is None else into
     for s in steps:
-        if s.loss is not None:
-            out.setdefault(s.step, s.loss)
+        for rank, own in enumerate(rank_records(s)):
+            if own.loss is not None:
+                out.setdefault((s.step, rank), own.loss)
     return out
 
 
-def aligned_losses(baseline: dict[int, float], steps: list[StepRecord]) -> list[tuple[float, float]]:
-    """(A's loss, B's loss) at each of B's steps that A has a loss for."""
-    return [(baseline[s.step], s.loss) for s in steps if s.loss is not None and s.step in baseline]
+def aligned_losses(baseline: dict[tuple[int, int], float], steps: list[StepRecord]) -> list[tuple[float, float, int]]:
+    """(A's loss, B's loss, rank) at each of B's steps, for each rank, that A has a loss for: every rank against
+    the same rank of A."""
+    return [(baseline[(s.step, rank)], own.loss, rank) for s in steps for rank, own in enumerate(rank_records(s))
+            if own.loss is not None and (s.step, rank) in baseline]
+
+
+def rank_memory(steps: list[StepRecord]) -> list[int]:
+    """Each rank's median peak device bytes over `steps` (one process: one figure)."""
+    per_rank = [rank_records(s) for s in steps]
+    if not per_rank:
+        return []
+    return [median([ranks[r].device_bytes for ranks in per_rank]) for r in range(min(len(x) for x in per_rank))]
+
+
+def rank_memory_line(a: list[StepRecord], b: list[StepRecord]) -> str | None:
+    """Each rank's peak device bytes, B against A (medians over the pairs, measured at every step boundary);
+    None for one process."""
+    before, after = rank_memory(a), rank_memory(b)
+    if len(after) < 2:
+        return None
+    ranks = ", ".join(f"rank {r} {y / 2**20:.2f} MiB (baseline {x / 2**20:.2f})"
+                      for r, (x, y) in enumerate(zip(before, after)))
+    return f"peak device memory per rank, measured: {ranks}"
 
 
 @dataclass
@@ -94,7 +118,7 @@ class Comparison:
     options: TuneOptions
     baseline_batch: int | None = None
     without: Plan = field(default_factory=Plan)
-    losses: list[tuple[float, float]] = field(default_factory=list)
+    losses: list[tuple] = field(default_factory=list)  # (A's loss, B's loss[, rank]): aligned_losses
 
     @cached_property
     def batches(self) -> tuple[int | None, int | None]:
@@ -138,10 +162,23 @@ class Comparison:
         return median([s.device_bytes for s in self.b]) / base if base else None
 
     def numerics(self) -> tuple[NumericsCheck | None, Plan]:
-        """The check B's losses call for (None: no step has both losses), and B as its losses class it."""
+        """The check B's losses call for (None: no step has both losses), and B as its losses class it; with
+        several ranks, each rank's losses against the same rank's of A, the worst rank's check (a failed one
+        first) standing for all."""
         if not self.losses:
             return None, self.plan
-        return check_plan_numerics(self.plan, [x for x, _ in self.losses], [y for _, y in self.losses], self.options)
+        by_rank: dict[int, list[tuple[float, float]]] = {}
+        for x, y, *rank in self.losses:
+            by_rank.setdefault(rank[0] if rank else 0, []).append((x, y))
+        checks = {r: check_plan_numerics(self.plan, [x for x, _ in pairs], [y for _, y in pairs], self.options)
+                  for r, pairs in sorted(by_rank.items())}
+        if len(checks) == 1:
+            return next(iter(checks.values()))
+        rank = max(checks, key=lambda r: (not checks[r][0].passed, checks[r][0].max_rel_diff or 0.0))
+        check, plan = checks[rank]
+        said = (f"each of the {len(checks)} ranks against the baseline's same rank; the worst, rank {rank}"
+                if check.passed else f"rank {rank} (of {len(checks)}, each against the baseline's same rank)")
+        return check.model_copy(update={"reason": f"{said}: {check.reason}"}), plan
 
     # --- the estimates a verification accepts on --------------------------------------------------------------
     def speedup(self) -> SpeedupEstimate:

@@ -94,7 +94,8 @@ class Runner:
 
             script = apply_pad_dims(plan, self.script, self.run_dir / "workspaces" / name).script
         return TrialProcess(script, self.args, plan, cwd=Path.cwd(), log_dir=self.run_dir / "logs",
-                            step_timeout=self.options.trial_timeout, env=self.env, name=name)
+                            step_timeout=self.options.trial_timeout, env=self.env, name=name,
+                            nproc=self.options.nproc)
 
     def measure(self, plan: Plan, name: str, pairs: int, report=None, fresh_baseline: bool = False):
         """(baseline steps, candidate steps, the candidate's process), interleaved."""
@@ -152,7 +153,8 @@ class Runner:
         return a, b
 
     def _warm(self, proc: TrialProcess, baseline: bool = False) -> None:
-        """Start-up and warm-up (imports, compiles) hold a slot too: they would load another worker's pairs."""
+        """Start-up and warm-up (imports, compiles) hold a slot too: they would load another worker's pairs. An
+        N-rank job holds one slot, as one measurement: its ranks take none of their own."""
         with slots.held():
             t0 = time.perf_counter()
             proc.start()

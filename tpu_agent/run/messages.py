@@ -16,11 +16,19 @@ from tpu_agent.plan.actions import Plan
 
 
 class TrialRequest(BaseModel):
-    """A timing trial: apply `plan`, then step under the gate (`gate_fd` in, `report_fd` out)."""
+    """A timing trial: apply `plan`, then step under the gate (`gate_fd` in, `report_fd` out); under PyTorch's
+    launcher, which passes no descriptors on, each rank's gate and report are named pipes in `channels`."""
 
     plan: Plan
-    gate_fd: int
-    report_fd: int
+    gate_fd: int = -1
+    report_fd: int = -1
+    channels: str | None = Field(None, description="a folder of FIFOs gate-<RANK> and report-<RANK>, one pair a rank")
+
+
+def channel_paths(folder: str, rank: int) -> tuple[str, str]:
+    """A rank's gate and report FIFOs in a trial's `channels` folder (the parent makes them, each rank opens its
+    own: PyTorch's launcher passes no descriptors on to the ranks)."""
+    return f"{folder}/gate-{rank}", f"{folder}/report-{rank}"
 
 
 class Ready(BaseModel):

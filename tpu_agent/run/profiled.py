@@ -36,6 +36,22 @@ def run_profiled(script: str | Path, args: list[str], settings: Settings, *, run
     return result, Path(result.run_dir) / PROFILE_FILE
 
 
+def gather_ranks(run_dir: Path, nproc: int, exit_code: int) -> None:
+    """The ranks' profiles (ranks/rank<R>/profile.json) gathered into the run's profile.json (profile --nproc and
+    tune --nproc)."""
+    from tpu_agent.paths import CannotWrite, shown_path
+    from tpu_agent.profilers.ranks import gather
+    from tpu_agent.profilers.schema import write_profile
+
+    merged = gather(run_dir, nproc, exit_code)
+    if merged is not None:
+        try:
+            write_profile(merged, run_dir / PROFILE_FILE)
+        except OSError as exc:
+            raise CannotWrite(f"cannot write the profile {shown_path(run_dir / PROFILE_FILE)}: "
+                              f"{exc.strerror or exc} (the ranks' own are in {shown_path(run_dir / 'ranks')})") from None
+
+
 def read_profile(path: Path) -> Profile:
     """The profile a run wrote; FileNotFoundError when it wrote none."""
     try:

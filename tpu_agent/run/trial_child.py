@@ -18,7 +18,7 @@ import time
 import torch
 from pydantic import BaseModel
 
-from tpu_agent.run.messages import Ended, Ready, StepRecord, TrialRequest
+from tpu_agent.run.messages import Ended, Ready, StepRecord, TrialRequest, channel_paths
 
 
 class StopTrial(BaseException):
@@ -28,8 +28,13 @@ class StopTrial(BaseException):
 class TrialSession:
     def __init__(self, request: TrialRequest):
         self.plan = request.plan
-        self.gate = os.fdopen(request.gate_fd, "rb", buffering=0)
-        self.report = os.fdopen(request.report_fd, "w", buffering=1)
+        if request.channels is not None:  # one rank of a job: RANK, as the launcher set it
+            gate, report = channel_paths(request.channels, int(os.environ.get("RANK", "0")))
+            self.gate = open(gate, "rb", buffering=0)  # the parent holds both ends open: neither open blocks
+            self.report = open(report, "w", buffering=1)
+        else:
+            self.gate = os.fdopen(request.gate_fd, "rb", buffering=0)
+            self.report = os.fdopen(request.report_fd, "w", buffering=1)
         self.step = 0
         self.last = None
         self.loss = None

@@ -15,7 +15,7 @@ from tpu_agent.plan.actions import PadDim, Plan
 from tpu_agent.profilers.schema import Profile, Settings
 from tpu_agent.run.device_use import profile_touched, refusal
 from tpu_agent.run.launch import READ_STDIN, READ_STDIN_MARK
-from tpu_agent.run.profiled import StepWatch, read_profile, run_profiled
+from tpu_agent.run.profiled import StepWatch, gather_ranks, read_profile, run_profiled
 
 
 class BaselineFailed(TpuAgentError):
@@ -41,15 +41,24 @@ def profile_for_tune(script: Path, args: list[str], run_dir: Path, options: Tune
 
             ran = apply_pad_dims(plan, script, run_dir / "workspaces" / "profile").script
     log_path = run_dir / f"{what}-profile.log"
-    watch = StepWatch(options.trial_timeout)
+    if options.nproc > 1:  # the launcher passes no progress pipe on: the whole run gets the steps' time limit
+        watch, limit = None, options.trial_timeout * (options.warmup + options.steps + 1) + 120.0
+        launch = {"timeout": limit, "nproc": options.nproc}
+    else:
+        watch = StepWatch(options.trial_timeout)
+        launch = {"pass_fds": (watch.write_fd,), "monitor": watch, "deadline": watch.deadline}
+        env.update(watch.env())
     with open(log_path, "wb") as log:
         result, path = run_profiled(ran, args, settings, runs_root=run_dir, stdin=subprocess.DEVNULL,
-                                    stdout=log.fileno(), stderr=log.fileno(),
-                                    extra_env={**watch.env(), **env}, pass_fds=(watch.write_fd,), monitor=watch,
-                                    deadline=watch.deadline)
+                                    stdout=log.fileno(), stderr=log.fileno(), extra_env=env, **launch)
+    if options.nproc > 1:  # each rank wrote its own profile: gathered as profile --nproc gathers them
+        gather_ranks(Path(result.run_dir), options.nproc, result.exit_code)
     shown = shown_path(log_path)
     if result.interrupted or (result.exit_code == 130 and not result.timed_out):
         raise KeyboardInterrupt
+    if result.timed_out and watch is None:
+        raise BaselineFailed(f"the {what} run of {options.nproc} ranks ran past {launch['timeout']:.0f} s (--trial-timeout "
+                             f"for each of its steps and its start-up) and was stopped; its output is in {shown}")
     if result.timed_out:
         raise BaselineFailed(f"the {what} run timed out: no progress to {watch.waiting_for or watch.timed_out_waiting} "
                              f"within {options.trial_timeout:.0f} s (--trial-timeout); its output is in {shown}")
@@ -77,3 +86,23 @@ def profile_for_tune(script: Path, args: list[str], run_dir: Path, options: Tune
     if not profile_touched(profile):  # nothing to measure on the device: every trial would time the CPU
         raise BaselineFailed(f"{refusal(script.name, 'tune')}; its output is in {shown}")
     return profile, path
+
+
+def ranks_lines(profile: Profile) -> list[str]:
+    """What the baseline of an N-rank job measured per rank: the job's pace (the slowest rank's median step) and
+    each rank's step time and peak device memory, as profile.json's `distributed` section holds them."""
+    dist = profile.distributed
+    if dist is None:
+        return []
+    pace = f"{dist.step_time_s * 1e3:.1f} ms" if dist.step_time_s is not None else "not measured"
+    slowest = f", slowest rank {dist.slowest_rank.rank}" if dist.slowest_rank is not None else ""
+    lines = [f"  {dist.world_size} ranks ({dist.launcher}): a step takes its slowest rank's time, {pace} "
+             f"(median){slowest}; trials and verification time each step as the slowest rank's (per-step max)"]
+    for entry in dist.ranks:
+        step = f"{entry.step_time.median_s * 1e3:.1f} ms" if entry.step_time is not None else "-"
+        peak = entry.live_peak_bytes
+        memory = f"{peak / 2**20:.2f} MiB" if peak is not None else "-"
+        lines.append(f"  rank {entry.rank}: median step {step}, peak device memory {memory} (measured)")
+    if dist.missing_ranks:
+        lines.append(f"  ranks without a profile: {dist.missing_ranks}")
+    return lines

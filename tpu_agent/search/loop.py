@@ -25,7 +25,7 @@ _WAITING = optuna.trial.TrialState.WAITING
 
 
 def search(study: optuna.Study, space: Space, runner: Runner, options: TuneOptions, baseline_batch: int | None,
-           baseline_losses: dict[int, float], on_trial=None, on_note=None, seed_offset: int = 0,
+           baseline_losses: dict[tuple[int, int], float], on_trial=None, on_note=None, seed_offset: int = 0,
            seeded: bool = True) -> list[TrialRecord]:
     """`seeded`: this tune started the study (it queues the seeds, saves the space its other workers read, starts
     --workers); a joining worker only measures."""

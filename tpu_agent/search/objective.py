@@ -15,7 +15,8 @@ from typing import NoReturn
 import optuna
 
 from tpu_agent.config import TuneOptions
-from tpu_agent.measure.compare import Comparison, aligned_losses, losses_by_step, losses_of, median
+from tpu_agent.measure.compare import (Comparison, aligned_losses, losses_by_step, losses_of, median, rank_memory,
+                                       rank_memory_line)
 from tpu_agent.measure.numerics import NumericsCheck
 from tpu_agent.measure.runner import Runner
 from tpu_agent.measure.trials import StepRecord, TrialFailed
@@ -101,7 +102,7 @@ class Objective:
     them); `measured` holds the plans measured so far, so that a repeat is recorded without running."""
 
     def __init__(self, space: Space, runner: Runner, options: TuneOptions, baseline_batch: int | None,
-                 baseline_losses: dict[int, float], *, measured: dict[str, Measured], per_pair: bool = False,
+                 baseline_losses: dict[tuple[int, int], float], *, measured: dict[str, Measured], per_pair: bool = False,
                  on_trial: Callable[[TrialRecord], None] | None = None, study: optuna.Study | None = None) -> None:
         self.space, self.runner, self.options, self.baseline_batch = space, runner, options, baseline_batch
         self.baseline_losses, self.measured, self.per_pair, self.on_trial = baseline_losses, measured, per_pair, on_trial
@@ -232,10 +233,14 @@ class Objective:
                                                    reason=numerics.reason),
                                 reported=report.reported)
         trial.set_user_attr("candidate_losses", losses_of(b))
+        ranks = rank_memory_line(a, b)
+        per_rank = list(zip(rank_memory(a), rank_memory(b))) if ranks is not None else None
+        if per_rank is not None:
+            trial.set_user_attr("rank_memory", per_rank)
         record = TrialRecord(number=trial.number, plan=plan, state=TrialState.COMPLETE,
                              value=objective_value(self.options, speed, memory_ratio), speedup=speed,
                              memory_ratio=memory_ratio, duration_s=time.perf_counter() - t0, warmup_s=warm_s,
-                             reason="; ".join(cand.notes))
+                             reason="; ".join([*cand.notes, *([ranks] if ranks else [])]), rank_memory=per_rank)
         return self._finish(trial, record, reported=report.reported)
 
     def _pruned(self, trial: optuna.Trial, record: TrialRecord, reported: dict[int, float]) -> NoReturn:

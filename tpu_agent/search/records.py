@@ -47,6 +47,7 @@ class TrialRecord(BaseModel):
     warmup_s: float | None = None  # the candidate's start-up and warm-up steps (imports, compiles)
     earlier: bool = False  # recorded by an earlier run of the study (--resume)
     host: str | None = None  # the host whose worker measured it
+    rank_memory: list[tuple[int, int]] | None = None  # an N-rank job: each rank's (baseline, plan) peak device bytes
 
     def outcome(self) -> TrialOutcome:
         """The trial as the proposers read it."""

@@ -129,6 +129,7 @@ def worker_key(script: Path, args: list[str], options: TuneOptions) -> dict:
 
     keep = options.model_dump(include={"steps", "warmup", "target", "objective", "min_gain", "loss_tol",
                                        "devices", "allow"})
+    keep["nproc"] = options.nproc if options.nproc > 1 else None  # None as studies made before recorded it
     return {"script": script.name, "sha256": hashlib.sha256(Path(script).read_bytes()).hexdigest()[:16],
             "args": list(args), "settings": keep}
 
@@ -144,7 +145,7 @@ def _differs(theirs: dict, ours: dict) -> str | None:
     for key, value in ours["settings"].items():
         their = (theirs.get("settings") or {}).get(key)
         if their != value:
-            what = "another search space" if key in ("allow", "devices") else "other measuring settings"
+            what = "another search space" if key in ("allow", "devices", "nproc") else "other measuring settings"
             return f"it was made for {what}: --{key.replace('_', '-')} {their}, here {value}"
     return None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field, computed_field
 
 from tpu_agent.config import TuneOptions
-from tpu_agent.measure.compare import Comparison, aligned_losses, losses_by_step
+from tpu_agent.measure.compare import Comparison, aligned_losses, losses_by_step, rank_memory, rank_memory_line
 from tpu_agent.measure.numerics import NumericsCheck
 from tpu_agent.measure.runner import Runner
 from tpu_agent.measure.stats import MemoryEstimate, SpeedupEstimate
@@ -43,6 +43,8 @@ class Verdict(BaseModel):
     estimate_note: str | None = Field(None, description="a time gain that can only be estimated here (sharding on a CPU host)")
     attribution: list[Attribution] = Field(default_factory=list, description="what each group of actions adds")
     left_out: list[str] = Field(default_factory=list, description="units the ablation left out of the plan, and why")
+    rank_memory: list[tuple[int, int]] | None = Field(
+        None, description="an N-rank job: each rank's (baseline, plan) peak device bytes, medians over the pairs")
 
 
 def simulated_devices_only(plan: Plan) -> bool:
@@ -75,10 +77,21 @@ def sharding_estimate(profile, plan: Plan, target: str) -> str | None:
             f"{sharded * 1e3:.3f} ms over {n} chips ({single / sharded:.2f}x); not measured")
 
 
+def resharded_on_cpu_ranks(plan: Plan, options: TuneOptions) -> bool:
+    """Another sharding of an N-rank job (its mesh, its resharding) run by ranks on this CPU: the time of their
+    collectives over gloo says nothing of a TPU slice's interconnect."""
+    import jax
+
+    return options.nproc > 1 and any(a.group == "sharding" for a in plan.actions) and jax.default_backend() == "cpu"
+
+
 def verify(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: int | None, profile=None) -> Verdict:
     """Fresh processes for both, interleaved pairs, CI on the speedup, the numerics check."""
     estimate_note = None  # what cannot be claimed, whatever is measured
-    if simulated_devices_only(plan):
+    if resharded_on_cpu_ranks(plan, options):
+        estimate_note = (f"the sharding of {options.nproc} ranks on this CPU host is not a TPU slice's: its time is "
+                         "measured here but not claimed (--target SLICE ranks meshes by projection)")
+    elif simulated_devices_only(plan):
         estimate = sharding_estimate(profile, plan, options.generation)
         estimate_note = ("time on simulated CPU devices is not a TPU's: the speed figure is measured here but "
                          "not claimed" + (f"; {estimate}" if estimate else ""))
@@ -122,5 +135,9 @@ def verify(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: int
             memory.reason if memory is not None else "no device memory figures")
         if estimate_note and options.objective == "time":
             reason = estimate_note
+    ranks = rank_memory_line(a, b)
+    if ranks is not None:  # an N-rank job: what the plan does to each rank's memory, whatever the verdict
+        reason = f"{reason}; {len(rank_memory(b))} ranks, each step timed as its slowest rank's; {ranks}"
     return Verdict(plan=plan, accepted=bool(wanted and numerics_ok), reason=reason, speed=speed, memory=memory,
-                   numerics=numerics, estimate_note=estimate_note)
+                   numerics=numerics, estimate_note=estimate_note,
+                   rank_memory=list(zip(rank_memory(a), rank_memory(b))) if ranks is not None else None)
