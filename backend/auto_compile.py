@@ -1,11 +1,13 @@
 """Compiled steps with no change to the script.
 
 `TPU_AGENT_COMPILE_STEPS=1` (or `torch.tpu.compile_steps()`) turns an
-unmodified loop (forward, `loss.backward()`, `optimizer.step()`,
-`zero_grad()`) into a few programs: the outermost tpu module's forward and its
-backward (module_program.py), each optimizer's update (optimizer_program.py),
-and the small fused graphs between them (the loss, gradient accumulation).
-In steady state no per-op Python runs for the model or the optimizer.
+unmodified loop (forward, `loss.backward()`, gradient clipping,
+`optimizer.step()`, an LR scheduler, `zero_grad()`) into one XLA program per
+step: the outermost tpu module's forward and backward (module_program.py) and
+each optimizer's update (optimizer_program.py) are captured once, then
+recorded as single nodes of the step's fused graph, which the step's boundary
+runs as one program (whole_step.py). In steady state no per-op Python runs for
+the model or the optimizer.
 
 The model is found at its first call: the first module called whose
 parameters are on the tpu device is the outermost one. Each optimizer is found
@@ -45,6 +47,9 @@ def compile_steps(on: bool = True) -> None:
         STATE.module_hook = torch.nn.modules.module.register_module_forward_pre_hook(_first_forward)
         STATE.optimizer_hook = register_optimizer_step_pre_hook(_first_step)
     elif not on and STATE.on:
+        from .whole_step import WINDOW
+
+        WINDOW.end("compile_steps off")  # the user's mode back now; what was found keeps opening windows
         if STATE.module_hook is not None:
             STATE.module_hook.remove()
         STATE.optimizer_hook.remove()
@@ -56,11 +61,13 @@ def enable_from_environment() -> None:
         compile_steps(True)
 
 
-def compile_module(module: torch.nn.Module):
-    """Replace `module.forward` with a compiled one (forward and backward programs); returns it."""
+def compile_module(module: torch.nn.Module, whole_step: bool = False):
+    """Replace `module.forward` with a compiled one (forward and backward programs); returns it. `whole_step`:
+    a call with gradients opens a step window, so the step runs as one program (whole_step.py)."""
     from .module_program import CompiledModule
 
     compiled = CompiledModule(module, call=type(module).forward.__get__(module))
+    compiled.whole_step = whole_step
     module.forward = compiled.forward
     STATE.modules.append(compiled)
     return compiled
@@ -80,7 +87,7 @@ def _first_forward(module, args):
         return None
     STATE.module_hook.remove()  # the first tpu module called is the outermost one
     STATE.module_hook = None
-    compile_module(module)  # from its next call on: this call looked its forward up already
+    compile_module(module, whole_step=True)  # from its next call on: this call looked its forward up already
     return None
 
 

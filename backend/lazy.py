@@ -13,6 +13,7 @@ The same recorder captures a whole step for `torch.compile` (see compile.py).
 
 from __future__ import annotations
 
+import sys
 import time
 import weakref
 from dataclasses import dataclass
@@ -139,6 +140,10 @@ class Recorder:
         self.max_ops = MAX_GRAPH_OPS
         self.since_flush = 0  # ops recorded since the last flush
         self.first_program = None  # the program of the first op recorded since then
+        # Compiled steps (whole_step.py): ids of input arrays a node replaces (an optimizer's parameters and
+        # state), which the next flush may donate to XLA where nothing else holds them; graphs compiled so.
+        self.donate: set[int] = set()
+        self.donating: dict[tuple, executables.Executable] = {}
 
     # --- recording ------------------------------------------------------------------
     def record(self, program: Program, args):
@@ -209,7 +214,8 @@ class Recorder:
         exe = self.graphs.get(key)
         if exe is None:
             exe = self._compile(key, nodes, plan, out_refs, inputs)
-        values = launch(exe, inputs)
+        a = concrete = None  # the loops' last values: no reference of this frame may hide a donation
+        values = launch(self._donating(exe, nodes, inputs), inputs)
         self.flushes += 1
         self.last_inputs = inputs
         for lz, v in zip(outputs, values):
@@ -225,6 +231,39 @@ class Recorder:
         self.last_flush = (exe, inputs, outputs, storages)
         for fn in self.listeners:
             fn(exe, reason)
+
+    def _donating(self, exe, nodes, inputs):
+        """`exe`, or the same graph donating the inputs marked in `donate` that nothing outside the recorder
+        holds (a snapshot made with `copy_` shares its array: then no donation), as step_program.Plan donates."""
+        marked, self.donate = self.donate, set()
+        if not marked or STATE.mesh is not None or any(getattr(n.program, "ranks", None) for n in nodes):
+            return exe
+        held = dict.fromkeys(marked, 0)  # references the recorder itself holds, by id
+        for n in nodes:
+            for v in n.inputs:
+                if id(v) in held:
+                    held[id(v)] += 1
+        for v in [lz.value for lz in self.last_flush[2]] if self.last_flush else []:
+            if id(v) in held:
+                held[id(v)] += 1
+        for v in self.last_inputs or []:
+            if id(v) in held:
+                held[id(v)] += 1
+        v = None
+        donated = []
+        for i in range(len(inputs)):  # besides those, the inputs list and getrefcount's argument hold it
+            if id(inputs[i]) in held and sys.getrefcount(inputs[i]) <= held[id(inputs[i])] + 2:
+                donated.append(i)
+        donated = tuple(donated)
+        if not donated:
+            return exe
+        key = (exe.id, donated)
+        donating = self.donating.get(key)
+        if donating is None:
+            donating = self.donating[key] = executables.register(executables.Executable(
+                name=exe.name, kind=exe.kind, fn=jax.jit(exe.raw, donate_argnums=donated), args=exe.args,
+                ops=exe.ops, raw=exe.raw))
+        return donating
 
     def _compile(self, key, nodes, plan, out_refs, inputs):
         programs = [n.program for n in nodes]

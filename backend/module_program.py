@@ -23,14 +23,15 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from . import executables, modes
+from . import executables, lazy, modes
 from .capture import (Capture, RebasedViews, autocast_state, compiling, constant_input, get_path, output_of,
                       pair_storages, rebuild, replay_key, signature, steps_suspended, tensor_paths)
 from .launch import launch
 from .lazy import RECORDER
 from .state import RNG
-from .tensor import TpuTensor
+from .tensor import Storage, TpuTensor
 from .transfer import materialize
+from .whole_step import WINDOW, recording
 
 TENSOR_KINDS = ("state", "arg")
 
@@ -52,6 +53,7 @@ class CompiledModule(torch.nn.Module):
         self.reason_not_compiled: str | None = None
         self.replays = 0
         self._state: tuple[int, dict] | None = None  # (registrations seen, the module's named state)
+        self.whole_step = False  # compiled steps: a call with gradients opens a step window (whole_step.py)
 
     def state(self) -> dict:
         cached = self._state
@@ -63,6 +65,8 @@ class CompiledModule(torch.nn.Module):
         module = self._orig_mod
         if self.reason_not_compiled is not None:
             return self._call(*args, **kwargs)
+        if self.whole_step and torch.is_grad_enabled():
+            WINDOW.begin()
         state = self.state()
         key = (signature((args, kwargs)), module.training, autocast_state(),
                tuple((k, tuple(v.shape), v.dtype) for k, v in state.items()))
@@ -137,6 +141,10 @@ class ModuleProgram:
         self._forward: dict[tuple, executables.Executable] = {}  # which tensor inputs need gradients -> program
         self._inference: executables.Executable | None = None
         self._backward: executables.Executable | None = None
+        # Compiled steps' window: the same halves as nodes of the pending graph (record_forward, record_backward).
+        self._forward_nodes: dict[tuple, lazy.Program] = {}
+        self._backward_nodes: dict[tuple, lazy.Program] = {}
+        self._residual_trees: dict[tuple, object] = {}  # needs_grad -> the VJP's tree (its leaves: residuals)
 
     def key(self) -> tuple:
         return replay_key(self.exe, self.provenance)
@@ -228,33 +236,81 @@ class ModuleProgram:
             self._inference = _executable("compiled_module_forward", inference, (others, arrays))
         return launch(self._inference, (others, arrays))
 
+    def _forward_fn(self, needs_grad):
+        """forward(others, diff, rest) -> (differentiable outputs, other outputs, VJP over `diff`)."""
+        graph, floating = self.exe.raw, self.floating
+
+        def forward(others, diff, rest):
+            def f(*diff):
+                d, r = iter(diff), iter(rest)
+                tensors = [next(d) if g else next(r) for g in needs_grad]
+                outs = graph(*self.assemble(tensors, others))
+                return ([o for o, fl in zip(outs, floating) if fl], [o for o, fl in zip(outs, floating) if not fl])
+
+            differentiable, vjp, other = jax.vjp(f, *diff, has_aux=True)
+            return differentiable, other, vjp
+
+        return forward
+
+    def _merge(self, differentiable, other):
+        d, r = iter(differentiable), iter(other)
+        return [next(d) if fl else next(r) for fl in self.floating]
+
     def run_forward(self, needs_grad, others, arrays):
         """Outputs, and the residuals of their VJP with respect to the inputs that need gradients."""
         diff = [a for a, g in zip(arrays, needs_grad) if g]
         rest = [a for a, g in zip(arrays, needs_grad) if not g]
         exe = self._forward.get(needs_grad)
         if exe is None:
-            graph, floating = self.exe.raw, self.floating
-
-            def forward(others, diff, rest):
-                def f(*diff):
-                    d, r = iter(diff), iter(rest)
-                    tensors = [next(d) if g else next(r) for g in needs_grad]
-                    outs = graph(*self.assemble(tensors, others))
-                    return ([o for o, fl in zip(outs, floating) if fl], [o for o, fl in zip(outs, floating) if not fl])
-
-                differentiable, vjp, other = jax.vjp(f, *diff, has_aux=True)
-                return differentiable, other, vjp
-
-            exe = self._forward[needs_grad] = _executable("compiled_module_forward", forward, (others, diff, rest))
+            exe = self._forward[needs_grad] = _executable("compiled_module_forward", self._forward_fn(needs_grad),
+                                                          (others, diff, rest))
         differentiable, other, vjp = launch(exe, (others, diff, rest))
-        d, r = iter(differentiable), iter(other)
-        return [next(d) if fl else next(r) for fl in self.floating], vjp
+        return self._merge(differentiable, other), vjp
+
+    def record_forward(self, needs_grad, others, arrays):
+        """As run_forward, recorded as one node of the pending graph: outputs and the VJP's residuals, Lazy."""
+        program = self._forward_nodes.get(needs_grad)
+        if program is None:
+            forward, n_others, n_diff = self._forward_fn(needs_grad), len(others), sum(needs_grad)
+
+            def node(*flat):
+                others, diff, rest = flat[:n_others], flat[n_others:n_others + n_diff], flat[n_others + n_diff:]
+                differentiable, other, vjp = forward(others, diff, rest)
+                residuals, self._residual_trees[needs_grad] = jax.tree_util.tree_flatten(vjp)
+                return list(differentiable), list(other), residuals
+
+            program = self._forward_nodes[needs_grad] = _node("compiled_module_forward", node)
+        diff = [a for a, g in zip(arrays, needs_grad) if g]
+        rest = [a for a, g in zip(arrays, needs_grad) if not g]
+        differentiable, other, residuals = RECORDER.record(program, [*others, *diff, *rest])
+        return self._merge(differentiable, other), residuals
+
+    def record_backward(self, needs_grad, residuals, cotangents):
+        """As run_backward, recorded: `cotangents` has None where an output got no gradient (zeros, made inside)."""
+        present = tuple(c is not None for c in cotangents)
+        program = self._backward_nodes.get((needs_grad, present))
+        if program is None:
+            avals = [a for a, fl in zip(self.out_avals, self.floating) if fl]
+            n_residuals = len(residuals)
+
+            def node(*flat):
+                vjp = jax.tree_util.tree_unflatten(self._residual_trees[needs_grad], flat[:n_residuals])
+                given = iter(flat[n_residuals:])
+                cts = [next(given).astype(a.dtype) if p else jnp.zeros(a.shape, a.dtype) for a, p in zip(avals, present)]
+                return list(vjp(cts))
+
+            program = self._backward_nodes[(needs_grad, present)] = _node("compiled_module_backward", node)
+        return RECORDER.record(program, [*residuals, *(c for c in cotangents if c is not None)])
 
     def run_backward(self, vjp, cotangents):
         if self._backward is None:
             self._backward = _executable("compiled_module_backward", lambda vjp, cts: vjp(list(cts)), (vjp, cotangents))
         return launch(self._backward, (vjp, cotangents))
+
+
+def _node(name: str, fn) -> lazy.Program:
+    """A module program's half as a node the recorder traces into its graph (compiled steps' window)."""
+    return lazy.Program(next(executables._ids), name, fn, {}, scope=name)  # an id no executable has
 
 
 def _executable(name: str, fn, args) -> executables.Executable:
@@ -268,9 +324,15 @@ class GraphFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, program: ModuleProgram, needs_grad, others, *tensors):
-        arrays = [materialize(t) for t in tensors]  # inside fused mode, pending inputs run first
-        values, vjp = program.run_forward(needs_grad, others, arrays)
-        ctx.program, ctx.needs_grad, ctx.vjp = program, needs_grad, vjp
+        if recording():  # compiled steps' window: a node of the step's graph
+            values, residuals = program.record_forward(needs_grad, others, [t.jax() for t in tensors])
+            # Held by storages the recorder tracks: a flush before the backward computes them, not drops them.
+            ctx.residuals, ctx.vjp = [Storage(r) for r in residuals], None
+        else:
+            arrays = [materialize(t) for t in tensors]  # inside fused mode, pending inputs run first
+            values, ctx.vjp = program.run_forward(needs_grad, others, arrays)
+            ctx.residuals = None
+        ctx.program, ctx.needs_grad = program, needs_grad
         ctx.set_materialize_grads(False)
         outputs = tuple(TpuTensor(v) for v in values)
         fixed = {i for _, i in program.buffer_updates} | {i for i, fl in enumerate(program.floating) if not fl}
@@ -281,20 +343,29 @@ class GraphFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         program = ctx.program
-        if ctx.vjp is None:
+        if ctx.vjp is None and ctx.residuals is None:
             raise RuntimeError("Trying to backward through a compiled tpu module's graph a second time; its "
                                "saved values were freed by the first backward (retain_graph is not supported)")
-        cotangents = []
-        for g, aval, fl in zip(grads, program.out_avals, program.floating):
-            if not fl:
-                continue
-            if g is None:
-                cotangents.append(jnp.zeros(aval.shape, aval.dtype))
-            else:
-                array = materialize(g)
-                cotangents.append(array if array.dtype == aval.dtype else array.astype(aval.dtype))
-        input_grads = iter(program.run_backward(ctx.vjp, tuple(cotangents)))
-        ctx.vjp = None  # free the residuals now, as autograd frees saved tensors
+        floating = [g for g, fl in zip(grads, program.floating) if fl]
+        if ctx.residuals is not None:
+            residuals = [s.array for s in ctx.residuals]
+            ctx.residuals = None
+            input_grads = program.record_backward(ctx.needs_grad, residuals,
+                                                  [None if g is None else g.jax() for g in floating])
+            if not recording():  # the window closed before the backward: run it now
+                RECORDER.flush("sync", also=input_grads)
+                input_grads = [g.value for g in input_grads]
+        else:
+            cotangents = []
+            for g, aval in zip(floating, [a for a, fl in zip(program.out_avals, program.floating) if fl]):
+                if g is None:
+                    cotangents.append(jnp.zeros(aval.shape, aval.dtype))
+                else:
+                    array = materialize(g)
+                    cotangents.append(array if array.dtype == aval.dtype else array.astype(aval.dtype))
+            input_grads = program.run_backward(ctx.vjp, tuple(cotangents))
+            ctx.vjp = None  # free the residuals now, as autograd frees saved tensors
+        input_grads = iter(input_grads)
         out = [None, None, None]
         for g in ctx.needs_grad:
             out.append(TpuTensor(next(input_grads)) if g else None)

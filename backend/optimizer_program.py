@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import torch
 import torch.optim.optimizer as optimizer_module
 
+from . import modes
 from .step_program import CompiledStep, make_capturable
 from .tensor import TpuTensor
 
@@ -120,6 +121,15 @@ def _program_step(optimizer, closure=None):
 _program_step._wrapped_by_lr_sched = True  # we note `_opt_called` ourselves: schedulers need not wrap us
 
 
+def _zero_grad(optimizer, set_to_none: bool = True):
+    """`zero_grad(set_to_none=False)` zeroes every gradient in place after the step's program: one fused graph, not
+    an op per gradient."""
+    if set_to_none:
+        return type(optimizer).zero_grad(optimizer, set_to_none)
+    with modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE):
+        return type(optimizer).zero_grad(optimizer, set_to_none)
+
+
 def install(optimizer) -> OptimizerProgram | None:
     """Make `optimizer.step()` run as a program from its next call on; None where it cannot."""
     existing = optimizer.__dict__.get("_tpu_program")
@@ -132,4 +142,5 @@ def install(optimizer) -> OptimizerProgram | None:
     program = OptimizerProgram(optimizer, raw_step)
     optimizer._tpu_program = program
     optimizer.step = types.MethodType(_program_step, optimizer)
+    optimizer.zero_grad = types.MethodType(_zero_grad, optimizer)
     return program

@@ -26,16 +26,19 @@ import jax
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from . import executables, modes
+from . import executables, lazy, modes
 from .capture import (Capture, RebasedViews, autocast_state, compiling, constant_input, get_path, output_of,
                       pair_storages, rebuild, replay_key, signature, steps_suspended, tensor_paths)
 from .launch import launch
 from .lazy import RECORDER
+from .state import STATE
 from .steps import step_boundary
 from .transfer import materialize
+from .whole_step import recording
 
 _HYPERPARAMETERS = (int, float, bool, tuple)
 STALE = object()  # a replay found a storage it reads gone: capture again
+UNRECORDED = object()  # a replay that cannot be a node of the pending graph: launch it
 
 
 # References to an input array that only its storage holds: the storage, the input list, and
@@ -73,6 +76,7 @@ class Plan:
         self.donatable = tuple(i for i, (kind, value) in enumerate(provenance)
                                if kind == "storage" and value() is not None and id(value()) in written)
         self._donating: executables.Executable | None = None
+        self._node: lazy.Program | None = None  # the program as a node of a compiled-steps window's graph
 
     def _donating_exe(self) -> executables.Executable:
         """The same program with the written storages' inputs donated: on a CPU this halved an AdamW
@@ -101,17 +105,13 @@ class Plan:
                 return False
         return True
 
-    def run(self, args):
+    def _inputs(self, args, read_arg):
+        """The program's inputs for this call (`read_arg(tensor, index)` reads an argument), or STALE."""
         inputs = []
         drawn = [None]  # the base key of this call's draws
         for kind, value in self.provenance:
             if kind == "arg":
-                # fused work may still be pending on it (a model that ran as written, its grads unrun)
-                array = materialize(get_path(args, value))
-                wanted = self.shardings[len(inputs)]
-                if wanted is not None and array.sharding != wanted:
-                    array = jax.device_put(array, wanted)  # as the step's sharding hook placed it
-                inputs.append(array)
+                inputs.append(read_arg(get_path(args, value), len(inputs)))
             elif kind == "storage":
                 box = value()
                 if box is None:
@@ -119,7 +119,38 @@ class Plan:
                 inputs.append(box.array)
             else:
                 inputs.append(constant_input(kind, value, drawn))
+        return inputs
+
+    def _placed(self, tensor, index):
+        # fused work may still be pending on it (a model that ran as written, its grads unrun)
+        array = materialize(tensor)
+        wanted = self.shardings[index]
+        if wanted is not None and array.sharding != wanted:
+            array = jax.device_put(array, wanted)  # as the step's sharding hook placed it
+        return array
+
+    def run(self, args):
+        inputs = self._inputs(args, self._placed)
+        if inputs is STALE:
+            return STALE
         values = launch(self._donating_exe() if self._donatable_now(inputs) else self.exe, inputs)
+        return self._write_back(values)
+
+    def record(self, args):
+        """As `run`, recorded as one node of the pending graph (compiled steps' window, whole_step.py): inputs may
+        be pending values, outputs are. STALE as `run`; UNRECORDED under a device mesh (inputs are placed as
+        captured, which a pending value cannot be)."""
+        if STATE.mesh is not None:
+            return UNRECORDED
+        inputs = self._inputs(args, lambda tensor, index: tensor.jax())
+        if inputs is STALE:
+            return STALE
+        RECORDER.donate.update(id(inputs[i]) for i in self.donatable if type(inputs[i]) is not lazy.Lazy)
+        if self._node is None:
+            self._node = lazy.Program(next(executables._ids), self.exe.name, self.exe.raw, {}, scope=self.exe.name)
+        return self._write_back(RECORDER.record(self._node, inputs))
+
+    def _write_back(self, values):
         for ref, index in self.outputs:
             box = ref()
             if box is not None:
@@ -152,8 +183,10 @@ class CompiledStep:
         key = (signature(call_args), autocast_state())
         plan = self.plans.get(key)
         if plan is not None and plan.still_valid():
-            RECORDER.flush("compiled step")  # inputs must be concrete
-            result = plan.run(call_args)
+            result = plan.record(call_args) if self.capture_when_fused and recording() else UNRECORDED
+            if result is UNRECORDED:
+                RECORDER.flush("compiled step")  # inputs must be concrete
+                result = plan.run(call_args)
             if result is not STALE:
                 self.replays += 1
                 self._end()

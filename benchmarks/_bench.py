@@ -91,3 +91,21 @@ class StepsReplays:
         return (f"  steps: {len(modules)} module(s) compiled, {forward} forward replays, "
                 f"{len(optimizers)} optimizer(s), {update} update replays over {rounds} timed steps"
                 + (f"; not compiled: {reasons}" if reasons else ""))
+
+
+def programs_per_step(step: Callable[[], object], n: int = 3) -> int:
+    """XLA programs launched by one step (every executable: ops, fused graphs, compiled programs), the median of
+    `n` steps run after the timed rounds (counting inside them would add its own time)."""
+    from tpu_agent.backend import executables
+
+    counts = []
+    for _ in range(n):
+        before = sum(e.calls for e in executables.all())
+        step()
+        counts.append(sum(e.calls for e in executables.all()) - before)
+    return sorted(counts)[n // 2]
+
+
+def programs_line(counts: dict[str, int]) -> str:
+    return "  programs per step (launches, median of 3 steps after the timed rounds): " + \
+        ", ".join(f"{name} {n}" for name, n in counts.items())

@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import torch
 import torch.nn.functional as F
 
-from _bench import (StepsReplays, add_threads_option, apply_threads_option, header, interleaved, median_ms, ratio,
-                    target)
+from _bench import (StepsReplays, add_threads_option, apply_threads_option, header, interleaved, median_ms,
+                    programs_line, programs_per_step, ratio, target)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -209,7 +209,8 @@ def measure(build, steps: int, warmup: int) -> tuple[dict[str, list[float]], str
         warm_up(name, step, warmup)
     replays.start()
     times = interleaved(steps_by_variant, steps)
-    return times, replays.note(steps)
+    counts = {name: programs_per_step(step) for name, step in steps_by_variant.items() if name.startswith("tpu")}
+    return times, replays.note(steps) + "\n" + programs_line(counts)
 
 
 def main(argv=None) -> int:
@@ -231,7 +232,7 @@ def main(argv=None) -> int:
         print(note)
         print("  targets: " + ", ".join([
             target("compiled/jax", ratio(t, "tpu compiled", "jax"), "<=", 1.1),
-            target("steps/compiled", ratio(t, "tpu steps", "tpu compiled"), "<=", 1.2),
+            target("steps/compiled", ratio(t, "tpu steps", "tpu compiled"), "<=", 1.1),
             target("steps/fused", ratio(t, "tpu steps", "tpu fused"), "<", 1),
             target("fused/compiled", ratio(t, "tpu fused", "tpu compiled"), "<=", 1.5),
             target("eager/fused", ratio(t, "tpu eager", "tpu fused"), ">=", 1.5),

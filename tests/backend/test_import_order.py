@@ -12,7 +12,7 @@ ORDER = [
     "jax_setup", "dtypes", "state", "source", "registry", "executables", "generations", "modes", "padding",
     "mesh", "launch", "lazy", "programs", "views", "tensor", "transfer", "ops",
     "opinfo", "arguments", "fallback", "execute", "writes", "view_ops", "handlers", "dispatch",
-    "steps", "sharding", "capture", "step_program", "module_program", "optimizer_program", "compile",
+    "steps", "sharding", "capture", "whole_step", "step_program", "module_program", "optimizer_program", "compile",
     "auto_compile", "pinned", "autocast", "attention", "checkpoints", "memory", "module", "device", "autoload", "__init__",
 ]
 
