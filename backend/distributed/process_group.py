@@ -94,6 +94,18 @@ def _on_tpu(tensors) -> bool:
     return bool(tensors) and tensors[0].device.type == DEVICE_TYPE
 
 
+class _TpuBackendInfo:
+    """What PyTorch's Python asks of a group's backend for a tpu device (`init_process_group(device_id=...)` and
+    `new_group` ask whether it can split a communicator): it cannot; the collectives are the group's own."""
+
+    supports_splitting = False
+    supports_coalescing = False
+    supports_time_estimate = False
+
+    def name(self) -> str:
+        return NAME
+
+
 _created = 0
 
 
@@ -108,6 +120,11 @@ class TpuProcessGroup(ProcessGroup):
         self._gloo = ProcessGroupGloo(dist.PrefixStore(f"tpu-gloo/{_created}/", store), rank, size, timeout)
         self._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, self._gloo)
         faults.attach(self.ranks, store, self.ranks[rank], timeout)  # collectives that never complete time out
+
+    def _get_backend(self, device):
+        if getattr(device, "type", device) == DEVICE_TYPE:
+            return _TpuBackendInfo()
+        return super()._get_backend(device)
 
     def getBackendName(self) -> str:  # noqa: N802 - PyTorch's name
         return NAME

@@ -1,8 +1,8 @@
 """Scripts written for GPUs, NCCL and all, under `tpu-agent run --nproc 2 --device-map cuda=tpu` (issue #26 point
-1): `init_process_group("nccl" | backend="nccl" | "cpu:gloo,cuda:nccl")`, `torch.cuda.set_device(LOCAL_RANK)`,
-`cuda:LOCAL_RANK`, `DDP(device_ids=[LOCAL_RANK])` and `init_device_mesh("cuda", (dp, tp))` run on the tpu
-backend and match the same script on CPU gloo (where it finds no CUDA) rank by rank. Without --device-map
-nothing is mapped: "nccl" stays PyTorch's."""
+1): `init_process_group("nccl" | backend="nccl", device_id=... | "cpu:gloo,cuda:nccl")`,
+`torch.cuda.set_device(LOCAL_RANK)`, `cuda:LOCAL_RANK`, `DDP(device_ids=[LOCAL_RANK])` and
+`init_device_mesh("cuda", (dp, tp))` run on the tpu backend and match the same script on CPU gloo (where it
+finds no CUDA) rank by rank. Without --device-map nothing is mapped: "nccl" stays PyTorch's."""
 
 from __future__ import annotations
 
@@ -71,20 +71,22 @@ def _runs(script: str, tmp_path, args=()) -> tuple[list[dict], list[dict]]:
 
 @pytest.mark.slow  # two 2-rank jobs (about 100 s at load 10)
 def test_a_cuda_ddp_script_with_nccl_runs_on_tpu_and_matches_cpu_gloo(tmp_path):
-    """"cpu:gloo,cuda:nccl", set_device(LOCAL_RANK), cuda:LOCAL_RANK, DDP(device_ids=[LOCAL_RANK]), .cuda()
-    Each step's loss and every parameter within 1e-5 relative of gloo's."""
-    tpu, gloo = _runs("ddp_cuda.py", tmp_path, ["--init", "pair"])
+    """init_process_group(backend="nccl", device_id=torch.device("cuda", LOCAL_RANK)), set_device(LOCAL_RANK),
+    cuda:LOCAL_RANK, DDP(device_ids=[LOCAL_RANK]), .cuda(), a new_group(). Each step's loss and every parameter
+    within 1e-5 relative of gloo's."""
+    tpu, gloo = _runs("ddp_cuda.py", tmp_path, ["--init", "keyword"])
     assert check(Case("ddp_cuda.py", (), 1e-5, 1e-5), tpu, gloo) == []
     assert tpu[0]["losses"] != tpu[1]["losses"]  # each rank its own shard of the data
     for rank in tpu:
-        assert (rank["backend"], rank["tensor_device"], rank["is_cuda"], rank["total"]) == ("nccl", "tpu", True, 3.0)
+        assert (rank["backend"], rank["new_group_backend"]) == ("nccl", "nccl")
+        assert (rank["tensor_device"], rank["is_cuda"], rank["total"]) == ("tpu", True, 3.0)
     assert [r["backend"] for r in gloo] == ["gloo", "gloo"]
 
 
 @pytest.mark.slow  # two 2-rank jobs (about 110 s at load 10)
 def test_an_fsdp2_tp_script_on_a_cuda_device_mesh_runs_on_tpu_and_matches_cpu_gloo(tmp_path):
-    """init_process_group(backend="nccl"), init_device_mesh("cuda", (1, 2)): tensor parallel over "tp", FSDP2
+    """init_process_group("cpu:gloo,cuda:nccl"), init_device_mesh("cuda", (1, 2)): tensor parallel over "tp", FSDP2
     over "dp", examples/fsdp2.py's model; within 1e-5 relative of gloo's."""
     tpu, gloo = _runs("fsdp_tp_cuda.py", tmp_path)
     assert check(Case("fsdp_tp_cuda.py", (), 1e-5, 1e-5), tpu, gloo) == []
-    assert [(r["mesh_device"], r["backend"]) for r in tpu] == [("tpu", "nccl")] * 2
+    assert [(r["mesh_device"], r["backend"]) for r in tpu] == [("tpu", "cpu:gloo,cuda:nccl")] * 2

@@ -250,21 +250,25 @@ def _backend(backend, source: str, target: str):
 
 def _patch_groups(dist, source: str, target: str) -> None:
     """NCCL process groups built with the target's backend: every group PyTorch creates goes through
-    `_new_process_group_helper`. `dist.get_backend()` answers "nccl" for a group the script asked for as NCCL
-    (what it compares against); PyTorch's own code, which imports get_backend from distributed_c10d, sees the
-    backend the group has."""
+    `_new_process_group_helper`. `dist.get_backend()` answers what the script named ("nccl", "cpu:gloo,cuda:nccl")
+    for such a group and for a `new_group` that inherits it from the default group (what the script compares
+    against); PyTorch's own code, which imports get_backend from distributed_c10d, sees the group's backend."""
     from torch.distributed import distributed_c10d as c10d
 
-    native = {"cuda": "nccl"}[source]
-    asked_native = weakref.WeakSet()
+    asked = weakref.WeakKeyDictionary()  # group -> the backend the script named, where the map changed it
     helper = c10d._new_process_group_helper
 
     @functools.wraps(helper)
     def new_group(group_size, group_rank, global_ranks, backend, *args, **kwargs):
         mapped = _backend(backend, source, target)
         result = helper(group_size, group_rank, global_ranks, mapped, *args, **kwargs)
-        if mapped is not backend and native in str(backend).lower():
-            asked_native.add(result[0])
+        default = c10d._world.default_pg
+        if not isinstance(result[0], c10d.ProcessGroup):  # this rank is not in the group
+            return result
+        if mapped is not backend:
+            asked[result[0]] = str(backend).lower()
+        elif default in asked and str(backend) == str(c10d._world.pg_map[default][0]):  # new_group() inherits
+            asked[result[0]] = asked[default]
         return result
 
     c10d._new_process_group_helper = new_group
@@ -275,7 +279,7 @@ def _patch_groups(dist, source: str, target: str) -> None:
     @functools.wraps(get_backend)
     def get_backend_as_asked(group=None):
         pg = group or c10d._get_default_group()
-        return dist.Backend(native) if pg in asked_native else get_backend(group)
+        return dist.Backend(asked[pg]) if pg in asked else get_backend(group)
 
     dist.get_backend = get_backend_as_asked
 

@@ -26,13 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
 from ddp import MLP, dataset  # noqa: E402 - the example's model and data: only the GPU idioms differ
 
 
-def init(how: str, cuda: bool) -> None:
+def init(how: str, cuda: bool, local_rank: int) -> None:
     if not cuda:
         dist.init_process_group("gloo")
     elif how == "positional":
         dist.init_process_group("nccl")
-    elif how == "keyword":
-        dist.init_process_group(backend="nccl")
+    elif how == "keyword":  # PyTorch's advice since 2.3: bind the group to the rank's device
+        dist.init_process_group(backend="nccl", device_id=torch.device("cuda", local_rank))
     else:
         dist.init_process_group("cpu:gloo,cuda:nccl")
 
@@ -47,9 +47,9 @@ def main():
     args = parser.parse_args()
 
     cuda = torch.cuda.is_available()
-    init(args.init, cuda)
-    rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ["LOCAL_RANK"])
+    init(args.init, cuda, local_rank)
+    rank, world = dist.get_rank(), dist.get_world_size()
     if cuda:
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
@@ -82,10 +82,12 @@ def main():
             break
 
     total = torch.tensor([float(rank + 1)], device=device)
-    dist.all_reduce(total)  # a collective the script issues itself, on its device
+    everyone = dist.new_group()  # inherits the default group's backend
+    dist.all_reduce(total, group=everyone)  # a collective the script issues itself, on its device
     params = {name: p.detach().cpu().flatten().tolist() for name, p in model.module.named_parameters()}
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump({"losses": losses, "params": params, "backend": str(dist.get_backend()),
+                   "new_group_backend": str(dist.get_backend(everyone)),
                    "tensor_device": total.device.type, "is_cuda": total.is_cuda, "total": total.item()}, f)
     dist.barrier()
     dist.destroy_process_group()

@@ -1,5 +1,5 @@
-"""FSDP2 x tensor parallel as a GPU script writes it: `init_process_group(backend="nccl")`,
-`torch.cuda.set_device(LOCAL_RANK)`, `init_device_mesh("cuda", (dp, tp), mesh_dim_names=("dp", "tp"))`;
+"""FSDP2 x tensor parallel as a GPU script writes it: `init_process_group("cpu:gloo,cuda:nccl")`,
+`set_device(LOCAL_RANK)`, `init_device_mesh("cuda", (dp, tp), mesh_dim_names=("dp", "tp"))`;
 gloo and a "cpu" mesh where CUDA is not available.
 
     torchrun --nproc-per-node 2 fsdp_tp_cuda.py --out DIR                          # CPU gloo (no CUDA here)
@@ -35,7 +35,7 @@ def main():
     args = parser.parse_args()
 
     cuda = torch.cuda.is_available()
-    dist.init_process_group(backend="nccl" if cuda else "gloo")
+    dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     if cuda:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
