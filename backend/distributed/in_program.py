@@ -11,12 +11,15 @@ groups of a 2-D mesh) ends the graph first.
 
 What must hold: every rank of the group runs the same program at the same point. Before each run the ranks
 compare a fingerprint of their programs (a hash of the lowered program without source locations) with one
-small all-gather between programs; where they differ (a rank that read a value mid-step, a branch on
-the rank), every rank runs its graph op by op instead, with its collectives between programs as without this
-(correct wherever the ranks' collectives come in the same order, as they must on any backend), and says so
-once. A run is watched as a collective is (faults.py): a rank that never joins it ends the job with one line
-naming the graph. Every recorded collective is an output of its graph, so no rank's graph drops one whose
-result it does not read. Not in torch.compile captures (compile.py), whose step ends at a collective as before.
+small all-gather between programs. Checking only a program's first run hung: rank 0 read its loss mid-step
+(a new program, checked) while rank 1 ran the step's program it had agreed on before (unchecked), and the
+check's all-gather met the program's collectives. Where they differ (a rank that read a value mid-step, a
+constant that is the rank), every rank runs its graph op by op instead, its collectives between programs as
+without this (correct wherever the ranks' collectives come in the same order, as they must on any backend),
+and says so once. Every run is also watched as a collective is (faults.py): a rank that never joins ends the
+job with one line naming the graph. Every recorded collective is an output of its graph, so no rank's graph
+drops one whose result it does not read. Not in torch.compile captures (compile.py), whose step ends at a
+collective as before.
 """
 
 from __future__ import annotations

@@ -146,10 +146,10 @@ def test_ddp_and_fsdp2_in_fused_mode_run_their_collectives_inside_the_graph_and_
     for rank, result in enumerate(inside):
         _trains_as_on_the_cpu(rank, result)
         ddp = result["ddp"]
-        # From step 2 on (step 1 also builds DDP's buckets and the momentum): each step's gradient all-reduce is
-        # inside its graph; between programs only the ranks' one check that their graphs agree.
+        # Each step's gradient all-reduce is inside its graph; between programs only the ranks' check that they
+        # run the same program (step 1 also builds DDP's buckets and the momentum).
         assert all(n >= 1 for n in ddp["in_graph"]), ddp
-        assert ddp["between"][2:] == [1, 1], ddp
+        assert ddp["between"][0] == 1 and ddp["between"][2:] == [1, 1], ddp
         assert result["fsdp"]["in_graph"] >= 3, result["fsdp"]
     before = _job(tmp_path, "0")
     for rank, result in enumerate(before):
