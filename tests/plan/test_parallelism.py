@@ -21,7 +21,8 @@ from tpu_agent.plan.runtime import apply_runtime
 
 
 def test_each_action_has_its_class_a_line_and_an_instruction():
-    reshard, dtype, ckpt = FsdpReshard(reshard=False), FsdpParamDtype(param_dtype="bfloat16"), ActivationCheckpointing(every=2)
+    reshard, dtype = FsdpReshard(reshard=False), FsdpParamDtype(param_dtype="bfloat16")
+    ckpt = ActivationCheckpointing(every=2)
     assert (reshard.effect, dtype.effect, ckpt.effect) == ("exact", "numerics", "exact")
     assert MeshShape(shape=(2, 1)).effect == "training"  # each dp coordinate reads its own batch
     assert MeshShape(shape=(2, 1), dp_batches=False).effect == "exact"
@@ -180,7 +181,8 @@ def test_exact_parallelism_keeps_each_ranks_losses_and_parameters(tmp_path):
     for rank in (0, 1):
         assert all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(exact[rank]["losses"], base[rank]["losses"]))
         for name, values in base[rank]["params"].items():
-            assert all(math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7) for a, b in zip(exact[rank]["params"][name], values))
+            mine = exact[rank]["params"][name]
+            assert all(math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7) for a, b in zip(mine, values))
 
 
 @pytest.mark.slow  # one 2-rank job of examples/fsdp_tp.py

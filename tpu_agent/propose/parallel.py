@@ -1,6 +1,7 @@
 """What the parallelism playbooks read of a torch.distributed run: its world size (profile --nproc), whether it
-runs FSDP2 (reduce-scatters measured on its ranks, or fully_shard in its source), whether the script builds a 2-D (dp, tp) mesh and whether its
-data follows the dp coordinate (read from its source), and the dp x tp factorisations the model's dims allow.
+runs FSDP2 (reduce-scatters measured on its ranks, or fully_shard in its source), whether the script builds a
+2-D (dp, tp) mesh and whether its data follows the dp coordinate (read from its source), and the dp x tp
+factorisations the model's dims allow.
 
 `tpu-agent tune --nproc N` profiles the baseline with N ranks, so these are read from the run being tuned.
 The mesh factorisations use the projection's rule (project/rank.py: tensor sizes that divide every width of the
@@ -52,16 +53,30 @@ def uses_fsdp(p: Profile) -> int:
     return int(any(_called(n) == "fully_shard" for n in ast.walk(tree))) if tree is not None else 0
 
 
-def builds_2d_mesh(p: Profile) -> int:
-    """1 when the script calls init_device_mesh with a shape of two entries (a tuple or list literal)."""
+def _2d_mesh_shapes(p: Profile) -> list[ast.Tuple | ast.List]:
+    """The two-entry shapes (tuple or list literals) the script's init_device_mesh calls give."""
     tree = _tree(p)
+    found = []
     for node in ast.walk(tree) if tree is not None else ():
         if _called(node) == "init_device_mesh":
             shape = node.args[1] if len(node.args) > 1 else next(
                 (k.value for k in node.keywords if k.arg == "mesh_shape"), None)
             if isinstance(shape, (ast.Tuple, ast.List)) and len(shape.elts) == 2:
-                return 1
-    return 0
+                found.append(shape)
+    return found
+
+
+def builds_2d_mesh(p: Profile) -> int:
+    """1 when the script calls init_device_mesh with a shape of two entries (a tuple or list literal)."""
+    return int(bool(_2d_mesh_shapes(p)))
+
+
+def written_mesh(p: Profile) -> tuple[int, int] | None:
+    """The script's 2-D mesh shape when its source writes both sizes as numbers (None: computed, or several)."""
+    shapes = {tuple(e.value if isinstance(e, ast.Constant) else None for e in s.elts) for s in _2d_mesh_shapes(p)}
+    if len(shapes) != 1 or None in next(iter(shapes)):
+        return None
+    return next(iter(shapes))
 
 
 def dp_batches(p: Profile) -> bool:
@@ -77,18 +92,21 @@ def dp_batches(p: Profile) -> bool:
 
 
 def mesh_shapes(p: Profile) -> list[tuple[int, int]]:
-    """Every (dp, tp) with dp * tp the world size and tp dividing the repeated blocks' Linear widths."""
+    """Every (dp, tp) with dp * tp the world size and tp dividing the repeated blocks' Linear widths, but the
+    script's own when its source writes it in numbers."""
     world = world_size(p)
     if world < 2:
         return []
-    return [(world // tp, tp) for tp in rank.tensor_sizes(world, rank.tensor_dims(p.modules))]
+    own = written_mesh(p)
+    shapes = [(world // tp, tp) for tp in rank.tensor_sizes(world, rank.tensor_dims(p.modules))]
+    return [s for s in shapes if s != own]
 
 
 def slice_plan(plan, world: int) -> "rank.SlicePlan | None":
     """The projection's point for a plan's parallelism (`tune --target SLICE` ranks these by projected step time,
     never by the time measured on this host): its mesh as fsdp x tensor, checkpointing on or off, the script's
-    batch (FSDP over all `world` ranks when the plan keeps the script's mesh). None when the plan has no mesh_shape or checkpointing (FSDP2's reshard and param dtype are not part
-    of the projection's space)."""
+    batch (FSDP over all `world` ranks when the plan keeps the script's mesh). None when the plan has no
+    mesh_shape or checkpointing (FSDP2's reshard and param dtype are not part of the projection's space)."""
     mesh, ckpt = plan.of(MeshShape), plan.of(ActivationCheckpointing)
     if not mesh and not ckpt:
         return None
