@@ -4,7 +4,8 @@ step's fused graph (one SPMD program over the ranks) and no collective run betwe
 (all_gather and reduce_scatter inside the graph) trains as the same model on the CPU given both ranks' batches;
 the functional collectives and an async all_reduce give the values worked out by hand. With
 TPU_AGENT_COLLECTIVES_IN_PROGRAM=0 the same job computes the same and its collectives run between programs,
-as before. Where two ranks' graphs differ (a rank that reads its loss mid-step), each runs its graph op by op."""
+as before. Where two ranks' graphs differ (a rank that reads its loss mid-step), each runs its graph op by op.
+The last test checks the recording in process, over a group of this one process (not slow)."""
 
 from __future__ import annotations
 
@@ -159,3 +160,25 @@ def test_ddp_and_fsdp2_in_fused_mode_run_their_collectives_inside_the_graph_and_
         assert all(n >= 1 for n in ddp["between"]), ddp
         # the switch takes programs off every step: the all-reduce and the graph it cut in two
         assert sum(inside[rank]["ddp"]["programs"][2:]) < sum(ddp["programs"][2:]), (inside[rank]["ddp"], ddp)
+
+
+@pytest.mark.parametrize("switch,graphs,between", [("1", 1, 1), ("0", 0, 1)])
+def test_a_collective_is_a_node_of_the_fused_graph_and_the_graph_runs_over_its_ranks(switch, graphs, between,
+                                                                                    monkeypatch):
+    """In process, over a group of one rank (this process): what the 2-rank job above checks, at no launch cost.
+    Switch on: the all_reduce is recorded, one graph holds it (its ops name it) and runs over the group's mesh,
+    and between programs runs only the ranks' check. Switch off: the all_reduce itself runs between programs.
+    The values are the same."""
+    import torch
+
+    from tpu_agent.backend import executables
+    from tpu_agent.backend.distributed import collectives, in_program, tensor_ops
+
+    monkeypatch.setenv(in_program.SWITCH.name, switch)
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        y = torch.arange(4.0, device="tpu") * 2
+        before, known = collectives.runs, len(executables.all())
+        tensor_ops.all_reduce_(y, (collectives.my_rank(),), "sum")
+        assert (y + 1).cpu().tolist() == [1.0, 3.0, 5.0, 7.0]
+    holding = [e for e in executables.all()[known:] if "c10d.all_reduce(sum)" in e.ops]
+    assert (len(holding), collectives.runs - before) == (graphs, between)
