@@ -72,8 +72,8 @@ def test_a_ranked_step_is_its_slowest_rank_and_each_rank_is_checked_against_its_
     check, _ = compared.numerics()
     assert check.passed and check.reason.startswith("each of the 2 ranks against the baseline's same rank")
     assert compared.ratio == pytest.approx(2.0)  # 0.020 / 0.010: the slowest ranks' times
-    assert rank_memory_line(base, same) == ("peak device memory per rank, measured: rank 0 0.00 MiB (baseline 0.00), "
-                                            "rank 1 0.00 MiB (baseline 0.00)")
+    assert rank_memory_line(base, same) == ("peak device memory per rank, measured: rank 0 0.5 KiB (baseline 1.0 KiB), "
+                                            "rank 1 1.0 KiB (baseline 2.0 KiB)")
 
     # rank 1 off by 1e-3: rank 0 alone (what a rank-0-only check sees) would pass
     off = _steps([(2.0, 3.003)] * 6, [(0.010, 0.020)] * 6)

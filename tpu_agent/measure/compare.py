@@ -95,13 +95,18 @@ def rank_memory(steps: list[StepRecord]) -> list[int]:
     return [median([ranks[r].device_bytes for ranks in per_rank]) for r in range(min(len(x) for x in per_rank))]
 
 
+def shown_bytes(count: float) -> str:
+    """Device bytes as a line says them: MiB, or KiB under one MiB (a small model's ranks would read 0.00 MiB)."""
+    return f"{count / 2**20:.2f} MiB" if count >= 2**20 else f"{count / 2**10:.1f} KiB"
+
+
 def rank_memory_line(a: list[StepRecord], b: list[StepRecord]) -> str | None:
     """Each rank's peak device bytes, B against A (medians over the pairs, measured at every step boundary);
     None for one process."""
     before, after = rank_memory(a), rank_memory(b)
     if len(after) < 2:
         return None
-    ranks = ", ".join(f"rank {r} {y / 2**20:.2f} MiB (baseline {x / 2**20:.2f})"
+    ranks = ", ".join(f"rank {r} {shown_bytes(y)} (baseline {shown_bytes(x)})"
                       for r, (x, y) in enumerate(zip(before, after)))
     return f"peak device memory per rank, measured: {ranks}"
 

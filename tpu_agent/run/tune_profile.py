@@ -91,6 +91,8 @@ def profile_for_tune(script: Path, args: list[str], run_dir: Path, options: Tune
 def ranks_lines(profile: Profile) -> list[str]:
     """What the baseline of an N-rank job measured per rank: the job's pace (the slowest rank's median step) and
     each rank's step time and peak device memory, as profile.json's `distributed` section holds them."""
+    from tpu_agent.measure.compare import shown_bytes
+
     dist = profile.distributed
     if dist is None:
         return []
@@ -101,7 +103,7 @@ def ranks_lines(profile: Profile) -> list[str]:
     for entry in dist.ranks:
         step = f"{entry.step_time.median_s * 1e3:.1f} ms" if entry.step_time is not None else "-"
         peak = entry.live_peak_bytes
-        memory = f"{peak / 2**20:.2f} MiB" if peak is not None else "-"
+        memory = shown_bytes(peak) if peak is not None else "-"
         lines.append(f"  rank {entry.rank}: median step {step}, peak device memory {memory} (measured)")
     if dist.missing_ranks:
         lines.append(f"  ranks without a profile: {dist.missing_ranks}")
