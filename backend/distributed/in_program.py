@@ -51,8 +51,10 @@ def enabled() -> bool:
 
 
 def recording() -> bool:
-    """Whether a collective met now is recorded into the pending graph (fused mode, not a compile capture)."""
-    return STATE.fused and RECORDER.capture is None and enabled()
+    """Whether a collective met now is recorded into the pending graph: fused mode, not a compile capture, and
+    not while the profiler times each collective (collectives.record: `tpu-agent profile` reports every
+    collective's bytes and time, which a collective inside a program does not have)."""
+    return STATE.fused and RECORDER.capture is None and not collectives.RECORDED.on and enabled()
 
 
 _BODIES = {
