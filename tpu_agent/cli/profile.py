@@ -24,7 +24,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from tpu_agent import envvars
 from tpu_agent.cli.inputs import check_script
-from tpu_agent.cli.options import NPROC_WITH_DEVICES, DeviceMapOption, ScriptArg, ScriptArgs, device_map_env, stderr_console, stdout_console
+from tpu_agent.cli.options import (NPROC_WITH_DEVICES, DeviceMapOption, ScriptArg, ScriptArgs, device_map_env,
+                                    stderr_console, stdout_console)
 from tpu_agent.errors import InputError, TpuAgentError
 from tpu_agent.cli.format import ms
 from tpu_agent.paths import CANNOT_WRITE_EXIT, RUNS_SUBDIR, CannotWrite, probe_refusal, shown_path, writable_dir

@@ -12,7 +12,8 @@ import typer
 from rich.markup import escape
 
 from tpu_agent.cli.inputs import check_script
-from tpu_agent.cli.options import NPROC_WITH_DEVICES, DeviceMapOption, ScriptArg, ScriptArgs, device_map_env, stderr_console, stdout_console
+from tpu_agent.cli.options import (NPROC_WITH_DEVICES, DeviceMapOption, ScriptArg, ScriptArgs, device_map_env,
+                                    stderr_console, stdout_console)
 from tpu_agent.config import TuneOptions, resolve
 from tpu_agent.paths import shown_path
 from tpu_agent.report.effects import effect_lines

@@ -48,8 +48,9 @@ def gather_ranks(run_dir: Path, nproc: int, exit_code: int) -> None:
         try:
             write_profile(merged, run_dir / PROFILE_FILE)
         except OSError as exc:
+            ranks = shown_path(run_dir / "ranks")
             raise CannotWrite(f"cannot write the profile {shown_path(run_dir / PROFILE_FILE)}: "
-                              f"{exc.strerror or exc} (the ranks' own are in {shown_path(run_dir / 'ranks')})") from None
+                              f"{exc.strerror or exc} (the ranks' own are in {ranks})") from None
 
 
 def read_profile(path: Path) -> Profile:

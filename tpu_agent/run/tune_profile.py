@@ -57,8 +57,9 @@ def profile_for_tune(script: Path, args: list[str], run_dir: Path, options: Tune
     if result.interrupted or (result.exit_code == 130 and not result.timed_out):
         raise KeyboardInterrupt
     if result.timed_out and watch is None:
-        raise BaselineFailed(f"the {what} run of {options.nproc} ranks ran past {launch['timeout']:.0f} s (--trial-timeout "
-                             f"for each of its steps and its start-up) and was stopped; its output is in {shown}")
+        raise BaselineFailed(f"the {what} run of {options.nproc} ranks ran past {launch['timeout']:.0f} s "
+                             f"(--trial-timeout for each of its steps and its start-up) and was stopped; its output "
+                             f"is in {shown}")
     if result.timed_out:
         raise BaselineFailed(f"the {what} run timed out: no progress to {watch.waiting_for or watch.timed_out_waiting} "
                              f"within {options.trial_timeout:.0f} s (--trial-timeout); its output is in {shown}")

@@ -98,11 +98,12 @@ class PairReport:
 
 class Objective:
     """One trial per call: the plan of its picks, measured and compared, recorded in the study and `records`.
-    `baseline_losses` gathers the baseline's loss at each step across trials (each trial's numerics check reads
-    them); `measured` holds the plans measured so far, so that a repeat is recorded without running."""
+    `baseline_losses` gathers the baseline's loss at each (step, rank) across trials (each trial's numerics check
+    reads them); `measured` holds the plans measured so far, so that a repeat is recorded without running."""
 
     def __init__(self, space: Space, runner: Runner, options: TuneOptions, baseline_batch: int | None,
-                 baseline_losses: dict[tuple[int, int], float], *, measured: dict[str, Measured], per_pair: bool = False,
+                 baseline_losses: dict[tuple[int, int], float], *, measured: dict[str, Measured],
+                 per_pair: bool = False,
                  on_trial: Callable[[TrialRecord], None] | None = None, study: optuna.Study | None = None) -> None:
         self.space, self.runner, self.options, self.baseline_batch = space, runner, options, baseline_batch
         self.baseline_losses, self.measured, self.per_pair, self.on_trial = baseline_losses, measured, per_pair, on_trial
