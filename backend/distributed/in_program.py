@@ -65,11 +65,9 @@ _BODIES = {
     "all_to_all": lambda x, n: jax.lax.all_to_all(x, collectives.AXIS, 0, 0, tiled=True),
 }
 _BETWEEN = {  # the same collective as its own program, for a graph run op by op
-    "all_reduce": lambda x, ranks, op: collectives.all_reduce(x, ranks, op),
-    "all_gather": lambda x, ranks: collectives.all_gather(x, ranks),
-    "reduce_scatter": lambda x, ranks, op: collectives.reduce_scatter(x, ranks, op),
-    "broadcast": lambda x, ranks, root: collectives.broadcast(x, ranks, root),
-    "all_to_all": lambda x, ranks: collectives.all_to_all(x, ranks),
+    "all_reduce": collectives.all_reduce, "all_gather": collectives.all_gather,
+    "reduce_scatter": collectives.reduce_scatter, "broadcast": collectives.broadcast,
+    "all_to_all": collectives.all_to_all,
 }
 _ids = count(-1, -1)  # program ids below the executables' (which count up from 0)
 _programs: dict[tuple, "CollectiveProgram"] = {}
