@@ -77,6 +77,17 @@ def test_an_unmodified_loop_runs_one_program_per_step_with_the_cpus_losses():
     assert not WINDOW.open  # the user's mode is back after the loop
 
 
+def test_in_fused_mode_as_the_tuner_sets_it_the_step_is_one_program_and_the_mode_stays():
+    """The tuner's `compile: compiled` switches compiled steps on in fused mode (DEFER_AND_FUSE)."""
+    batches = _batches(8)
+    cpu, _ = _train("cpu", batches, set_to_none=False)
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        tpu, programs = _train("tpu", batches, compiled=True, set_to_none=False)
+        assert torch.tpu.get_eager_mode() is torch.tpu.EagerMode.DEFER_AND_FUSE
+    assert tpu == pytest.approx(cpu, rel=1e-5)
+    assert programs[-3:] == [1, 1, 1], programs
+
+
 def test_a_host_read_mid_step_splits_the_step_and_says_why():
     batches = _batches(8)
     cpu, _ = _train("cpu", batches, read_mid_step=True)
