@@ -194,7 +194,9 @@ class SpmdGraph:
 
     def _ranks_agree(self) -> bool:
         mine = jax.device_put(self.fingerprint, self.device)
-        everyone = np.asarray(collectives.all_gather(mine, self.ranks)).reshape(len(self.ranks), -1)
+        # an all_gather named for the watch: a rank that never comes times out naming the graph
+        everyone = collectives._run(f"the start of {self.label}", self.ranks, mine, collectives.all_gather_body)
+        everyone = np.asarray(everyone).reshape(len(self.ranks), -1)
         if (everyone == self.fingerprint).all():
             return True
         if not self.said:

@@ -1,11 +1,12 @@
 """Collectives inside fused mode's graph (issue #26 point 1, backend/distributed/in_program.py), world size 2
 under torchrun: DDP trains as DDP on CPU gloo does, step by step, with its gradients' all-reduce inside the
-step's fused graph (one SPMD program over the ranks) and no collective run between programs; an FSDP2 step
+step's fused graph (one SPMD program over the ranks), only the ranks' check between programs; an FSDP2 step
 (all_gather and reduce_scatter inside the graph) trains as the same model on the CPU given both ranks' batches;
 the functional collectives and an async all_reduce give the values worked out by hand. With
 TPU_AGENT_COLLECTIVES_IN_PROGRAM=0 the same job computes the same and its collectives run between programs,
 as before. Where two ranks' graphs differ (a rank that reads its loss mid-step), each runs its graph op by op.
-The last test checks the recording in process, over a group of this one process (not slow)."""
+One test checks the recording in process, over a group of this one process (not slow); the last, that a rank
+that never joins a fused graph ends the job with one line naming the graph (the ranks' check before it)."""
 
 from __future__ import annotations
 
@@ -182,3 +183,25 @@ def test_a_collective_is_a_node_of_the_fused_graph_and_the_graph_runs_over_its_r
         assert (y + 1).cpu().tolist() == [1.0, 3.0, 5.0, 7.0]
     holding = [e for e in executables.all()[known:] if "c10d.all_reduce(sum)" in e.ops]
     assert (len(holding), collectives.runs - before) == (graphs, between)
+
+
+NEVER_JOINS = textwrap.dedent("""
+    from datetime import timedelta
+    import torch, torch.distributed as dist
+    dist.init_process_group(timeout=timedelta(seconds=4))
+    x = torch.ones(4, device="tpu") * 2
+    if dist.get_rank() == 0:  # rank 1 never all-reduces
+        dist.all_reduce(x)
+    print(dist.get_rank(), x.cpu().tolist(), flush=True)
+""")
+
+
+@pytest.mark.slow  # a torchrun job of 2 ranks that times out (about 20 s)
+def test_a_rank_that_never_joins_a_fused_graph_ends_the_job_with_one_line_naming_the_graph(tmp_path):
+    (tmp_path / "never.py").write_text(NEVER_JOINS)
+    proc = run_python("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "never.py",
+                      cwd=tmp_path, env=clean_env(TORCH_TPU_DEFER_AND_FUSE="1"), timeout=200)
+    assert proc.returncode != 0
+    line = ("tpu: rank 0: the start of a fused graph with c10d.all_reduce(sum) x1 over ranks [0, 1] did not "
+            "complete within 4 s (the process group's timeout): rank 1 did not join it")
+    assert line in proc.stderr, proc.stderr[-3000:]
