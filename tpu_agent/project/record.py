@@ -75,6 +75,8 @@ class MetaDevice(TorchFunctionMode):
             args = (_device(args[0]), *args[1:])
         if "device" in kwargs:
             kwargs["device"] = _device(kwargs["device"])
+        elif isinstance(kwargs.get("generator"), torch.Generator) and kwargs["generator"].device.type == "cpu":
+            kwargs["device"] = "cpu"  # host-side draws (a sampler's randperm): indices the script reads back
         return func(*args, **kwargs)
 
 
@@ -225,7 +227,7 @@ def record(script: str, args: list[str], scale_layers: bool = True, lowerable=No
     global batch the recorded steps' batch tensors (drawn on the device, or moved there) get in dim 0."""
     from tpu_agent.errors import InputError
 
-    from . import attention
+    from . import attention, distributed
 
     torch.autograd.set_multithreading_enabled(False)
     recorder = Recorder(lowerable)
@@ -284,7 +286,7 @@ def record(script: str, args: list[str], scale_layers: bool = True, lowerable=No
     sys.argv = [script, *args]
     torch.set_default_device("meta")
     try:
-        with MetaDevice(), attention.intercept(), recorder:
+        with MetaDevice(), attention.intercept(), distributed.script_parallelism_left_out(), recorder:
             runpy.run_path(script, run_name="__main__")
     except StopScript:
         pass

@@ -1,0 +1,60 @@
+"""`tpu-agent project` on torch.distributed scripts (issue #26 point 6: their meshes ranked for a slice by
+projection): the script runs as one rank, its fully_shard / parallelize_module / DDP leave the model unchanged,
+and the projection shards the step by its own mesh."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from support.paths import EXAMPLES
+from tpu_agent.cli.app import run_cli
+from tpu_agent.project import distributed
+
+
+@pytest.mark.parametrize("example, mesh", [("fsdp2", "fsdp=8"), ("fsdp_tp", "fsdp=4,tensor=2"), ("ddp", "data=8")])
+def test_a_distributed_example_projects_with_the_projections_own_mesh(example, mesh, tmp_path, capsys,
+                                                                         monkeypatch):
+    for name in distributed.RENDEZVOUS:  # as a user's shell has them: no launcher
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    code = run_cli(["project", str(EXAMPLES / f"{example}.py"), "--target", "v5e-8", "--mesh", mesh,
+                    "--json", str(tmp_path / "p.json")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    data = json.loads((tmp_path / "p.json").read_text())
+    axes = {axis: int(n) for axis, n in (part.split("=") for part in mesh.split(","))}
+    assert data["mesh"] == axes and data["step_s"] > 0 and data["model_flops"] > 0
+    assert any(c["axes"] for c in data["collectives"])  # the projection's own collectives, over its mesh
+    assert "projected for v5e-8" in out
+
+
+def test_one_rank_env_is_added_only_where_no_launcher_set_it():
+    env = distributed.one_rank({"PATH": "/bin"})
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["MASTER_ADDR"]) == ("0", "1", "0", "127.0.0.1")
+    assert int(env["MASTER_PORT"]) > 0
+    launched = {"RANK": "1", "WORLD_SIZE": "2"}
+    assert distributed.one_rank(launched) is launched
+
+
+def test_the_scripts_wrappers_leave_the_module_unchanged_and_come_back_after():
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = torch.nn.Linear(2, 2)
+    with distributed.script_parallelism_left_out():
+        import torch.distributed.fsdp as fsdp
+        import torch.nn.parallel as parallel
+
+        assert fsdp.fully_shard(model, reshard_after_forward=False) is model
+        wrapped = parallel.DistributedDataParallel(model, device_ids=[0])
+        assert wrapped is model and wrapped.module is model and "module" not in dict(model.named_children())
+        with wrapped.no_sync():
+            pass
+        assert len(model.state_dict()) == 2  # no cycle through .module
+    import torch.distributed.fsdp as fsdp
+    import torch.nn.parallel as parallel
+
+    assert fsdp.fully_shard is fully_shard and parallel.DistributedDataParallel is DistributedDataParallel
