@@ -117,7 +117,8 @@ def test_script_matches_gloo_rank_by_rank(case, mode, nproc, tmp_path):
     element whose AdamW steps nearly cancel; bf16: not checked one by one, a zero-initialised layer-norm bias
     ends 5e-2 of its norm away, as PyTorch's CPU kernel sums its gradient row by row in bf16); every rank ends
     with the same model; dcp: a fresh job resumes the checkpoint saved after step 3 with the uninterrupted
-    run's losses and parameters exactly."""
+    run's losses and parameters (within 1e-6: under compiled steps the resumed first step runs as written where
+    the uninterrupted run replays its one-program step, fused differently by XLA)."""
     problems = run_case(CASES[case], nproc, mode, tmp_path)
     assert not problems, "\n".join(problems)
 

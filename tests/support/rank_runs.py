@@ -80,6 +80,9 @@ def model_error(run: dict, reference: dict) -> float:
     return math.dist([v for n in names for v in run["params"][n]], ref) / math.hypot(*ref)
 
 
+# A resumed job's first step runs as written, where the uninterrupted job replays its captured step (compiled
+# steps: forward, backward and update as one program): XLA fuses the two differently, a last-bit difference.
+RESUME_TOLERANCE = 1e-6
 MODES = {"eager": {}, "fused": {"TORCH_TPU_DEFER_AND_FUSE": "1"}, "compiled": {"TPU_AGENT_COMPILE_STEPS": "1"}}
 
 
@@ -139,10 +142,12 @@ def run_case(case: Case, nproc: int, mode: str, out: Path, gloo: list[dict] | No
         resumed = run_ranks(case.example, [*args, "--checkpoint", str(out / "ckpt"), "--resume"],
                             out / f"{mode}-resumed", on="tpu", env=MODES[mode], nproc=nproc, timeout=timeout)
         for rank, (again, first) in enumerate(zip(resumed, tpu, strict=True)):
-            if again["first_step"] != SAVE_AT or again["losses"] != first["losses"][SAVE_AT:]:
+            uninterrupted = {"losses": first["losses"][SAVE_AT:], "params": first["params"]}
+            if again["first_step"] != SAVE_AT or worst_loss_error(again, uninterrupted) > RESUME_TOLERANCE:
                 problems.append(f"rank {rank}: resumed losses {again['losses']} where {first['losses'][SAVE_AT:]}")
-            elif again["params"] != first["params"]:
-                problems.append(f"rank {rank}: resumed parameters differ from the uninterrupted run's")
+            elif max(parameter_errors(again, uninterrupted).values()) > RESUME_TOLERANCE:
+                problems.append(f"rank {rank}: resumed parameters differ from the uninterrupted run's: "
+                                f"{max(parameter_errors(again, uninterrupted).values()):.2e} of their norm")
     return problems
 
 
