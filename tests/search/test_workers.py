@@ -15,6 +15,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from support import fake_worker
 from support.fake_worker import SlowRunner, quick_heartbeat
 from support.paths import REPO
 from support.postgres import PASSWORD
@@ -44,7 +45,7 @@ def project(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(workers, "WORKER_COMMAND", [sys.executable, str(REPO / "tests/support/fake_worker.py")])
     monkeypatch.setattr(storage_mod, "HEARTBEAT_S", 1)
-    monkeypatch.setattr(storage_mod, "GRACE_S", 2)
+    monkeypatch.setattr(storage_mod, "GRACE_S", fake_worker.GRACE_S)
     return tmp_path
 
 
