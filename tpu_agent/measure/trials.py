@@ -266,8 +266,17 @@ def _first_end(records: list) -> tuple[int, Ended] | None:
     only says another rank's process ended (backend/distributed/faults.py), then any failure, then a clean end."""
     ends = [(rank, r) for rank, r in enumerate(records) if isinstance(r, Ended)]
     failed = [(rank, e) for rank, e in ends if e.status != 0]
-    causes = [(rank, e) for rank, e in failed if CONSEQUENCE_MARK not in (e.error or "")]
+    causes = [(rank, e) for rank, e in failed if not _consequence(e.error or "")]
     return next(iter(causes or failed or ends), None)
+
+
+_PARTNER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def _consequence(error: str) -> bool:
+    """A rank's line that only says a partner died: faults.py's own words, or gloo's when the collective ran inside
+    a fused program (XLA raises it, not a watched collective: backend/distributed/faults.another_rank_left)."""
+    return CONSEQUENCE_MARK in error or ("Gloo" in error and any(s in error for s in _PARTNER_GONE))
 
 
 class _Gone(Exception):
