@@ -105,11 +105,20 @@ class watching:  # noqa: N801 - used as a context manager, named as one
         global _current
         _current = self.outer
         if value is not None and another_rank_left(value):
-            reason = " ".join(str(value).split())
-            reason = reason[reason.find("Connection"):] if "Connection" in reason else reason
-            stop(f"tpu: rank {_my_rank(self.ranks)}: {self.op} over ranks {list(self.ranks)} stopped: another "
-                 f"rank's process ended (gloo: {reason})", CONSEQUENCE, EXIT_FAILED)
+            stop(f"tpu: rank {_my_rank(self.ranks)}: {self.op} over ranks {list(self.ranks)} stopped: "
+                 f"{_partner_gone(value)}", CONSEQUENCE, EXIT_FAILED)
         return False
+
+
+def partner_gone(value: BaseException) -> None:
+    """End this rank, a consequence: `value` says a partner's process ended first."""
+    stop(f"tpu: rank {os.environ.get('RANK', '?')}: stopped: {_partner_gone(value)}", CONSEQUENCE, EXIT_FAILED)
+
+
+def _partner_gone(value: BaseException) -> str:
+    reason = " ".join(str(value).split())
+    reason = reason[reason.find("Connection"):] if "Connection" in reason else reason
+    return f"another rank's process ended (gloo: {reason})"
 
 
 def another_rank_left(exc: BaseException) -> bool:
@@ -255,6 +264,8 @@ def _install_excepthook() -> None:
         line = mesh_misfit(value, tb)
         if line is not None:
             usage_error(line)
+        if another_rank_left(value):  # a partner ended first (a collective outside a watch): one line, no traceback
+            partner_gone(value)
         if not issubclass(kind, KeyboardInterrupt):
             text = " ".join(str(value).split())
             said = f"{kind.__name__}: {text}"[:500] if text else kind.__name__

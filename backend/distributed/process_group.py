@@ -295,9 +295,15 @@ class TpuProcessGroup(ProcessGroup):
 
 
 def create(common_opts, backend_options=None) -> TpuProcessGroup:
-    """The creator `register_backend` calls (extended API: the store, group rank and size, global ranks)."""
-    return TpuProcessGroup(common_opts.store, common_opts.group_rank, common_opts.group_size,
-                           common_opts.timeout, list(common_opts.global_ranks_in_group or []))
+    """The creator `register_backend` calls (extended API: the store, group rank and size, global ranks). A rank
+    whose partner ended during the rendezvous (its own bad input, say) ends with one line, not a traceback."""
+    try:
+        return TpuProcessGroup(common_opts.store, common_opts.group_rank, common_opts.group_size,
+                               common_opts.timeout, list(common_opts.global_ranks_in_group or []))
+    except RuntimeError as exc:
+        if faults.another_rank_left(exc):
+            faults.partner_gone(exc)
+        raise
 
 
 def register() -> None:
