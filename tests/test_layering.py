@@ -64,7 +64,7 @@ def test_every_module_is_under_600_lines_and_few_sit_at_the_top():
     lines = {name: len(path.read_text().splitlines()) for name, path in _modules().items()}
     assert {n: k for n, k in lines.items() if k > 600} == {}
     top = [p for p in (REPO / "tpu_agent").glob("*.py")]
-    assert len(top) <= 8, sorted(p.name for p in top)
+    assert len(top) <= 9, sorted(p.name for p in top)  # 9: partner_gone, the words the device and the tool share
 
 
 def test_every_tpu_agent_variable_is_declared_once():
@@ -159,14 +159,17 @@ def test_no_module_reads_a_tpu_agent_variable_past_its_declaration():
 
 def test_the_declarations_sit_below_everything():
     """envvars imports the standard library only, so the device and the profiler can read their settings there;
-    it is the one module of the tool they import."""
+    with partner_gone (the words a rank and the tool share when a rank's partner died), the only modules of the
+    tool they import. Both import the standard library only."""
     import sys
 
-    tree = ast.parse(DECLARATIONS.read_text())
-    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
-    assert {m for m in imported if m.split(".")[0] not in sys.stdlib_module_names and m != "__future__"} == set()
-    below = {"tpu_agent.backend", "tpu_agent.profilers", "tpu_agent.playbooks", "tpu_agent.envvars"}
+    for bottom in (DECLARATIONS, REPO / "tpu_agent" / "partner_gone.py"):
+        tree = ast.parse(bottom.read_text())
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+        assert {m for m in imported if m.split(".")[0] not in sys.stdlib_module_names and m != "__future__"} == set()
+    below = {"tpu_agent.backend", "tpu_agent.profilers", "tpu_agent.playbooks", "tpu_agent.envvars",
+             "tpu_agent.partner_gone"}
     wrong = {}
     for folder, package in (("backend", "tpu_agent.backend"), ("profilers", "tpu_agent.profilers")):
         for path in (REPO / folder).rglob("*.py"):

@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
+from tpu_agent.partner_gone import CONSEQUENCE_MARK, gloo_partner_gone
+
 TORCH_DEFAULT_TIMEOUT = timedelta(minutes=30)  # torch's default_pg_timeout: what a group gets when none is given
 DEFAULT_TIMEOUT = timedelta(minutes=10)  # NCCL's default
 TICK_S = 1.0  # how often the watch thread publishes this rank's progress and looks at its running collective
@@ -118,14 +120,12 @@ def partner_gone(value: BaseException) -> None:
 def _partner_gone(value: BaseException) -> str:
     reason = " ".join(str(value).split())
     reason = reason[reason.find("Connection"):] if "Connection" in reason else reason
-    return f"another rank's process ended (gloo: {reason})"
+    return f"{CONSEQUENCE_MARK} (gloo: {reason})"
 
 
 def another_rank_left(exc: BaseException) -> bool:
     """A collective's error that says a partner's process went away (its sockets closed), not a fault here."""
-    text = str(exc)
-    return "Gloo" in text and any(s in text for s in ("Connection closed by peer", "Connection reset by peer",
-                                                      "Broken pipe"))
+    return gloo_partner_gone(str(exc))
 
 
 def _my_rank(ranks) -> int | str:

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Literal
 
 from tpu_agent import envvars, interrupts
+from tpu_agent.partner_gone import CONSEQUENCE_MARK, gloo_partner_gone
 from tpu_agent.plan.actions import Plan
 from tpu_agent.run.launch import LAUNCHER_GRACE_S, READ_STDIN, READ_STDIN_MARK, launch
 from tpu_agent.run.messages import TRIAL_MESSAGE, Ended, StepRecord, TrialRequest, channel_paths
 
 __all__ = ["RankedStep", "StepRecord", "TrialFailed", "TrialProcess", "rank_records"]
 
-CONSEQUENCE_MARK = "another rank's process ended"  # a rank's line when a partner died first (faults.py)
 STOP_GRACE_S = 3.0  # a child of a tune that is stopping gets this long to leave before SIGKILL
 
 FailureKind = Literal["crashed", "out_of_memory", "timed_out", "too_few_steps", "not_finite"]
@@ -270,13 +270,11 @@ def _first_end(records: list) -> tuple[int, Ended] | None:
     return next(iter(causes or failed or ends), None)
 
 
-_PARTNER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
-
-
 def _consequence(error: str) -> bool:
     """A rank's line that only says a partner died: faults.py's own words, or gloo's when the collective ran inside
-    a fused program (XLA raises it, not a watched collective: backend/distributed/faults.another_rank_left)."""
-    return CONSEQUENCE_MARK in error or ("Gloo" in error and any(s in error for s in _PARTNER_GONE))
+    a fused program (XLA raises it, not a watched collective); both in tpu_agent.partner_gone, which faults.py
+    writes with."""
+    return CONSEQUENCE_MARK in error or gloo_partner_gone(error)
 
 
 class _Gone(Exception):
