@@ -9,6 +9,7 @@ since the start or the last `reset_peak_memory_stats()`.
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 
 _PEAK = {"allocated": 0, "reserved": 0}
@@ -106,3 +107,109 @@ def route_accelerator_memory() -> None:
         for namespace in (accelerator, accelerator_memory):
             if hasattr(namespace, name):
                 setattr(namespace, name, fn)
+
+
+class StepPeak:
+    """The in-step peak: the most bytes alive on this process's device at any program launch inside a step,
+    plus that program's own temporary bytes (XLA's memory analysis).
+
+    Why: bytes alive at a step boundary miss what a step holds and frees inside it: FSDP2's parameters
+    unsharded between forward and backward, activations kept for the backward. Every array a launch
+    returns is counted until it is freed (a weak reference's callback). At each step's end the count is set
+    again from the arrays alive: an array made outside a launch (a transfer, a collective's output) counts
+    from then on, and inside the step that made it only if it is still alive at its end.
+    One reader per process calls `end_step()` at each boundary, after it has taken its step time.
+    """
+
+    def __init__(self) -> None:
+        self._sizes: dict[int, int] = {}  # id(array) -> its bytes on the device, while alive
+        self._refs: dict[int, weakref.ref] = {}
+        self.current = 0
+        self._launches: dict[int, list] = {}  # executable id -> [most bytes alive after a launch of it, executable]
+        self._temp: dict[int, int] = {}  # executable id -> its temporary bytes
+        self._start: int | None = None  # bytes alive when the step began; None: not counted yet (no JAX call
+        # before the first launch: a rank's jax.distributed.initialize must come first)
+
+    def _watch(self, array) -> None:
+        key = id(array)
+        if key in self._sizes:
+            return
+        size = _device_bytes(array)
+        self._sizes[key] = size
+        self.current += size
+        self._refs[key] = weakref.ref(array, lambda _ref, key=key: self._freed(key))
+
+    def _freed(self, key: int) -> None:
+        self.current -= self._sizes.pop(key, 0)
+        self._refs.pop(key, None)
+
+    def launched(self, exe, out) -> None:
+        """After a launch: its outputs are alive, its inputs still are (or were donated to them)."""
+        import jax
+
+        if self._start is None:
+            self._start = self._resync()
+        if isinstance(out, jax.Array):
+            self._watch(out)
+        else:
+            for leaf in jax.tree_util.tree_leaves(out):
+                if isinstance(leaf, jax.Array):
+                    self._watch(leaf)
+        seen = self._launches.get(exe.id)
+        if seen is None:
+            self._launches[exe.id] = [self.current, exe]
+        elif seen[0] < self.current:
+            seen[0] = self.current
+
+    def end_step(self) -> int:
+        """The step's peak in bytes (at least the bytes alive at its start and at its end); starts the next step."""
+        peak = self._start or 0
+        for alive, exe in self._launches.values():
+            peak = max(peak, alive + self._temp_bytes(exe))
+        self._launches.clear()
+        self._start = self._resync()
+        return max(peak, self._start)
+
+    def _temp_bytes(self, exe) -> int:
+        if exe.id not in self._temp:
+            try:  # the executable's compile is cached by JAX: this lowers and looks it up
+                self._temp[exe.id] = int(exe.memory().get("temp_bytes", 0))
+            except Exception:  # noqa: BLE001 - a program XLA cannot analyse adds no temporaries
+                self._temp[exe.id] = 0
+        return self._temp[exe.id]
+
+    def _resync(self) -> int:
+        """Count every live array (donated ones are gone): the bytes alive now, exactly."""
+        import jax
+
+        alive = {id(a): a for a in jax.live_arrays() if not a.is_deleted()}
+        for key in list(self._sizes):  # a list: a callback may free another array meanwhile
+            if key not in alive:
+                self._freed(key)
+        for array in alive.values():
+            self._watch(array)
+        self.current = sum(list(self._sizes.values()))
+        return self.current
+
+
+def _device_bytes(array) -> int:
+    """Bytes of `array` on one device: a sharded array holds one shard there."""
+    size = array.size * array.dtype.itemsize
+    sharding = array.sharding
+    if not sharding.is_fully_replicated:  # one device's array is: the cheap test first
+        shard = 1
+        for dim in sharding.shard_shape(array.shape):
+            shard *= dim
+        size = shard * array.dtype.itemsize
+    return size
+
+
+WATCH: StepPeak | None = None  # launch.py reports every launch here while set
+
+
+def watch_step_peaks() -> StepPeak:
+    """Start measuring each step's in-step peak (the profiler and the tuner's trial child do)."""
+    global WATCH
+    if WATCH is None:
+        WATCH = StepPeak()
+    return WATCH

@@ -164,7 +164,7 @@ def build_profile(d: "Collected", run: "RunInfo", exit_code: int, error: str | N
     if growth:
         notes.append(growth)
     memory = Memory(xla_peak_bytes=xla_peak[0], xla_peak_executable=xla_peak[1], live_peak_bytes=d.live_peak,
-                    live_end_bytes=d.live_end, device_stats=d.device_stats)
+                    step_peak_bytes=d.step_peak, live_end_bytes=d.live_end, device_stats=d.device_stats)
     warm = _guarded(notes, "the warm-up", lambda: warmup.summarize(steps_section, memory), None)
     hot = _guarded(notes, "the hot ops", lambda: analysis.hot_ops(infos, flops_per_step, HOT_OPS), [])
     pad = _guarded(notes, "the padding report", lambda: analysis.padding_report(infos, pad_gen), None)

@@ -78,7 +78,7 @@ class CollectiveWatch:
 
 
 def rank_profile(rank: int, steps: list[Step], per_step: list[dict], *, status: str, exit_code: int | None,
-                 live_peak: int | None, xla_peak: int | None, runtime_peak: int | None, untimed: int) -> RankProfile:
+                 live_peak: int | None, step_peak: int | None, xla_peak: int | None, runtime_peak: int | None, untimed: int) -> RankProfile:
     """One rank's figures over the steps the step statistics cover (`per_step[i]`: what step i+1 ran)."""
     from .analysis import percentile, step_stats, steady_steps  # the child's side: the device is loaded there
 
@@ -102,7 +102,7 @@ def rank_profile(rank: int, steps: list[Step], per_step: list[dict], *, status: 
         comm_s_per_step=sum(comm) / n if n else None,
         comm_share=sum(comm) / wall if wall > 0 else None,
         compute_s_per_step=percentile([st.wall_s - c for st, c in zip(chosen, comm)], 0.5) if n else None,
-        live_peak_bytes=live_peak, xla_peak_bytes=xla_peak, runtime_peak_bytes=runtime_peak, collectives=collectives,
+        live_peak_bytes=live_peak, step_peak_bytes=step_peak, xla_peak_bytes=xla_peak, runtime_peak_bytes=runtime_peak, collectives=collectives,
         untimed_collectives=untimed,
     )
 
@@ -154,6 +154,7 @@ def gather(run_dir: Path, world_size: int, exit_code: int) -> Profile | None:
         own = prof.distributed.ranks if prof.distributed is not None else []
         entry = own[0] if own else RankProfile(rank=rank, status=prof.status, exit_code=prof.exit_code,
                                                step_time=prof.steps.stats, live_peak_bytes=prof.memory.live_peak_bytes,
+                                               step_peak_bytes=prof.memory.step_peak_bytes,
                                                xla_peak_bytes=prof.memory.xla_peak_bytes)
         entry.profile = str(rank_dir(run_dir, rank) / "profile.json")
         entries.append(entry)

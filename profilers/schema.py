@@ -108,6 +108,8 @@ class Step(BaseModel):
                                "every launch in it (device_s): its time is not representative")
     compiled: bool = Field(False, description="something was compiled in this step")
     live_bytes: int | None = Field(None, description="device buffers alive at the step's end")
+    peak_bytes: int | None = Field(None, description="measured: the most device bytes alive inside the step (the "
+                                   "in-step peak: live bytes at each program launch plus its temporaries)")
     device_s: float | None = Field(None, description="measured: time in executable launches, each waited for until "
                                    "it finished; None: launches were not waited for in this step")
     launches: int | None = Field(None, description="executable launches in this step (with device_s)")
@@ -222,6 +224,8 @@ class Memory(BaseModel):
     xla_peak_bytes: int | None = Field(None, description="largest peak of any executable run (XLA memory analysis, per device)")
     xla_peak_executable: str | None = None
     live_peak_bytes: int | None = Field(None, description="measured: most device buffer bytes alive at a step boundary")
+    step_peak_bytes: int | None = Field(None, description="measured: the most device bytes alive inside any step (the "
+                                        "in-step peak: live bytes at each program launch plus its temporaries)")
     live_end_bytes: int | None = Field(None, description="measured: device buffer bytes alive at the end of the run")
     device_stats: dict[str, int] = Field(default_factory=dict, description="the runtime's memory_stats(), where it has them")
 
@@ -485,6 +489,8 @@ class RankProfile(BaseModel):
     compute_s_per_step: float | None = Field(None, description="median of (step wall time - its collectives' time): "
                                              "the step without communication")
     live_peak_bytes: int | None = Field(None, description="measured: most device bytes alive at a step boundary")
+    step_peak_bytes: int | None = Field(None, description="measured: the most device bytes alive inside any step "
+                                        "(the in-step peak)")
     xla_peak_bytes: int | None = Field(None, description="largest peak of its executables (XLA memory analysis)")
     runtime_peak_bytes: int | None = Field(None, description="measured: the runtime's peak_bytes_in_use, where its "
                                            "memory_stats() has it (TPU, GPU; not the CPU)")

@@ -82,6 +82,7 @@ class Collected:
     compile_s: float = 0.0
     compiles: int = 0
     live_peak: int | None = None
+    step_peak: int | None = None  # the most bytes alive inside any step (backend/memory.py's StepPeak)
     live_end: int | None = None
     device_stats: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -147,6 +148,7 @@ class Session:
         self._time_executables_was: bool | None = None  # STATE.time_executables before the profiler flipped it
         self.modules = None  # a modules.ModuleWatch: the sizes of the modules built
         self.collectives = None  # a ranks.CollectiveWatch: each step's collectives, timed
+        self._peaks = None  # backend/memory.py's StepPeak: each step's in-step peak
 
     # ------------------------------------------------------------------ set-up
 
@@ -168,6 +170,9 @@ class Session:
         except Exception as exc:  # noqa: BLE001 - the profile goes on without collective times
             self.data.notes.append(f"collectives could not be timed: {exc}")
         jax.monitoring.register_event_duration_secs_listener(self._on_jax_event)
+        from tpu_agent.backend.memory import watch_step_peaks
+
+        self._peaks = watch_step_peaks()
         self._remove_listener = steps.add_step_listener(self._on_step)
         from .modules import ModuleWatch
 
@@ -250,16 +255,18 @@ class Session:
             total_s, calls = _launch_totals()
             device_s, launches = total_s - self._launches_at_start[0], calls - self._launches_at_start[1]
         comm_s, ran = self._step_collectives()
+        peak = max(self._peaks.end_step(), live_bytes)
         d.steps.append(Step.model_construct(  # no validation on the step path: the values are ours
             index=k, wall_s=now - self._step_start, compile_s=self._compile_acc,
             warmup=k <= self.settings.warmup, instrumented=self._counter is not None or self._timed_step,
-            compiled=self._compiled_in_step, live_bytes=live_bytes, device_s=device_s, launches=launches,
-            comm_s=comm_s, collectives=ran,
+            compiled=self._compiled_in_step, live_bytes=live_bytes, peak_bytes=peak, device_s=device_s,
+            launches=launches, comm_s=comm_s, collectives=ran,
         ))
         self.data.compile_s += self._compile_acc
         self._compile_acc = 0.0
         self._compiled_in_step = False
         d.live_peak = max(d.live_peak or 0, live_bytes)
+        d.step_peak = max(d.step_peak or 0, peak)
         self._stamp_compiles(k)
         if self._counter is not None:
             self._end_flop_count("step 1 (from the script's start to the first step marker)")
@@ -430,6 +437,7 @@ class Session:
         watch = self.collectives
         entry = rank_profile(self.launch.rank, profile.steps.items, self.data.collective_steps, status=profile.status,
                              exit_code=profile.exit_code, live_peak=profile.memory.live_peak_bytes,
+                             step_peak=profile.memory.step_peak_bytes,
                              xla_peak=profile.memory.xla_peak_bytes,
                              runtime_peak=profile.memory.device_stats.get("peak_bytes_in_use"),
                              untimed=watch.untimed if watch else 0)
@@ -455,13 +463,14 @@ class Session:
 
             RECORDER.flush("end of run")
             live = self._sync()
+            peak = max(self._peaks.end_step(), live) if self._peaks is not None else None
             d.whole_run = True
             comm_s, ran = self._step_collectives()
             d.steps.append(Step(index=1, wall_s=time.perf_counter() - self._step_start, compile_s=self._compile_acc,
                                 instrumented=self._counter is not None, compiled=self._compiled_in_step,
-                                live_bytes=live, comm_s=comm_s, collectives=ran))
+                                live_bytes=live, peak_bytes=peak, comm_s=comm_s, collectives=ran))
             d.compile_s += self._compile_acc
-            d.live_peak = live
+            d.live_peak, d.step_peak = live, peak
             d.window_start = None
             d.window_end = _snapshot()
             self._stamp_compiles(None)

@@ -16,7 +16,7 @@ from tpu_agent.config import TuneOptions
 from tpu_agent.measure.compare import Comparison, aligned_losses, losses_by_step, rank_memory_line
 from tpu_agent.measure.runner import Runner
 from tpu_agent.measure.trials import RankedStep, StepRecord, TrialFailed, TrialProcess, rank_records
-from tpu_agent.plan.actions import Mesh, PadOps, Plan
+from tpu_agent.plan.actions import ActivationCheckpointing, FsdpReshard, Mesh, PadOps, Plan
 from tpu_agent.verify.verdict import resharded_on_cpu_ranks, verify
 
 # A DDP script as users write it, each rank on its own data (their losses differ). With RANKS_COUNTER set, rank 0
@@ -103,6 +103,25 @@ def test_a_trial_process_steps_every_rank_together(tmp_path):
         assert record.loss == ranks[0].loss and ranks[0].loss != ranks[1].loss  # each rank's own data
         assert all(r.device_bytes > 0 for r in ranks)
     assert proc.proc.returncode == 0  # stopped at a step boundary: every rank left, the launcher with them
+
+
+@pytest.mark.slow  # three 2-rank jobs
+def test_a_trials_memory_per_rank_is_its_in_step_peak(tmp_path):
+    """What the tuner's parallelism changes do to memory per rank, measured: examples/fsdp2.py's ranks report their
+    in-step peak (backend/memory.py's StepPeak), which FSDP2's reshard_after_forward=False raises (the gathered
+    parameters held from forward to backward) and checkpointing every block lowers; the bytes alive at a step
+    boundary are the same for all three."""
+    script = Path(__file__).resolve().parents[2] / "examples" / "fsdp2.py"
+    peaks = {}
+    for name, plan in (("as written", Plan()), ("kept", Plan(actions=[FsdpReshard(reshard=False)])),
+                       ("checkpointed", Plan(actions=[ActivationCheckpointing(every=1)]))):
+        proc = TrialProcess(script, ["--steps", "4"], plan, cwd=tmp_path, log_dir=tmp_path / "logs",
+                            step_timeout=120, env={}, name=name.replace(" ", "-"), nproc=2)
+        with proc:
+            last = [proc.step() for _ in range(3)][-1]  # step 3: the optimizer's state made in step 1
+        peaks[name] = [r.device_bytes for r in rank_records(last)]
+    for rank in (0, 1):
+        assert peaks["kept"][rank] > peaks["as written"][rank] > peaks["checkpointed"][rank], peaks
 
 
 def test_a_rank_that_crashes_fails_the_trial_with_its_own_line(tmp_path):

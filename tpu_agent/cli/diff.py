@@ -44,6 +44,7 @@ METRICS = (
     Metric("peak memory (XLA, per device)", "peak_memory_bytes", size, True, True),
     # Not gated: buffers a script keeps across steps make it grow with the number of steps profiled.
     Metric("live memory peak (measured)", "live_peak_bytes", size, True, False),
+    Metric("in-step memory peak (measured)", "step_peak_bytes", size, True, False),
     Metric("padding waste (estimate)", "padding_waste", percent, True, False, points=True),
     # Not gated: a first step's time is mostly compiling, which a warm compilation cache removes.
     Metric("first step", "first_step_s", ms, True, False),

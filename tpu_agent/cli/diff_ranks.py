@@ -58,8 +58,8 @@ def _comm_bytes(d: Distributed, rank: int) -> float | None:
     return sum(c.bytes_per_step for c in entry.collectives) if entry is not None else None
 
 
-def _live_peak(d: Distributed) -> int | None:
-    peaks = [r.live_peak_bytes for r in d.ranks if r.live_peak_bytes is not None]
+def _largest(d: Distributed, field: str) -> int | None:
+    peaks = [getattr(r, field) for r in d.ranks if getattr(r, field) is not None]
     return max(peaks) if peaks else None
 
 
@@ -87,7 +87,10 @@ def markdown(base: Distributed | None, head: Distributed | None) -> str:
               _row("time in collectives / step (mean over ranks)", _comm_time(base), _comm_time(head), ms),
               _row("collective bytes / step (rank 0)", _comm_bytes(base, 0), _comm_bytes(head, 0), size,
                    lower_is_better=None),
-              _row("live memory peak (largest rank)", _live_peak(base), _live_peak(head), size)]
+              _row("live memory peak (largest rank)", _largest(base, "live_peak_bytes"),
+                   _largest(head, "live_peak_bytes"), size),
+              _row("in-step memory peak (largest rank)", _largest(base, "step_peak_bytes"),
+                   _largest(head, "step_peak_bytes"), size)]
     slow_b, slow_h = base.slowest_rank, head.slowest_rank
     lines.append(f"| slowest rank | {f'rank {slow_b.rank}' if slow_b else 'n/a'} | "
                  f"{f'rank {slow_h.rank}' if slow_h else 'n/a'} | | "
@@ -101,6 +104,7 @@ def markdown(base: Distributed | None, head: Distributed | None) -> str:
                           h.step_time.median_s if h.step_time else None, ms))
         lines.append(_row(f"rank {b.rank}: communication share", b.comm_share, h.comm_share, _pct, points=True))
         lines.append(_row(f"rank {b.rank}: live memory peak", b.live_peak_bytes, h.live_peak_bytes, size))
+        lines.append(_row(f"rank {b.rank}: in-step memory peak", b.step_peak_bytes, h.step_peak_bytes, size))
     b0 = next((r for r in base.ranks if r.rank == 0), None)
     h0 = heads.get(0)
     if b0 is not None and h0 is not None:

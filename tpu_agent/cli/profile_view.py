@@ -83,6 +83,8 @@ def _rows(p: Profile) -> list[tuple[str, Text | str]]:
     if m.xla_peak_executable:
         mem += f" ({m.xla_peak_executable})"
     mem += f"; live device buffers: peak {size(m.live_peak_bytes)}, at the end {size(m.live_end_bytes)}"
+    if m.step_peak_bytes is not None:
+        mem += f"; in-step peak {size(m.step_peak_bytes)} (measured)"
     if m.device_stats.get("peak_bytes_in_use"):
         mem += f"; runtime peak {size(m.device_stats['peak_bytes_in_use'])}"
     rows.append(("memory", mem))

@@ -23,11 +23,12 @@ def _ranks_table(d: Distributed) -> Table:
     table = Table(title="ranks (measured)", title_justify="left", show_edge=False, pad_edge=False, box=None)
     runtime = any(r.runtime_peak_bytes is not None for r in d.ranks)  # TPU and GPU runtimes keep a peak
     for col in ("rank", "step (median)", "outside collectives (median)", "in collectives (mean)", "comm share",
-                "live peak", "XLA peak", *(("runtime peak",) if runtime else ()), "status"):
+                "in-step peak", "live peak", "XLA peak", *(("runtime peak",) if runtime else ()), "status"):
         table.add_column(col, justify="left" if col == "status" else "right")
     for r in d.ranks:
         table.add_row(str(r.rank), ms(r.step_time.median_s) if r.step_time else "n/a", ms(r.compute_s_per_step),
-                      ms(r.comm_s_per_step), _share(r.comm_share), size(r.live_peak_bytes), size(r.xla_peak_bytes),
+                      ms(r.comm_s_per_step), _share(r.comm_share), size(r.step_peak_bytes), size(r.live_peak_bytes),
+                      size(r.xla_peak_bytes),
                       *((size(r.runtime_peak_bytes),) if runtime else ()),
                       r.status if r.exit_code in (0, None) else f"{r.status} (exit {r.exit_code})")
     return table

@@ -30,6 +30,7 @@ class Summary(BaseModel):
     mfu: float | None = Field(None, description="achieved / peak FLOP/s")
     peak_memory_bytes: int | None = Field(None, description="XLA peak of the largest executable, per device")
     live_peak_bytes: int | None = Field(None, description="measured: most device bytes alive at a step boundary")
+    step_peak_bytes: int | None = Field(None, description="measured: most device bytes alive inside a step")
     padding_waste: float | None = Field(None, description="estimate: share of dot/conv TPU work that is tile padding")
     padding_generation: str | None = None
     first_step_s: float | None = Field(None, description="measured: step 1's wall time, compiles included")
@@ -53,6 +54,7 @@ def from_profile(profile) -> Summary:
         mfu=profile.flops.mfu if profile.flops is not None else None,
         peak_memory_bytes=profile.memory.xla_peak_bytes,
         live_peak_bytes=profile.memory.live_peak_bytes,
+        step_peak_bytes=profile.memory.step_peak_bytes,
         padding_waste=profile.padding.total_waste.value if profile.padding is not None else None,
         padding_generation=profile.padding.generation if profile.padding is not None else None,
         first_step_s=profile.warmup.first_step_s if profile.warmup is not None else None,

@@ -1,7 +1,8 @@
 """The child side of a timing trial: apply the plan, then run the script one step at a time.
 
 The parent holds a gate: at every step boundary the child synchronizes the
-device, reports the step (wall time, loss, device bytes) on a pipe and waits
+device, reports the step (wall time, loss, its in-step peak of device bytes: backend/memory.py's
+StepPeak) on a pipe and waits
 for the next go. Two warm processes, baseline and candidate, can so be timed
 step by step in alternation (A B A B ...), each step measured while the
 other process is idle, which keeps a shared machine's noise out of the ratio.
@@ -46,6 +47,9 @@ class TrialSession:
 
         import jax
 
+        from tpu_agent.backend.memory import watch_step_peaks
+
+        self.peaks = watch_step_peaks()
         applied = apply_runtime(self.plan)
         self._patch_backward()
         jax.monitoring.register_event_duration_secs_listener(self._on_jax_event)
@@ -70,7 +74,8 @@ class TrialSession:
         now = time.perf_counter()
         self.step += 1
         loss = float(self.loss.item()) if self.loss is not None else None
-        self._send(StepRecord(step=self.step, wall_s=now - self.last, loss=loss, device_bytes=_device_bytes(),
+        peak = max(_device_bytes(), self.peaks.end_step())  # after `now`: not in the step's time
+        self._send(StepRecord(step=self.step, wall_s=now - self.last, loss=loss, device_bytes=peak,
                               compiled=self.compiled))
         self._wait_for_go()
         self.compiled = False

@@ -103,9 +103,10 @@ def ranks_lines(profile: Profile) -> list[str]:
              f"(median){slowest}; trials and verification time each step as the slowest rank's (per-step max)"]
     for entry in dist.ranks:
         step = f"{entry.step_time.median_s * 1e3:.1f} ms" if entry.step_time is not None else "-"
-        peak = entry.live_peak_bytes
+        peak = entry.step_peak_bytes if entry.step_peak_bytes is not None else entry.live_peak_bytes
+        what = "in-step peak" if entry.step_peak_bytes is not None else "peak at a step boundary"
         memory = shown_bytes(peak) if peak is not None else "-"
-        lines.append(f"  rank {entry.rank}: median step {step}, peak device memory {memory} (measured)")
+        lines.append(f"  rank {entry.rank}: median step {step}, device memory {memory} ({what}, measured)")
     if dist.missing_ranks:
         lines.append(f"  ranks without a profile: {dist.missing_ranks}")
     return lines
