@@ -18,7 +18,8 @@ from tpu_agent.config import ChosenProposer, TuneOptions
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.measure.runner import Runner
 from tpu_agent.paths import ignore_tool_dir, new_run_dir, writable_dir
-from tpu_agent.project import rank
+from tpu_agent.project import rank, slices
+from tpu_agent.project.measured import measured_plans, rank_for_slice
 from tpu_agent.propose import ProposerChoice, make_proposer
 from tpu_agent.propose.knobs import discover
 from tpu_agent.propose.scope import knobs_in_scope
@@ -89,6 +90,21 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
                                          "verdicts go into the study's attributes", markup=False)
         verify_best(studies.ranked_plans(study), runner, options, batch, out.profile, out)
 
+    def parallelism() -> None:  # --nproc N: each parallelism plan's memory per rank; --target: ranked by projection
+        platform = out.profile.device.platform if out.profile.device is not None else "this host"
+        measured = measured_plans(out.result.trials, options.nproc, f"this host ({platform}, "
+                                  f"{options.nproc} processes under torch.distributed.run)")
+        if measured is None:
+            return
+        if out.result.projection is not None:  # --target on a host that is not the slice
+            say = lambda line: out.console.print(line, markup=False)  # noqa: E731
+            sl = slices.parse(options.slice)
+            measured = rank_for_slice(measured, out.result.projection, rank.projector(str(script), args, sl, batch),
+                                      say)
+        out.result.parallelism = measured
+        out.say.parallelism(measured)
+        out.save()
+
     def profile_plan() -> None:  # every figure `diff` compares, measured with the verified plan
         out.say.plan_profile(options)
         try:
@@ -102,6 +118,8 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
     try:
         out.phase("search", search)
         out.phase("verification", verification)
+        if options.nproc > 1 and out.profile is not None:
+            out.phase("projection" if options.slice is not None else "verification", parallelism)
     finally:
         runner.close()
         if out.profile is not None:

@@ -77,6 +77,13 @@ class TuneLines:
         self.console.print(("  [green]accepted[/green]: " if verdict.accepted else "  [red]rejected[/red]: ")
                            + verdict.reason)
 
+    def parallelism(self, measured) -> None:
+        """The parallelism plans measured (project.measured.MeasuredParallelism): memory per rank, ranked."""
+        from tpu_agent.report.parallelism import console_lines
+
+        for line in console_lines(measured):
+            self.console.print(line, markup=False)
+
     def plan_profile(self, options: TuneOptions) -> None:
         self.console.print(f"[bold]profile[/bold]: the verified plan ({options.warmup} warm-up + {options.steps} "
                            "steps), for the report's summary")

@@ -63,6 +63,11 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
                       else f"{-m.saving:.1%} more")
             lines.append(f"| device memory per device (measured) | {m.baseline_median_bytes / 2**20:.1f} MiB | "
                          f"{m.candidate_median_bytes / 2**20:.1f} MiB ({change}) |")
+        if best.rank_memory:
+            from tpu_agent.project.measured import per_rank_text
+
+            lines.append(f"| device memory per rank (in-step peak, measured) | {per_rank_text(best.rank_memory, 0)} "
+                         f"| {per_rank_text(best.rank_memory)} |")
         if best.estimate_note:
             lines += ["", f"*Time:* {best.estimate_note}."]
         for note in best.left_out:
@@ -107,6 +112,10 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
         from tpu_agent.report.projection import section
 
         lines += section(result.projection)
+    if result.parallelism is not None:
+        from tpu_agent.report import parallelism
+
+        lines += parallelism.section(result.parallelism)
     lines += ["", "### Verification", "", "| change | result | speed | numerics |", "|---|---|---|---|"]
     for v in result.verdicts:
         num = v.numerics.reason if v.numerics else "-"

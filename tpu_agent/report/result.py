@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, PrivateAttr
 
 from tpu_agent.config import TuneOptions
 from tpu_agent.paths import write_atomic
+from tpu_agent.project.measured import MeasuredParallelism
 from tpu_agent.project.rank import SliceRanking
 from tpu_agent.propose.base import Candidate
 from tpu_agent.report.summary import Summary, from_profile
@@ -40,6 +41,8 @@ class TuneResult(BaseModel):
     best: Verdict | None = None
     projection: SliceRanking | None = Field(None, description="--target SLICE: plans for the slice ranked by "
                                             "projection (estimates, never verified)")
+    parallelism: MeasuredParallelism | None = Field(None, description="--nproc N: the parallelism plans measured, "
+                                                     "memory per rank each; with --target, ranked by projection")
     phase: Literal["starting", "baseline", "projection", "search", "verification", "ablation", "profile",
                    "done"] = Field("starting", description="the phase running when tune.json was last written "
                                    "(tests and watchers wait on it)")
