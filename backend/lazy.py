@@ -93,6 +93,13 @@ HOST_READ = "value read on the host"
 SIZE_LIMIT = "graph size limit"
 BREAK_REASONS = (DATA_DEPENDENT, HOST_READ, SIZE_LIMIT)
 
+# Donate a compiled step's parameters too (inputs the forward and backward read before the update replaces them),
+# not only the optimizer's state. On XLA:CPU that aliasing made odd_shapes' one-program step 12-24% slower (the same
+# executable with and without it, 2026-12-05, load 4-6); the state alone cost nothing (0.97x). On an accelerator the
+# memory counts more: there the parameters are donated as well. None: by the platform, asked at the first donation
+# (not at import: the backend must not start before jax_setup has set the device count).
+DONATE_READ_INPUTS: bool | None = None
+
 # A loop with no sync point (forward and backward with no optimizer step or read) would
 # grow one pending graph without bound, and compile a bigger one at every flush.
 MAX_GRAPH_OPS = envvars.MAX_GRAPH_OPS.value
@@ -141,8 +148,9 @@ class Recorder:
         self.since_flush = 0  # ops recorded since the last flush
         self.first_program = None  # the program of the first op recorded since then
         # Compiled steps (whole_step.py): ids of input arrays a node replaces (an optimizer's parameters and
-        # state), which the next flush may donate to XLA where nothing else holds them; graphs compiled so.
-        self.donate: set[int] = set()
+        # state), each with the Lazy output replacing it, which the next flush may donate to XLA where nothing
+        # else holds them; graphs compiled so.
+        self.donate: dict[int, Lazy] = {}
         self.donating: dict[tuple, executables.Executable] = {}
 
     # --- recording ------------------------------------------------------------------
@@ -207,6 +215,8 @@ class Recorder:
                         inputs.append(concrete)
                     refs.append((1, input_ids[k], 0))
             plan.append((n.program.id, tuple(refs)))
+        a = concrete = None  # the loops' last values: no reference of this frame may hide a donation
+        donated, outputs = self._donated(nodes, inputs, outputs)
         out_refs = tuple((node_index[id(o.node)], o.index) for o in outputs)
         key = (tuple(plan), out_refs, tuple(_aval_key(a) for a in inputs))
         if STATE.mesh is not None:
@@ -214,8 +224,7 @@ class Recorder:
         exe = self.graphs.get(key)
         if exe is None:
             exe = self._compile(key, nodes, plan, out_refs, inputs)
-        a = concrete = None  # the loops' last values: no reference of this frame may hide a donation
-        values = launch(self._donating(exe, nodes, inputs), inputs)
+        values = launch(self._donating(exe, donated), inputs)
         self.flushes += 1
         self.last_inputs = inputs
         for lz, v in zip(outputs, values):
@@ -232,17 +241,27 @@ class Recorder:
         for fn in self.listeners:
             fn(exe, reason)
 
-    def _donating(self, exe, nodes, inputs):
-        """`exe`, or the same graph donating the inputs marked in `donate` that nothing outside the recorder
-        holds (a snapshot made with `copy_` shares its array: then no donation), as step_program.Plan donates."""
-        marked, self.donate = self.donate, set()
+    def _donated(self, nodes, inputs, outputs):
+        """The inputs this flush donates, and the outputs reordered so that XLA updates each in place.
+
+        Donated: the inputs marked in `donate` (an optimizer's parameters and state, each with the output that
+        replaces it) that nothing outside the recorder holds (a snapshot made with `copy_` shares its array: then
+        no donation), as step_program.Plan donates. jax pairs a donated input with the first output of its shape
+        and dtype: with the step's gradients first among the outputs a parameter was paired with its gradient and
+        XLA copied the arrays back (86 copies in odd_shapes' step program, 52 paired right; 36 without donation).
+        So each replacement output comes first, in its input's order. Where DONATE_READ_INPUTS is off (XLA:CPU),
+        an input another node also reads (a parameter the forward reads) is not donated."""
+        marked, self.donate = self.donate, {}
         if not marked or STATE.mesh is not None or any(getattr(n.program, "ranks", None) for n in nodes):
-            return exe
+            return (), outputs
         held = dict.fromkeys(marked, 0)  # references the recorder itself holds, by id
+        read_elsewhere = set()  # read by a node other than the one replacing it: a parameter the forward reads
         for n in nodes:
             for v in n.inputs:
                 if id(v) in held:
                     held[id(v)] += 1
+                    if n is not marked[id(v)].node:
+                        read_elsewhere.add(id(v))
         for v in [lz.value for lz in self.last_flush[2]] if self.last_flush else []:
             if id(v) in held:
                 held[id(v)] += 1
@@ -250,11 +269,20 @@ class Recorder:
             if id(v) in held:
                 held[id(v)] += 1
         v = None
+        out_ids = {id(o) for o in outputs}
+        donate_read = DONATE_READ_INPUTS if DONATE_READ_INPUTS is not None else jax.default_backend() != "cpu"
         donated = []
         for i in range(len(inputs)):  # besides those, the inputs list and getrefcount's argument hold it
-            if id(inputs[i]) in held and sys.getrefcount(inputs[i]) <= held[id(inputs[i])] + 2:
+            k = id(inputs[i])
+            if k in held and id(marked[k]) in out_ids and sys.getrefcount(inputs[i]) <= held[k] + 2 and (
+                    donate_read or k not in read_elsewhere):
                 donated.append(i)
-        donated = tuple(donated)
+        first = [marked[id(inputs[i])] for i in donated]
+        moved = {id(o) for o in first}
+        return tuple(donated), first + [o for o in outputs if id(o) not in moved]
+
+    def _donating(self, exe, donated: tuple):
+        """`exe`, or the same graph with the `donated` inputs donated (compiled once per graph and donation)."""
         if not donated:
             return exe
         key = (exe.id, donated)

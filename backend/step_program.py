@@ -75,6 +75,8 @@ class Plan:
         written = {id(ref()) for ref, _ in outputs if ref() is not None}
         self.donatable = tuple(i for i, (kind, value) in enumerate(provenance)
                                if kind == "storage" and value() is not None and id(value()) in written)
+        out_index = {id(ref()): index for ref, index in outputs if ref() is not None}
+        self.replaced_by = {i: out_index[id(provenance[i][1]())] for i in self.donatable}  # input -> its output
         self._donating: executables.Executable | None = None
         self._node: lazy.Program | None = None  # the program as a node of a compiled-steps window's graph
 
@@ -145,10 +147,13 @@ class Plan:
         inputs = self._inputs(args, lambda tensor, index: tensor.jax())
         if inputs is STALE:
             return STALE
-        RECORDER.donate.update(id(inputs[i]) for i in self.donatable if type(inputs[i]) is not lazy.Lazy)
         if self._node is None:
             self._node = lazy.Program(next(executables._ids), self.exe.name, self.exe.raw, {}, scope=self.exe.name)
-        return self._write_back(RECORDER.record(self._node, inputs))
+        values = RECORDER.record(self._node, inputs)
+        # Each donatable input with the output that replaces it: the flush aliases the two (lazy.Recorder.donate).
+        RECORDER.donate.update((id(inputs[i]), values[self.replaced_by[i]]) for i in self.donatable
+                               if type(inputs[i]) is not lazy.Lazy)
+        return self._write_back(values)
 
     def _write_back(self, values):
         for ref, index in self.outputs:

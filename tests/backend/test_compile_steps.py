@@ -134,9 +134,12 @@ def test_a_compiled_step_that_returns_nothing_updates_once_per_call():
     assert w.cpu().tolist() == [6.0] * 4
 
 
-def test_replays_update_parameters_in_place_unless_another_tensor_shares_their_array():
+def test_replays_update_parameters_in_place_unless_another_tensor_shares_their_array(monkeypatch):
     """Donation: a replayed update may reuse its parameters' buffers, but not one that a tensor made with
     `copy_` (an EMA of the weights, a snapshot) still holds: that tensor keeps its values."""
+    from tpu_agent.backend import lazy
+
+    monkeypatch.setattr(lazy, "DONATE_READ_INPUTS", True)  # the parameters too, as on an accelerator
     torch.manual_seed(0)
     model = Net().to("tpu")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -4,6 +4,7 @@ losses; a host read mid-step splits the step and says why; new shapes and hyperp
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -133,3 +134,44 @@ def test_mark_step_ends_the_step_window_of_a_loop_without_an_optimizer():
     for _ in range(3):
         cpu(x.cpu()).sum().backward()
     torch.testing.assert_close(grad, cpu.fc1.weight.grad, rtol=1e-5, atol=1e-6)
+
+
+def _aliases(exe) -> dict[int, int]:
+    """The compiled program's donated input -> the output XLA writes into its buffer (HLO input_output_alias)."""
+    text = exe.fn.lower(*exe.args).compile().as_text()
+    header = text[:text.index("\n")]
+    return {int(i): int(o) for o, i in re.findall(r"\{(\d+)\}: \((\d+), \{\}, (?:may|must)-alias\)", header)}
+
+
+def test_the_step_program_updates_the_optimizer_state_in_place_each_array_into_its_own_buffer():
+    """Donation in the step's one program: each donated input shares its buffer with the output that replaces it
+    (jax pairs a donated input with the first output of its shape: with the gradients first, a parameter was
+    paired with its gradient). On XLA:CPU the parameters, which the forward also reads, are not donated."""
+    from tpu_agent.backend.lazy import RECORDER
+
+    torch.manual_seed(0)
+    model = Net().to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    (x, y), = [(a.to("tpu"), b.to("tpu")) for a, b in _batches(1)]
+    auto_compile.compile_steps(True)
+    try:
+        for step in range(6):
+            names = {id(p.jax()): name for name, p in model.named_parameters()}
+            names |= {id(t.jax()): f"{name}.{key}" for name, p in model.named_parameters()
+                      for key, t in opt.state.get(p, {}).items()}
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    finally:
+        auto_compile.compile_steps(False)
+    exe, inputs, outputs, _ = RECORDER.last_flush
+    donated = [d for (exe_id, d) in RECORDER.donating if exe_id == exe.id]
+    assert donated, "the step's program donates nothing"
+    donating = RECORDER.donating[(exe.id, max(donated, key=lambda d: RECORDER.donating[(exe.id, d)].calls))]
+    aliases = _aliases(donating)
+    after = {id(p.jax()): name for name, p in model.named_parameters()}
+    after |= {id(t.jax()): f"{name}.{key}" for name, p in model.named_parameters() for key, t in opt.state[p].items()}
+    pairs = sorted((names[id(inputs[i])], after.get(id(outputs[o].value), "not a state array"))
+                   for i, o in aliases.items())
+    state = sorted(f"{name}.{key}" for name, p in model.named_parameters() for key in opt.state[p])
+    assert pairs == [(s, s) for s in state]  # every state array, into its own buffer, and no parameter
