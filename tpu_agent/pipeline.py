@@ -28,6 +28,7 @@ from tpu_agent.report.progress import TuneProgress
 from tpu_agent.report.result import TuneResult
 from tpu_agent.run.tune_profile import profile_for_tune, ranks_lines
 from tpu_agent.search import study as studies
+from tpu_agent.search.alone import actions_tried, measure_alone
 from tpu_agent.search.rounds import search_rounds
 from tpu_agent.verify.best import verify_best
 
@@ -96,8 +97,13 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
                                   f"{options.nproc} processes under torch.distributed.run)")
         if measured is None:
             return
+        out.result.parallelism = measured  # the trials' rows, kept if what follows is interrupted
+        say = lambda line: out.console.print(line, markup=False)  # noqa: E731
+        say("parallelism: each action the search tried, alone against the baseline, for its memory per rank")
+        alone = measure_alone(actions_tried([row.plan for row in measured.plans]), runner, say)
+        runner.close()
+        measured = measured.model_copy(update={"plans": [*alone, *measured.plans]})
         if out.result.projection is not None:  # --target on a host that is not the slice
-            say = lambda line: out.console.print(line, markup=False)  # noqa: E731
             sl = slices.parse(options.slice)
             measured = rank_for_slice(measured, out.result.projection, rank.projector(str(script), args, sl, batch),
                                       say)

@@ -137,12 +137,25 @@ def test_a_tune_at_2_ranks_for_a_slice_ranks_its_measured_parallelism_plans(tmp_
     result, _, text = fake_tune.tune(tmp_path, monkeypatch, Parallelism(), trials=2)
     measured = result.parallelism
     assert measured is not None and measured.slice == "v5e-8" and not measured.verified
-    assert {r.plan.describe() for r in measured.plans} == {"activation checkpointing of every block",
-                                                            "activation checkpointing of one block in 2"}
+    trials = [r for r in measured.plans if r.trial is not None]
+    alone = {r.plan.describe(): r for r in measured.plans if r.trial is None}
+    assert {r.plan.describe() for r in trials} == set(alone) == {"activation checkpointing of every block",
+                                                                 "activation checkpointing of one block in 2"}
+    assert alone["activation checkpointing of one block in 2"].rank_memory == [(1000, 900), (1000, 900)]
+    assert "activation checkpointing of every block alone: memory per rank, measured: rank 0 0.8 KiB (-20.0%)" in text
     assert all(r.projected is not None and r.projected.plan.checkpoint for r in measured.plans)
-    every = next(r for r in measured.plans if "every block" in r.plan.describe())
+    every = next(r for r in trials if "every block" in r.plan.describe())
     assert every.rank_memory == [(1000, 800), (1000, 800)]
     assert "memory per rank, measured: rank 0 0.8 KiB (-20.0%), rank 1 0.8 KiB (-20.0%)" in text
     report = (Path(result.run_dir) / "report.md").read_text()
     assert "### Parallelism changes: memory per rank and time measured here, ranked for v5e-8 by projection" in report
     assert json.loads((Path(result.run_dir) / "report.json").read_text())["parallelism"]["verified"] is False
+
+
+def test_each_parallelism_action_is_measured_alone_once():
+    from tpu_agent.search.alone import actions_tried
+
+    plans = [Plan(actions=[PadOps(multiple=8), FsdpReshard(reshard=False), ActivationCheckpointing(every=1)]),
+             Plan(actions=[FsdpReshard(reshard=False)]), TP2]
+    assert [p.describe() for p in actions_tried(plans)] == [
+        "FSDP2 reshard_after_forward=False", "activation checkpointing of every block", TP2.describe()]

@@ -31,6 +31,23 @@ def test_a_distributed_example_projects_with_the_projections_own_mesh(example, m
     assert "projected for v5e-8" in out
 
 
+def test_a_gpu_script_under_a_device_map_projects_as_it_runs(tmp_path, monkeypatch):
+    """`tune --device-map cuda=tpu --target SLICE`: the projection's child gets the map as the tune's children do,
+    so a script that checks torch.cuda.is_available() and calls .to("cuda") / .cuda() is traced on meta (it
+    failed: the unmapped script took its CPU branch and copied out of meta)."""
+    from support.paths import REPO
+    from tpu_agent import envvars
+    from tpu_agent.project import run, slices
+
+    for name in distributed.RENDEZVOUS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(envvars.DEVICE_MAP.name, "cuda=tpu")
+    script = REPO / "tests" / "data" / "scripts" / "fsdp_tp_cuda.py"
+    partitioned, projection = run.project(str(script), ["--tp", "1", "--out", str(tmp_path)], slices.parse("v5e-8"),
+                                          {"fsdp": 8})
+    assert partitioned.blocks_total == 3 and projection.step_s > 0
+
+
 def test_one_rank_env_is_added_only_where_no_launcher_set_it():
     env = distributed.one_rank({"PATH": "/bin"})
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["MASTER_ADDR"]) == ("0", "1", "0", "127.0.0.1")

@@ -30,9 +30,9 @@ MAX_NEW_PROJECTIONS = 6  # beyond the slice ranking's own: each one a child proc
 class MeasuredPlan(BaseModel):
     """One measured parallelism plan: this host's figures (measured) and the slice's (projected)."""
 
-    trial: int
+    trial: int | None = Field(description="the search's trial; None: the action alone, measured after the search")
     plan: Plan
-    state: str = Field(description="the trial's state: complete, numerics, failed, pruned")
+    state: str = Field(description="the trial's state (complete, numerics, pruned), or alone, or failed")
     speedup_here: float | None = Field(None, description="measured on this host's ranks: the baseline's step time / "
                                        "the plan's (search median); not a TPU slice's")
     rank_memory: list[tuple[int, int]] | None = Field(None, description="measured: each rank's in-step peak device "

@@ -11,6 +11,8 @@ import sys
 import time
 import warnings
 
+from tpu_agent import envvars
+
 from .results import Partitioned, Traced
 
 
@@ -247,6 +249,16 @@ def run(request: dict) -> Partitioned:
     from . import lower, record
 
     t0 = time.perf_counter()
+    mapped = envvars.DEVICE_MAP.pop()
+    if mapped is not None:  # tune --device-map cuda=tpu: the script's device is tpu in its projection too
+        from tpu_agent.backend import module as device_module
+        from tpu_agent.run import device_map
+
+        device_module.claim()  # as the tool's child does: torch.cuda.is_available() answers for tpu
+
+        mapping = device_map.parse(mapped)
+        device_map.apply(mapping, say=lambda line: None)
+        record.META_DEVICES.add(mapping.source)
     recording = record.record(request["script"], request["args"], scale_layers=request.get("scale_layers", True),
                               lowerable=lower.lowerable, batch=request.get("batch"),
                               batch_option=request.get("batch_option", "--per-chip-batch"))

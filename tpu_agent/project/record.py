@@ -56,10 +56,13 @@ class Graph:
     blocks: int | None = None  # repeated blocks present when recorded (None: no truncation)
 
 
+META_DEVICES = {"tpu"}  # devices read as meta; partition.py adds a --device-map's source (cuda)
+
+
 def _device(value):
-    if isinstance(value, torch.device) and value.type == "tpu":
+    if isinstance(value, torch.device) and value.type in META_DEVICES:
         return torch.device("meta")
-    if isinstance(value, str) and value.split(":")[0] == "tpu":
+    if isinstance(value, str) and value.split(":")[0] in META_DEVICES:
         return "meta"
     return value
 
@@ -69,6 +72,8 @@ class MetaDevice(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda and "cuda" in META_DEVICES:  # a --device-map cuda=tpu script's x.cuda()
+            return args[0].to("meta")
         if func is torch.Tensor.to and len(args) > 1:
             args = (args[0], _device(args[1]), *args[2:])
         elif func is torch._C._nn._parse_to and args:

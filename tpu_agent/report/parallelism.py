@@ -7,6 +7,10 @@ from tpu_agent.project.measured import MeasuredParallelism, MeasuredPlan
 from tpu_agent.project.rank import mfu_text, size_text
 
 
+def _which(row: MeasuredPlan) -> str:
+    return f"trial {row.trial}" if row.trial is not None else "alone"
+
+
 def _here(row: MeasuredPlan) -> str:
     return f"{row.speedup_here:.3f}x" if row.speedup_here is not None else "-"
 
@@ -41,7 +45,7 @@ def console_lines(m: MeasuredParallelism) -> list[str]:
         head += f"; ranked for {m.slice} by projection ({m.label}, estimates, not verified)"
     lines = [head]
     for i, row in enumerate(m.plans, 1):
-        line = (f"  {i}. trial {row.trial} ({' + '.join(row.plan.effects())}): {row.plan.describe()}: memory per "
+        line = (f"  {i}. {_which(row)} ({' + '.join(row.plan.effects())}): {row.plan.describe()}: memory per "
                 f"rank, measured: {row.memory_text()}; speed here {_here(row)} (measured, this host)")
         if m.slice:
             p = row.projected
@@ -58,21 +62,23 @@ def section(m: MeasuredParallelism) -> list[str]:
     lines = ["", title, "",
              f"Measured at {m.world_size} ranks on {m.host}. Memory per rank is each rank's in-step peak device "
              "memory (the most bytes alive inside a step, measured), plan against baseline, medians over the trial's "
-             "pairs. The speed column is the search's median ratio on this host: another mesh, resharding or "
+             "pairs; a row measured \"alone\" is one parallelism action by itself against the baseline (2 pairs "
+             "after the search, for memory: its speed is not reported), a trial's row is its whole plan's. The speed "
+             "column is the search's median ratio on this host: another mesh, resharding or "
              "checkpointing costs something else on a TPU slice's interconnect and chips, so it is measured and "
              "said to be this host's, never claimed for a TPU."]
     if m.slice:
         lines += ["", f"Ranked by the projection for {m.slice} ({m.label}; estimates, not verified: no TPU ran): "
                       "fitting plans by projected step time per sample. Each plan keeps its tensor-parallel degree; "
                       "FSDP spans the slice's other chips."]
-    header = "| # | trial | change | class | memory per rank (measured) | speed here (measured, this host) |"
+    header = "| # | measured in | change | class | memory per rank (measured) | speed here (measured, this host) |"
     rule = "|---|---|---|---|---|---|"
     if m.slice:
         header += f" step time ({m.label}) | per sample | MFU | memory per chip |"
         rule += "---|---|---|---|"
     lines += ["", header + " note |", rule + "---|"]
     for i, row in enumerate(m.plans, 1):
-        cells = [str(i), str(row.trial), row.plan.describe(), " + ".join(row.plan.effects()), row.memory_text(),
+        cells = [str(i), _which(row), row.plan.describe(), " + ".join(row.plan.effects()), row.memory_text(),
                  _here(row)]
         if m.slice:
             p = row.projected
