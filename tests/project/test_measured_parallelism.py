@@ -150,6 +150,10 @@ def test_a_tune_at_2_ranks_for_a_slice_ranks_its_measured_parallelism_plans(tmp_
     report = (Path(result.run_dir) / "report.md").read_text()
     assert "### Parallelism changes: memory per rank and time measured here, ranked for v5e-8 by projection" in report
     assert json.loads((Path(result.run_dir) / "report.json").read_text())["parallelism"]["verified"] is False
+    assert result.best is not None  # checkpointing, faster here (the fake runner's "execution" factor)
+    assert "*Not a TPU speedup:* measured on this host" in report and "for v5e-8 the parallelism changes" in report
+    assert "| device memory per rank (in-step peak, measured) | rank 0 1000 B" not in report  # KiB, as the lines
+    assert "| device memory per rank (in-step peak, measured) | rank 0 1.0 KiB, rank 1 1.0 KiB | rank 0 " in report
 
 
 def test_each_parallelism_action_is_measured_alone_once():

@@ -70,6 +70,13 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
                          f"| {per_rank_text(best.rank_memory)} |")
         if best.estimate_note:
             lines += ["", f"*Time:* {best.estimate_note}."]
+        if result.parallelism is not None and result.parallelism.slice:
+            from tpu_agent.project.measured import is_parallelism
+
+            if is_parallelism(best.plan):
+                lines += ["", f"*Not a TPU speedup:* measured on {result.parallelism.host}; for "
+                          f"{result.parallelism.slice} the parallelism changes are ranked by projection below "
+                          "(estimates, not verified)."]
         for note in best.left_out:
             lines += ["", f"*Left out of the search's best plan:* {note}."]
         if best.attribution:
