@@ -159,7 +159,9 @@ def test_a_tune_at_2_ranks_for_a_slice_ranks_its_measured_parallelism_plans(tmp_
 def test_each_parallelism_action_is_measured_alone_once():
     from tpu_agent.search.alone import actions_tried
 
-    plans = [Plan(actions=[PadOps(multiple=8), FsdpReshard(reshard=False), ActivationCheckpointing(every=1)]),
-             Plan(actions=[FsdpReshard(reshard=False)]), TP2]
-    assert [p.describe() for p in actions_tried(plans)] == [
-        "FSDP2 reshard_after_forward=False", "activation checkpointing of every block", TP2.describe()]
+    plans = [Plan(actions=[PadOps(multiple=8), FsdpReshard(reshard=True), ActivationCheckpointing(every=1)]),
+             Plan(actions=[ActivationCheckpointing(every=2)]), Plan(actions=[FsdpReshard(reshard=False)]), TP2,
+             Plan(actions=[FsdpReshard(reshard=False)])]
+    assert [p.describe() for p in actions_tried(plans)] == [  # one of each kind first; reshard False before True
+        "FSDP2 reshard_after_forward=False", "activation checkpointing of every block", TP2.describe(),
+        "FSDP2 reshard_after_forward=True", "activation checkpointing of one block in 2"]

@@ -21,14 +21,18 @@ PAIRS = 2
 
 
 def actions_tried(plans: list[Plan]) -> list[Plan]:
-    """One plan per distinct parallelism action in `plans`, in the order first met."""
-    seen: dict[str, Plan] = {}
+    """One plan per distinct parallelism action in `plans`: one of each kind first (kinds in the order first met),
+    then the second of each, and so on, so that MAX_ALONE covers every kind; FSDP2's reshard=False before True
+    (True is FSDP2's default, most often the script's own: a repeat of the baseline)."""
+    kinds: dict[str, dict[str, Plan]] = {}
     for plan in plans:
         for action in plan.actions:
             alone = Plan(actions=[action])
-            if is_parallelism(alone) and action.describe() not in seen:
-                seen[action.describe()] = alone
-    return list(seen.values())
+            if is_parallelism(alone):
+                kinds.setdefault(action.kind, {}).setdefault(action.describe(), alone)
+    columns = [sorted(seen.values(), key=lambda p: bool(getattr(p.actions[0], "reshard", False)))
+               for seen in kinds.values()]
+    return [col[i] for i in range(max(map(len, columns), default=0)) for col in columns if i < len(col)]
 
 
 def measure_alone(plans: list[Plan], runner: Runner, say: Callable[[str], None]) -> list[MeasuredPlan]:
