@@ -28,6 +28,7 @@ def summarize(steps: Steps, memory: Memory) -> WarmUp | None:
     overhead = warmup_s - len(warm) * steady_s if steady_s is not None else None
     runtime_peak = memory.device_stats.get("peak_bytes_in_use")
     peak, source = ((runtime_peak, "the runtime's peak_bytes_in_use") if runtime_peak
+                    else (memory.step_peak_bytes, "in-step peak") if memory.step_peak_bytes
                     else (memory.live_peak_bytes, "live buffers at a step boundary") if memory.live_peak_bytes
                     else (None, None))
     slope = _slope(steady)
