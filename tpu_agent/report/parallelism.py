@@ -46,7 +46,8 @@ def console_lines(m: MeasuredParallelism) -> list[str]:
     lines = [head]
     for i, row in enumerate(m.plans, 1):
         line = (f"  {i}. {_which(row)} ({' + '.join(row.plan.effects())}): {row.plan.describe()}: memory per "
-                f"rank, measured: {row.memory_text()}; speed here {_here(row)} (measured, this host)")
+                f"rank, measured: {row.memory_text()}"
+                + (f"; speed here {_here(row)} (measured, this host)" if row.speedup_here is not None else ""))
         if m.slice:
             p = row.projected
             line += (f"; {m.label}: step {_step(row)}, MFU {mfu_text(p.mfu if p else None)}, "
