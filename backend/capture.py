@@ -31,6 +31,7 @@ class Capture:
         self.rng_counters: set[int] = set()
         self.rng_bases: set[int] = set()
         self.host_arrays: dict[int, HostConstant] = {}  # id(array) -> a CPU value moved in during the step
+        self.fresh_arrays: dict[int, object] = {}  # id(array) -> zeros made inside the step (note_fresh)
         self.problems: list[str] = []
         self.optimizers: list = []
         self.keep: list = []  # arrays noted, kept alive so their ids stay unique
@@ -44,18 +45,30 @@ class Capture:
         return capture
 
     def read(self, tensor: TpuTensor):
+        array = self.note_base(tensor)
+        if not tensor._view_chain:
+            return array
+        return apply_chain(array, tensor._view_chain)
+
+    def note_base(self, tensor: TpuTensor):
+        """The array of `tensor`'s storage, noted as where a graph input comes from. Also for a write through a
+        view, which reads the base it scatters into (DDP copies each gradient into a view of its bucket)."""
         box = tensor._storage_box
         array = box.array
-        if type(array) is not Lazy and id(array) not in self.host_arrays:
+        if type(array) is not Lazy and id(array) not in self.host_arrays and id(array) not in self.fresh_arrays:
             owner = self.owned.get(id(box))
             if owner is not None:
                 self.arg_arrays[id(array)] = owner
             else:
                 self.storage_arrays[id(array)] = weakref.ref(box)
             self.keep.append(array)
-        if not tensor._view_chain:
-            return array
-        return apply_chain(array, tensor._view_chain)
+        return array
+
+    def note_fresh(self, array) -> None:
+        """Zeros made inside the step for a storage brought back from 0 bytes (FSDP2's unsharded parameters,
+        `untyped_storage().resize_()`): a constant of the program, not the storage's value at replay (freed)."""
+        self.fresh_arrays[id(array)] = array
+        self.keep.append(array)
 
     def note_rng(self, base, counter) -> None:
         self.rng_bases.add(id(base))
@@ -72,8 +85,10 @@ class Capture:
         self.host_arrays[id(array)] = HostConstant(array, (tuple(cpu.shape), str(cpu.dtype), raw))
         self.keep.append(array)
 
+    INTERRUPTED = "it needs a concrete value mid-step"
+
     def interrupted(self, reason: str) -> None:
-        self.problems.append(f"it needs a concrete value mid-step: {reason}")
+        self.problems.append(f"{self.INTERRUPTED}: {reason}")
 
     def provenance(self, inputs) -> list[tuple]:
         out = []
@@ -83,6 +98,8 @@ class Capture:
                 out.append(self.arg_arrays[key])
             elif key in self.host_arrays:
                 out.append(("host", self.host_arrays[key]))
+            elif key in self.fresh_arrays:
+                out.append(("fresh", self.fresh_arrays[key]))
             elif key in self.storage_arrays:
                 out.append(("storage", self.storage_arrays[key]))
             elif key in self.rng_counters:
@@ -172,7 +189,7 @@ def constant_input(kind: str, value, drawn: list):
         return rng_input(kind, drawn)
     if kind == "host":
         return value.array
-    return value
+    return value  # a number, or a fresh array (zeros: the same array every replay)
 
 
 def rebuild(tree, return_map, values, path=()):

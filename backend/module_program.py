@@ -174,6 +174,8 @@ class ModuleProgram:
         if RECORDER.last_flush is None:
             return None, "it computes nothing on the device"
         exe, inputs, outputs, storages = RECORDER.last_flush
+        if getattr(exe.fn, "ranks", None) is not None:  # its forward and backward programs are jitted alone
+            return None, f"its forward holds collectives ({exe.fn.held}), which a module's programs cannot hold yet"
         provenance = capture.provenance(inputs)
         if capture.problems:
             return None, capture.problems[0]

@@ -75,6 +75,8 @@ class Plan:
         written = {id(ref()) for ref, _ in outputs if ref() is not None}
         self.donatable = tuple(i for i, (kind, value) in enumerate(provenance)
                                if kind == "storage" and value() is not None and id(value()) in written)
+        if getattr(exe.fn, "ranks", None) is not None:  # one program over the ranks (collectives): not re-jitted
+            self.donatable = ()
         out_index = {id(ref()): index for ref, index in outputs if ref() is not None}
         self.replaced_by = {i: out_index[id(provenance[i][1]())] for i in self.donatable}  # input -> its output
         self._donating: executables.Executable | None = None
@@ -142,7 +144,7 @@ class Plan:
         """As `run`, recorded as one node of the pending graph (compiled steps' window, whole_step.py): inputs may
         be pending values, outputs are. STALE as `run`; UNRECORDED under a device mesh (inputs are placed as
         captured, which a pending value cannot be)."""
-        if STATE.mesh is not None:
+        if STATE.mesh is not None or getattr(self.exe.fn, "ranks", None) is not None:  # or it holds collectives
             return UNRECORDED
         inputs = self._inputs(args, lambda tensor, index: tensor.jax())
         if inputs is STALE:
@@ -180,6 +182,7 @@ class CompiledStep:
         self.candidates: dict[tuple, Plan] = {}
         self.captures = 0
         self.replays = 0
+        self.interrupted = False  # a capture was interrupted mid-step (a host read) once already
         self.reason_not_replayed: str | None = None
         functools.update_wrapper(self, fn)
 
@@ -244,7 +247,11 @@ class CompiledStep:
         exe, inputs, outputs, storages = RECORDER.last_flush
         provenance = capture.provenance(inputs)
         if capture.problems:
-            self._give_up(capture.problems[0])
+            # A step interrupted once is captured again: DDP reads its bucket order on the host once, in its
+            # second step (it rebuilds its buckets); a second interruption is the step's own.
+            if self.interrupted or not capture.problems[0].startswith(Capture.INTERRUPTED):
+                self._give_up(capture.problems[0])
+            self.interrupted = True
             return result
         index_of = {id(lz): i for i, lz in enumerate(outputs)}
         out_map = [(weakref.ref(s), index_of[id(lz)]) for s, lz in pair_storages(storages, outputs)]

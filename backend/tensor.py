@@ -61,6 +61,8 @@ class Storage:
             if nbytes == int(jnp.zeros((), dtype).dtype.itemsize * _numel(shape)):
                 self.freed = None
                 self.write(jnp.zeros(shape, dtype))
+                if RECORDER.capture is not None:  # made inside a captured step: a constant of its program
+                    RECORDER.capture.note_fresh(self.array)
                 return
         if nbytes != self.nbytes():
             raise RuntimeError(f"tpu: a storage can be resized only to 0 bytes and back ({nbytes} bytes asked)")
@@ -141,6 +143,8 @@ class TpuTensor(torch.Tensor):
         if not self._view_chain:
             box.write(value)
         else:
+            if RECORDER.capture is not None:  # the base it scatters into is a graph input
+                RECORDER.capture.note_base(self)
             box.write(scatter_chain(box.array, self._view_chain, value))
         self._cache = value if self._view_chain else None  # a base reads its storage: no second reference
         self._cache_version = box.version

@@ -9,22 +9,25 @@ array, as it is, with no copy; the collectives as `psum` / `all_gather` / `psum_
 the axis. One graph holds collectives over one group: a collective over another group (DTensor's dp and tp
 groups of a 2-D mesh) ends the graph first.
 
-What must hold: every rank of the group runs the same program at the same point. Before each run the ranks
-compare a fingerprint of their programs (a hash of the lowered program without source locations) with one
-small all-gather between programs. Checking only a program's first run hung: rank 0 read its loss mid-step
-(a new program, checked) while rank 1 ran the step's program it had agreed on before (unchecked), and the
-check's all-gather met the program's collectives. Where they differ (a rank that read a value mid-step, a
-constant that is the rank), every rank runs its graph op by op instead, its collectives between programs as
-without this (correct wherever the ranks' collectives come in the same order, as they must on any backend),
-and says so once. Every run is also watched as a collective is (faults.py): a rank that never joins ends the
-job with one line naming the graph. Every recorded collective is an output of its graph, so no rank's graph
-drops one whose result it does not read. Not in torch.compile captures (compile.py), whose step ends at a
-collective as before.
+What must hold: every rank of the group runs its collectives in the same order with the same shapes. Before each
+run the ranks compare a fingerprint of their compiled programs' collectives, in the order XLA scheduled them, with
+one small all-gather between programs. Programs may differ elsewhere: FSDP2 copies each rank's shard into its own
+slot of the all-gather buffer, a slice at the rank's offset. Two programs differing only in a constant (a tensor
+plus 10 * rank) were scheduled with their collectives in different orders and hung (XLA's quick-compile flags,
+2026-12-05); the order is what is compared. Checking only a program's first run hung too: rank 0 read its loss
+mid-step (a new program, checked) while rank 1 ran the step's program it had agreed on before (unchecked), and the
+check's all-gather met the program's collectives. Where they differ, every rank runs its graph op by op instead,
+its collectives between programs as without this (correct wherever the ranks' collectives come in the same
+order, as they must on any backend), and says so once. Every run is also watched as a collective is (faults.py):
+a rank that never joins ends the job with one line naming the graph. Every recorded collective is an output of its
+graph, so no rank's graph drops one whose result it does not read. A torch.compile(step) capture records them
+too: the captured program is this one, replayed with the same check each call.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 import sys
 from dataclasses import dataclass
 from itertools import count
@@ -51,10 +54,10 @@ def enabled() -> bool:
 
 
 def recording() -> bool:
-    """Whether a collective met now is recorded into the pending graph: fused mode, not a compile capture, and
-    not while the profiler times each collective (collectives.record: `tpu-agent profile` reports every
+    """Whether a collective met now is recorded into the pending graph: fused mode (a compile capture records in
+    it too), not while the profiler times each collective (collectives.record: `tpu-agent profile` reports every
     collective's bytes and time, which a collective inside a program does not have)."""
-    return STATE.fused and RECORDER.capture is None and not collectives.RECORDED.on and enabled()
+    return STATE.fused and not collectives.RECORDED.on and enabled()
 
 
 _BODIES = {
@@ -93,8 +96,7 @@ class CollectiveProgram(lazy.Program):
         if len(groups) > 1:  # record() ends a graph before a collective over another group
             raise RuntimeError(f"tpu: a fused graph with collectives over several groups {sorted(groups)}")
         names = [p.name for p in programs if p.ranks is not None]
-        label = "a fused graph with " + ", ".join(f"{k} x{names.count(k)}" for k in dict.fromkeys(names))
-        return SpmdGraph(graph, self.ranks, label)
+        return SpmdGraph(graph, self.ranks, ", ".join(f"{k} x{names.count(k)}" for k in dict.fromkeys(names)))
 
 
 def _program(kind: str, ranks: tuple[int, ...], shape, dtype, static: dict) -> CollectiveProgram:
@@ -121,6 +123,9 @@ class _Kept:
 
     def __init__(self, array) -> None:
         self.array = array
+
+    def write(self, array) -> None:
+        """A captured step's replay writes each output back to the storage it came from: here, nobody's."""
 
 
 _kept: list[_Kept] = []  # this graph's collectives' outputs, until it runs
@@ -152,34 +157,56 @@ def record(kind: str, ranks: tuple[int, ...], value, shape=None, dtype=None, **s
     return out
 
 
-def _fingerprint(program_text: str) -> np.ndarray:
-    """Two int32s that tell two ranks' programs apart: a hash of the lowered program without its source
-    locations. The programs must be the same, not only their collectives: two ranks' programs whose other
-    ops differed (a constant that was the rank) were seen to hang on this CPU host's gloo collectives."""
-    return np.frombuffer(hashlib.blake2b(program_text.encode(), digest_size=8).digest(), np.int32).copy()
+_COLLECTIVE = re.compile(r"=\s*(.+?)\s+((?:all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute|"
+                         r"collective-broadcast)(?:-start|-done)?)\((.*)")
+
+
+_NAME = re.compile(r"%[\w.-]+")
+
+
+def collective_order(hlo_text: str) -> str:
+    """The collectives of a compiled program in the order XLA runs them (its scheduled text): each one's op, result
+    shape, groups and dimensions, without instruction names or source locations."""
+    found = []
+    for line in hlo_text.splitlines():
+        match = _COLLECTIVE.search(line)
+        if match:
+            attributes = re.sub(r",?\s*metadata=\{[^}]*\}", "", match.group(3))
+            operands = _NAME.sub("%", attributes)
+            found.append(f"{match.group(1)} {match.group(2)}({operands}")
+    return "\n".join(found)
+
+
+def _fingerprint(text: str) -> np.ndarray:
+    """Two int32s that tell two ranks' collective orders apart."""
+    return np.frombuffer(hashlib.blake2b(text.encode(), digest_size=8).digest(), np.int32).copy()
 
 
 class SpmdGraph:
     """A fused graph holding collectives, called as `jax.jit(graph)` would be, on this rank's arrays: it runs
     as one program over the ranks' devices, or op by op where the ranks' graphs differ."""
 
-    def __init__(self, graph, ranks: tuple[int, ...], label: str):
+    def __init__(self, graph, ranks: tuple[int, ...], held: str):
         self.graph, self.ranks = graph, ranks
-        self.fingerprint = None  # of the lowered program, known once lowered
+        self.fingerprint = None  # of the compiled program's collectives, known once compiled
+        self.compiled = None
         mesh = collectives.mesh_of(ranks)
         self.device = mesh.devices.flat[collectives._position(mesh)]
         self.sharding = NamedSharding(mesh, P())  # each rank's array as it is (unchecked: they differ)
         self.jitted = jax.jit(jax.shard_map(graph, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False))
-        self.label = label  # what the watch's timeout line names
+        self.held = held  # its collectives: "c10d.all_reduce(sum) x2, ..."
+        self.label = f"a fused graph with {held}"  # what the watch's timeout line names
         self.said = False
 
     def lower(self, *args):
-        """What Executable.compiled lowers: the arguments as the ranks' global arrays."""
+        """What Executable.compiled lowers: the arguments as the ranks' global arrays. Compiled once: the
+        program this rank runs, and its fingerprint."""
         lowered = self.jitted.lower(*[jax.ShapeDtypeStruct(np.shape(a), _dtype(a), sharding=self.sharding)
                                       for a in args])
-        if self.fingerprint is None:
-            self.fingerprint = _fingerprint(lowered.as_text(debug_info=False))
-        return lowered
+        if self.compiled is None:
+            self.compiled = lowered.compile()
+            self.fingerprint = _fingerprint(collective_order(self.compiled.as_text()))
+        return _Lowered(lowered, self.compiled)
 
     def __call__(self, *args):
         local = [jax.device_put(a, self.device) for a in args]
@@ -189,7 +216,7 @@ class SpmdGraph:
             return list(self.graph(*local))
         whole = [jax.make_array_from_single_device_arrays(a.shape, self.sharding, [a]) for a in local]
         with faults.watching(self.label, self.ranks):  # a rank that never joins: one line naming the graph
-            out = self.jitted(*whole)
+            out = self.compiled(*whole)
         return [o.addressable_data(0) for o in out]
 
     def _ranks_agree(self) -> bool:
@@ -203,10 +230,23 @@ class SpmdGraph:
             self.said = True
             me = collectives.my_rank()
             others = [r for r, f in zip(self.ranks, everyone) if (f != self.fingerprint).any()]
-            print(f"tpu: rank {me}: its fused graph with collectives differs from rank(s) {others}'s (other ops, "
-                  "constants or input shapes); it runs op by op, its collectives between programs",
+            print(f"tpu: rank {me}: its fused graph's collectives differ from rank(s) {others}'s (other "
+                  "collectives, shapes or order); it runs op by op, its collectives between programs",
                   file=sys.stderr, flush=True)
         return False
+
+
+class _Lowered:
+    """A lowered program whose compile() is the one already compiled (Executable.compiled asks for it again)."""
+
+    def __init__(self, lowered, compiled):
+        self._lowered, self._compiled = lowered, compiled
+
+    def compile(self):
+        return self._compiled
+
+    def __getattr__(self, name):
+        return getattr(self._lowered, name)
 
 
 def _dtype(a):
