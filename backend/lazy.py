@@ -21,6 +21,7 @@ from typing import Callable
 
 import jax
 import numpy as np
+from jax._src.array import ArrayImpl
 
 from tpu_agent import envvars
 
@@ -72,7 +73,7 @@ class Program:
     ranks: tuple | None = None
 
     def abstract_eval(self, args):
-        key = tuple(_aval_key(a) for a in args)
+        key = tuple(map(_aval_key, args))
         cached = self.out_avals.get(key)
         if cached is None:
             shaped = jax.eval_shape(self.raw, *[executables.abstract(a) for a in args])
@@ -82,9 +83,10 @@ class Program:
 
 
 def _aval_key(a):
-    if isinstance(a, (Lazy, jax.Array)):
+    t = type(a)  # `type is` first: isinstance against jax.Array costs more than the rest, hundreds of times a step
+    if t is ArrayImpl or t is Lazy or isinstance(a, jax.Array):
         return (a.shape, a.dtype)  # np.dtype hashes by value; str() of it costs more than the op
-    return type(a)
+    return t
 
 
 # Flush reasons that cut a step's graph in two (the rest are step boundaries and syncs).
@@ -199,26 +201,40 @@ class Recorder:
                 outputs.append(lz)
         nodes = _collect(outputs)
         inputs: list = []
+        avals: list = []
         input_ids: dict[int, int] = {}
         node_index = {id(n): i for i, n in enumerate(nodes)}
         plan = []
+        # The recorder's own references to each input an optimizer replaces (self.donate), and those that a node
+        # other than the one replacing it reads: what _donated needs, counted in this one pass over the inputs.
+        marked, self.donate = self.donate, {}
+        uses: dict[int, int] = {}
+        read_elsewhere: set[int] = set()
         for n in nodes:
             refs = []
             for a in n.inputs:
-                if isinstance(a, Lazy) and a.value is None:
-                    refs.append((0, node_index[id(a.node)], a.index))
-                else:
-                    concrete = a.value if isinstance(a, Lazy) else a
-                    k = id(concrete)
-                    if k not in input_ids:
-                        input_ids[k] = len(inputs)
-                        inputs.append(concrete)
-                    refs.append((1, input_ids[k], 0))
+                direct = type(a) is not Lazy  # a computed Lazy holds its array once, however many nodes read it
+                if not direct:
+                    if a.value is None:
+                        refs.append((0, node_index[id(a.node)], a.index))
+                        continue
+                    a = a.value
+                k = id(a)
+                j = input_ids.get(k)
+                if j is None:
+                    j = input_ids[k] = len(inputs)
+                    inputs.append(a)
+                    avals.append(_aval_key(a))
+                refs.append((1, j, 0))
+                if direct and k in marked:
+                    uses[k] = uses.get(k, 0) + 1
+                    if marked[k].node is not n:
+                        read_elsewhere.add(k)
             plan.append((n.program.id, tuple(refs)))
-        a = concrete = None  # the loops' last values: no reference of this frame may hide a donation
-        donated, outputs = self._donated(nodes, inputs, outputs)
+        a = None  # the loop's last value: no reference of this frame may hide a donation
+        donated, outputs = self._donated(nodes, inputs, outputs, marked, uses, read_elsewhere)
         out_refs = tuple((node_index[id(o.node)], o.index) for o in outputs)
-        key = (tuple(plan), out_refs, tuple(_aval_key(a) for a in inputs))
+        key = (tuple(plan), out_refs, tuple(avals))
         if STATE.mesh is not None:
             inputs = mesh.align(inputs)  # before compiling: placements are part of the program
         exe = self.graphs.get(key)
@@ -241,27 +257,21 @@ class Recorder:
         for fn in self.listeners:
             fn(exe, reason)
 
-    def _donated(self, nodes, inputs, outputs):
+    def _donated(self, nodes, inputs, outputs, marked, uses, read_elsewhere):
         """The inputs this flush donates, and the outputs reordered so that XLA updates each in place.
 
         Donated: the inputs marked in `donate` (an optimizer's parameters and state, each with the output that
         replaces it) that nothing outside the recorder holds (a snapshot made with `copy_` shares its array: then
-        no donation), as step_program.Plan donates. jax pairs a donated input with the first output of its shape
-        and dtype: with the step's gradients first among the outputs a parameter was paired with its gradient and
-        XLA copied the arrays back (86 copies in odd_shapes' step program, 52 paired right; 36 without donation).
-        So each replacement output comes first, in its input's order. Where DONATE_READ_INPUTS is off (XLA:CPU),
-        an input another node also reads (a parameter the forward reads) is not donated."""
-        marked, self.donate = self.donate, {}
+        no donation), as step_program.Plan donates; `uses` counts the nodes' references. jax pairs a donated input
+        with the first output of its shape and dtype: with the step's gradients first among the outputs a
+        parameter was paired with its gradient and XLA copied the arrays back (86 copies in odd_shapes' step
+        program, 52 paired right; 36 without donation). So each replacement output comes first, in its input's
+        order. Where DONATE_READ_INPUTS is off (XLA:CPU), an input another node also reads (`read_elsewhere`: a
+        parameter the forward reads) is not donated."""
         if not marked or STATE.mesh is not None or any(getattr(n.program, "ranks", None) for n in nodes):
             return (), outputs
         held = dict.fromkeys(marked, 0)  # references the recorder itself holds, by id
-        read_elsewhere = set()  # read by a node other than the one replacing it: a parameter the forward reads
-        for n in nodes:
-            for v in n.inputs:
-                if id(v) in held:
-                    held[id(v)] += 1
-                    if n is not marked[id(v)].node:
-                        read_elsewhere.add(id(v))
+        held.update(uses)
         for v in [lz.value for lz in self.last_flush[2]] if self.last_flush else []:
             if id(v) in held:
                 held[id(v)] += 1
@@ -272,9 +282,9 @@ class Recorder:
         out_ids = {id(o) for o in outputs}
         donate_read = DONATE_READ_INPUTS if DONATE_READ_INPUTS is not None else jax.default_backend() != "cpu"
         donated = []
-        for i in range(len(inputs)):  # besides those, the inputs list and getrefcount's argument hold it
-            k = id(inputs[i])
-            if k in held and id(marked[k]) in out_ids and sys.getrefcount(inputs[i]) <= held[k] + 2 and (
+        for i in sorted(i for i, a in enumerate(inputs) if id(a) in uses):
+            k = id(inputs[i])  # besides the recorder's, the inputs list and getrefcount's argument hold it
+            if id(marked[k]) in out_ids and sys.getrefcount(inputs[i]) <= held[k] + 2 and (
                     donate_read or k not in read_elsewhere):
                 donated.append(i)
         first = [marked[id(inputs[i])] for i in donated]
