@@ -2,8 +2,10 @@
 
 Not a benchmark itself. Every script prints `header()` first, then times its
 variants with `interleaved()`: one call of each variant per round (A B C, A B C,
-...), so machine noise hits them alike; figures are medians over rounds, and a
-ratio is the median of the per-round ratios (both variants timed in the same round).
+...), so machine noise hits them alike, or with `in_blocks()`: a block of calls of
+each variant per round, for variants that switch between frameworks; figures are
+medians over rounds, and a ratio is the median of the per-round ratios (both
+variants timed in the same round).
 """
 
 from __future__ import annotations
@@ -33,6 +35,24 @@ def interleaved(variants: dict[str, Callable[[], object]], rounds: int) -> dict[
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def in_blocks(variants: dict[str, Callable[[], object]], rounds: int, block: int) -> dict[str, list[float]]:
+    """Seconds per call of each variant, a block of `block` calls per variant per round (the order reversed every
+    other round). Across frameworks, for steps: switched at every call, XLA's thread pool and PyTorch's fight over
+    the cores at each switch and PyTorch's CPU steps looked about 3x slower than they are (issue #28). Each
+    block's first call settles the switch and is not timed."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            fn = variants[name]
+            fn()
+            t0 = time.perf_counter()
+            for _ in range(block):
+                fn()
+            times[name].append((time.perf_counter() - t0) / block)
     return times
 
 
@@ -89,7 +109,7 @@ class StepsReplays:
         reasons = [m.reason_not_compiled for m in modules if m.reason_not_compiled] + \
                   [o.reason_not_replayed for o in optimizers if o.reason_not_replayed]
         return (f"  steps: {len(modules)} module(s) compiled, {forward} forward replays, "
-                f"{len(optimizers)} optimizer(s), {update} update replays over {rounds} timed steps"
+                f"{len(optimizers)} optimizer(s), {update} update replays over {rounds} measured steps"
                 + (f"; not compiled: {reasons}" if reasons else ""))
 
 

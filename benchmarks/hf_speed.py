@@ -1,6 +1,7 @@
 """Step time of tiny Hugging Face models on the tpu device, per execution mode, as ratios from one run.
 
-    .venv/bin/python benchmarks/hf_speed.py [--families gpt2 vit llama] [--rounds 20] [--warmup 6] [--torch-threads N]
+    .venv/bin/python benchmarks/hf_speed.py [--families gpt2 vit llama] [--rounds 10] [--block 10] [--warmup 6]
+                                            [--torch-threads N]
 
 For each family (tests/support/hf_models.py, "sdpa" attention), builds the same seeded
 model, AdamW optimizer and batch once per variant, and the script's plain step
@@ -10,9 +11,14 @@ model, AdamW optimizer and batch once per variant, and the script's plain step
 run as: cpu eager (the reference), tpu eager (op by op), tpu fused (the step call inside
 DEFER_AND_FUSE), tpu compiled (`torch.compile(step)`, the loss read outside it) and
 tpu steps (the same unchanged step, `torch.tpu.compile_steps()` on while its first steps
-run). Each variant warms up (compilation), then the variants run in interleaved rounds
-(A B C D E, A B C D E, ...) so machine noise hits them alike. Prints median ms per step,
-each variant's ratio to cpu eager (median of per-round ratios) and the issue #12 targets.
+run). Each variant warms up (compilation), then the variants run in rounds of blocks: a
+block of --block steps of each variant per round (its first step untimed), the order
+reversed every other round. Blocks, not single steps: switched at every step, XLA's and
+PyTorch's thread pools fight over the cores and PyTorch's CPU steps look slower than they
+are (issue #28). Prints median ms per step, each variant's ratio to cpu eager (median of
+per-round ratios), programs per step, and issue #28's targets: compiled steps against
+torch.compile(step) (1.1), fused against compiled (1.5), eager against fused (1.5), and the
+best mode needing no change to the script against cpu eager (0.8).
 These models are tiny: the times say more about per-op and per-step overhead than the math.
 Loss agreement with the CPU is benchmarks/hf_models.py's job.
 """
@@ -28,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the
 
 import torch  # noqa: E402
 
-from _bench import (StepsReplays, add_threads_option, apply_threads_option, header, interleaved, median_ms,  # noqa: E402
+from _bench import (StepsReplays, add_threads_option, apply_threads_option, header, in_blocks, median_ms,  # noqa: E402
                     programs_line, programs_per_step, ratio, target)
 from support import hf_models  # noqa: E402
 
@@ -67,7 +73,7 @@ def make_step(family: str, variant: str):
     return step
 
 
-def measure(family: str, rounds: int, warmup: int) -> tuple[dict[str, list[float]], str]:
+def measure(family: str, rounds: int, block: int, warmup: int) -> tuple[dict[str, list[float]], str]:
     steps = {}
     replays = StepsReplays()
     with warnings.catch_warnings():
@@ -83,8 +89,8 @@ def measure(family: str, rounds: int, warmup: int) -> tuple[dict[str, list[float
                 if name == "tpu steps":
                     torch.tpu.compile_steps(False)  # what it found stays compiled
         replays.start()
-        times = interleaved(steps, rounds)
-        note = replays.note(rounds)
+        times = in_blocks(steps, rounds, block)
+        note = replays.note(rounds * (block + 1))
         counts = {name: programs_per_step(step) for name, step in steps.items() if name != "cpu eager"}
     return times, note + "\n" + programs_line(counts)
 
@@ -92,26 +98,27 @@ def measure(family: str, rounds: int, warmup: int) -> tuple[dict[str, list[float
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", nargs="*", default=["gpt2", "vit", "llama"], choices=list(hf_models.FAMILIES))
-    parser.add_argument("--rounds", type=int, default=20, help="timed rounds (one step of each variant per round)")
+    parser.add_argument("--rounds", type=int, default=10, help="rounds (a block of steps of each variant per round)")
+    parser.add_argument("--block", type=int, default=10, help="timed steps of a variant in a row, per round")
     parser.add_argument("--warmup", type=int, default=STEPS_WARMUP)
     add_threads_option(parser)
     args = parser.parse_args(argv)
     apply_threads_option(args)
-    print(header(f"benchmarks/hf_speed.py: median step time (ms) over {args.rounds} interleaved rounds, "
-                 f"after {args.warmup} warm-up steps, sdpa attention"), flush=True)
+    print(header(f"benchmarks/hf_speed.py: median step time (ms) over {args.rounds} rounds of {args.block}-step "
+                 f"blocks per variant, after {args.warmup} warm-up steps, sdpa attention"), flush=True)
     for family in args.families:
-        t, note = measure(family, args.rounds, args.warmup)
+        t, note = measure(family, args.rounds, args.block, args.warmup)
         print(f"\n{family}")
         for variant in VARIANTS:
             print(f"  {variant:13s} {median_ms(t[variant]):9.2f} ms   {ratio(t, variant, 'cpu eager'):6.2f}x cpu eager")
         print(note)
         best = min(NO_CHANGE, key=lambda v: median_ms(t[v]))
         print("  targets: " + ", ".join([
-            target("fused/compiled", ratio(t, "tpu fused", "tpu compiled"), "<=", 1.3),
-            target("eager/fused", ratio(t, "tpu eager", "tpu fused"), ">=", 1.5),
             target("steps/compiled", ratio(t, "tpu steps", "tpu compiled"), "<=", 1.1),
+            target("fused/compiled", ratio(t, "tpu fused", "tpu compiled"), "<=", 1.5),
+            target("eager/fused", ratio(t, "tpu eager", "tpu fused"), ">=", 1.5),
             f"steps/fused {ratio(t, 'tpu steps', 'tpu fused'):.2f}",
-            target(f"best no-change mode ({best})/cpu eager", ratio(t, best, "cpu eager"), "<=", 1.0),
+            target(f"best no-change mode ({best})/cpu eager", ratio(t, best, "cpu eager"), "<=", 0.8),
         ]), flush=True)
     return 0
 
