@@ -29,6 +29,9 @@ def test_a_plan_keeps_its_tensor_degree_on_the_slice_and_fsdp_spans_the_other_ch
     assert odd.mesh == {"fsdp": 6} and "does not divide" in note
     bf16 = point_for(Plan(actions=[FsdpParamDtype(param_dtype="bfloat16")]), 4)[1]
     assert "not in the projection's model" in bf16
+    half, note = point_for(Plan(actions=[ActivationCheckpointing(every=2), PadOps(multiple=8)]), 8)
+    assert half.checkpoint and "one block in 2: projected as every block" in note
+    assert "not projected: pad_ops" in note
 
 
 def _trial(number, plan, speedup, memory, state=TrialState.COMPLETE):

@@ -92,6 +92,12 @@ def point_for(plan: Plan, chips: int) -> tuple[SlicePlan, str | None]:
     unmodelled = [a.describe() for a in plan.actions if isinstance(a, (FsdpReshard, FsdpParamDtype))]
     if unmodelled:
         notes.append(f"{', '.join(unmodelled)}: not in the projection's model (projected as the script's own)")
+    partial = [a for a in plan.actions if isinstance(a, ActivationCheckpointing) and a.every > 1]
+    if partial:
+        notes.append(f"{partial[0].describe()}: projected as every block (the projection's space)")
+    others = [a.describe() for a in plan.actions if not isinstance(a, PARALLELISM)]
+    if others:
+        notes.append(f"not projected: {', '.join(others)} (this host's execution)")
     return point.model_copy(update={"mesh": mesh}), "; ".join(notes) or None
 
 
@@ -110,7 +116,8 @@ def rank_for_slice(measured: MeasuredParallelism, ranking: SliceRanking,
             projected, _ = project(point)
             new += 1
             known[point.key()] = projected
-            say(f"projection ({ranking.label}): trial {row.trial}'s {row.plan.describe()} as {point.describe()}: "
+            which = f"trial {row.trial}'s" if row.trial is not None else "alone:"
+            say(f"projection ({ranking.label}): {which} {row.plan.describe()} as {point.describe()}: "
                 + ("failed: " + projected.error if projected.error else
                    f"step {projected.step_s * 1e3:.4g} ms (estimate)"))
         elif projected is None:
