@@ -83,7 +83,7 @@ def _first_forward(module, args):
         return None  # DDP's own forward (its reducer's bookkeeping) runs as written; the model it wraps, next
     # called, is the one compiled
     param = next(module.parameters(), None)
-    if not isinstance(param, TpuTensor):
+    if not isinstance(getattr(param, "_local_tensor", param), TpuTensor):  # a DTensor's (FSDP2, TP): its shard
         return None
     STATE.module_hook.remove()  # the first tpu module called is the outermost one
     STATE.module_hook = None

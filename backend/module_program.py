@@ -34,6 +34,7 @@ from .transfer import materialize
 from .whole_step import WINDOW, recording
 
 TENSOR_KINDS = ("state", "arg")
+HOLDS_COLLECTIVES = "its forward holds collectives"
 
 
 class CompiledModule(torch.nn.Module):
@@ -76,6 +77,10 @@ class CompiledModule(torch.nn.Module):
             return program(state, args, kwargs)
         program, problem = ModuleProgram.capture(module, self._call, state, args, kwargs)
         if program is None:
+            if problem.startswith(HOLDS_COLLECTIVES) and self.whole_step:
+                # It runs as written inside the step's window, so the step is still one program (its collectives
+                # inside): the window opens before the module's own hooks (FSDP2 all-gathers the root's in one).
+                module.register_forward_pre_hook(_open_window, prepend=True)
             self._give_up(problem)
             return self._call(*args, **kwargs)
         previous = self._candidates.get(key)
@@ -98,6 +103,11 @@ class CompiledModule(torch.nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             return getattr(self._modules["_orig_mod"], name)
+
+
+def _open_window(module, args) -> None:
+    if torch.is_grad_enabled():
+        WINDOW.begin()
 
 
 def _state(module) -> dict:
@@ -175,7 +185,7 @@ class ModuleProgram:
             return None, "it computes nothing on the device"
         exe, inputs, outputs, storages = RECORDER.last_flush
         if getattr(exe.fn, "ranks", None) is not None:  # its forward and backward programs are jitted alone
-            return None, f"its forward holds collectives ({exe.fn.held}), which a module's programs cannot hold yet"
+            return None, f"{HOLDS_COLLECTIVES} ({exe.fn.held}), which a module's programs cannot hold yet"
         provenance = capture.provenance(inputs)
         if capture.problems:
             return None, capture.problems[0]

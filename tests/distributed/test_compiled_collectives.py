@@ -2,7 +2,9 @@
 size 2 under torchrun: a DDP step and an FSDP2 step (per layer and root, AdamW) are each captured with their
 all-reduces / all-gathers / reduce-scatters as parts of the program and replayed as ONE program per step, with
 only the ranks' check between programs, training as the same model does on CPU gloo. A rank that reads its loss
-mid-step (its capture interrupted, so it runs fused while the other replays) still ends, with the same numbers."""
+mid-step (its capture interrupted, so it runs fused while the other replays) still ends, with the same numbers.
+Under compiled steps (compile_steps()) FSDP2's model, whose forward holds its all-gathers, runs as written inside
+the step's window: one program per step too."""
 
 from __future__ import annotations
 
@@ -103,6 +105,33 @@ SCRIPT = textwrap.dedent("""
     fsdp["params"] = [(p.full_tensor().cpu() - q.detach()).abs().max().item()
                       for p, q in zip(model.parameters(), reference.parameters())]
     fsdp["replays"], fsdp["reason"] = fsdp_step._target.replays, fsdp_step._target.reason_not_replayed
+
+    # The same under compiled steps (no torch.compile in the loop): the model's forward holds FSDP2's all-gathers,
+    # so it runs as written, inside the step's window: the step is still one program.
+    torch.tpu.compile_steps()
+    model, reference = net().to("tpu"), net()
+    for layer in (model[0], model[3]):
+        fully_shard(layer)
+    fully_shard(model)
+    opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, reference))
+    steps = out["steps"] = {"tpu": [], "cpu": [], "programs": []}
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        for _ in range(STEPS):
+            xs = [torch.randn(8, 16, generator=g) for g in batches]
+            x, y = xs[rank].to("tpu"), xs[rank][:, :4].to("tpu")
+            torch.tpu.synchronize()
+            p0 = programs()
+            loss = F.mse_loss(model(x), y)
+            loss.backward(); opt.step(); opt.zero_grad()
+            torch.tpu.synchronize()
+            steps["programs"].append(programs() - p0)
+            ref_losses = [F.mse_loss(reference(x), x[:, :4]) for x in xs]
+            (sum(ref_losses) / world).backward(); ref_opt.step(); ref_opt.zero_grad()
+            steps["tpu"].append(loss.item()); steps["cpu"].append(ref_losses[rank].item())
+    steps["said"] = [str(w.message) for w in said if str(w.message).startswith("tpu compile")]
+    steps["params"] = [(p.full_tensor().cpu() - q.detach()).abs().max().item()
+                       for p, q in zip(model.parameters(), reference.parameters())]
     dist.barrier()
     dist.destroy_process_group()
     with open(f"rank{rank}.json", "w") as f:
@@ -132,7 +161,7 @@ def _close(result: dict) -> None:
 def test_compiled_ddp_and_fsdp2_steps_replay_one_program_with_their_collectives_and_match_cpu_gloo(tmp_path):
     results, stderr = _job(tmp_path)
     for rank, result in enumerate(results):
-        for name in ("ddp", "mixed", "fsdp"):
+        for name in ("ddp", "mixed", "fsdp", "steps"):
             _close(result[name])
         # DDP: step 1 captures, step 2 rebuilds the buckets (a host read: captured again), 3 and 4 agree;
         # FSDP2: step 1 creates AdamW's state, 2 and 3 agree. From then on each step is its program and the
@@ -142,6 +171,11 @@ def test_compiled_ddp_and_fsdp2_steps_replay_one_program_with_their_collectives_
         assert ddp["programs"][4:] == [2] * (STEPS - 4), ddp["programs"]
         assert (fsdp["reason"], fsdp["replays"]) == (None, STEPS - 3), fsdp
         assert fsdp["programs"][3:] == [2] * (STEPS - 3), fsdp["programs"]
+        # Compiled steps: step 1 finds the model, 2 captures its forward (which holds the all-gathers: it runs as
+        # written from then on, and says why), AdamW's update replays from step 4; each step one program after.
+        steps = result["steps"]
+        assert steps["programs"][3:] == [2] * (STEPS - 3), steps["programs"]
+        assert len(steps["said"]) == 1 and "its forward holds collectives (c10d.all_gather x2)" in steps["said"][0]
     # The rank that reads its loss mid-step gives up its capture and runs fused (two graphs and the check); the
     # other replays. Their graphs differ but their collectives come in the same order: each runs its own program
     # over the ranks, and the job ends with the numbers above.
