@@ -107,23 +107,34 @@ def test_three_workers_fill_one_postgres_study_and_a_killed_one_loses_only_its_r
     assert any(line.startswith("sampler: TPE over 12 plans") for line in said), said
 
 
-def test_a_server_restarted_mid_search_loses_nothing(project, postgres):
+def test_a_server_restarted_mid_search_loses_nothing(project, postgres, monkeypatch):
+    """The server goes down once both workers measured a trial, while the tune's second trial runs: the tune and
+    the other worker retry until it is back and finish the search. The tune's second trial waits for the outage,
+    so that on a loaded host the tune cannot finish its 8 trials alone before the worker process has started
+    (the restart would then never happen). No worker dies here: a grace of 120 s, as a trial running through the
+    outage stops beating (Optuna's heartbeat thread ends at its first failed write) and, with 8 s, a slow restart
+    on a loaded host would fail it as stale."""
+    monkeypatch.setattr(storage_mod, "GRACE_S", 120)
+    monkeypatch.setenv(fake_worker.GRACE_VARIABLE, "120")
     url = postgres.create("restart")
     said: list[str] = []
+    down = threading.Event()
 
     def restart():
-        wait_for(lambda: said, 60, "the search")  # the study and its tables exist
+        wait_for(lambda: said, 120, "the search")  # the study and its tables exist
         check = optuna.load_study(study_name="r", storage=storage_mod.open_storage(url))
-        wait_for(lambda: len({t.user_attrs["process"]["pid"] for t in counted(check)}) == 2, 60,
+        wait_for(lambda: len({t.user_attrs["process"]["pid"] for t in counted(check)}) == 2, 120,
                  "a trial of each worker")
         postgres.stop()
-        wait_for(lambda: any("unreachable; retrying" in line for line in said), 60, "the tune to miss the server")
+        down.set()
+        wait_for(lambda: any("unreachable; retrying" in line for line in said), 120, "the tune to miss the server")
         postgres.start()
 
     thread = threading.Thread(target=restart, daemon=True)
     thread.start()
-    study, _ = lead(project, url, "r", trials=8, n=2, said=said)
-    thread.join(timeout=5)
+    study, _ = lead(project, url, "r", trials=8, n=2, said=said, gate=lambda k: k == 2 and down.wait(240))
+    thread.join(timeout=120)  # the server is back before the next test uses it
+    assert down.is_set(), "the server was never stopped"
     assert any("unreachable; retrying" in line for line in said), said
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
     measured = counted(study)
