@@ -88,38 +88,40 @@ def result_of(proc) -> dict:
 
 
 def test_tune_records_trials_writes_a_report_resume_repeats_nothing_and_other_settings_are_refused(project: Path):
-    proc = tune(project, "--trials", "3", "--study", "s1", "--verify", "1")
+    """Two trials, then the same study resumed to four: each step of the resume is checked with two trials as well
+    as with three, in less of the suite's time (a trial here starts its own processes: about 15 s on a quiet host)."""
+    proc = tune(project, "--trials", "2", "--study", "s1", "--verify", "1")
     first = result_of(proc)
     # the one command that opens the study (tests/search/test_dashboard.py opens it), on stderr with --json
     assert f"live: optuna-dashboard sqlite:///{project / 'studies.db'}" in proc.stderr
     assert "\x1b[" not in proc.stderr and "ETA" not in proc.stderr  # piped: plain lines, no progress bar
-    assert len(first["trials"]) == 3
+    assert len(first["trials"]) == 2
     assert all(t["state"] in {"complete", "numerics", "pruned", "repeated", "invalid", "failed"} for t in first["trials"])
     run_dir = Path(first["run_dir"])
     assert (run_dir / "report.md").read_text().startswith("## tpu-agent: tiny.py")
     assert json.loads((run_dir / "report.json").read_text())["summary"]["kind"] == "summary"
     measured_plans = {json.dumps(t["plan"], sort_keys=True) for t in first["trials"] if t["state"] == "complete"}
 
-    again = tune(project, "--trials", "3", "--study", "s1")  # finished study, no --resume: refused
+    again = tune(project, "--trials", "2", "--study", "s1")  # finished study, no --resume: refused
     assert again.returncode == 2 and "pass --resume" in again.stderr
 
     # the resumed search is what is checked here; verification ran above (--verify 0: search only)
-    second = result_of(tune(project, "--trials", "6", "--study", "s1", "--resume", "--verify", "0"))
-    assert [t["number"] for t in second["trials"]] == list(range(6)), [(t["number"], t["state"], t["reason"][:60]) for t in second["trials"]]  # the report lists the earlier trials too
-    assert [t["earlier"] for t in second["trials"]] == [True] * 3 + [False] * 3
+    second = result_of(tune(project, "--trials", "4", "--study", "s1", "--resume", "--verify", "0"))
+    assert [t["number"] for t in second["trials"]] == list(range(4)), [(t["number"], t["state"], t["reason"][:60]) for t in second["trials"]]  # the report lists the earlier trials too
+    assert [t["earlier"] for t in second["trials"]] == [True] * 2 + [False] * 2
     new = [t for t in second["trials"] if not t["earlier"]]
-    assert len(new) == 3  # 6 in all, 3 already done
+    assert len(new) == 2  # 4 in all, 2 already done
     assert "(earlier run)" in (Path(second["run_dir"]) / "report.md").read_text()
     for t in new:
         if json.dumps(t["plan"], sort_keys=True) in measured_plans:
             assert t["state"] == "repeated", t  # a measured configuration is not run twice
-    assert [n for n, _ in trials_in_db(project, "s1")] == list(range(6))
+    assert [n for n, _ in trials_in_db(project, "s1")] == list(range(4))
     assert not second["verdicts"] and second["best"] is None and second["phase"] == "done"
 
     # the same study name with other measuring settings: refused before any run, its trials untouched
     other = tune(project, "--trials", "1", "--study", "s1", "--objective", "memory", "--resume")
     assert other.returncode == 2 and "exists with different settings" in other.stderr
-    assert [n for n, _ in trials_in_db(project, "s1")] == list(range(6))
+    assert [n for n, _ in trials_in_db(project, "s1")] == list(range(4))
 
 
 FAILURES = {"crash": "crashed", "oom": "out_of_memory", "hang": "timed_out",
