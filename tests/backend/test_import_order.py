@@ -10,10 +10,10 @@ BACKEND = Path(__file__).resolve().parents[2] / "backend"
 # Each module may import (at module level) only modules earlier in this list.
 ORDER = [
     "jax_setup", "dtypes", "state", "source", "registry", "executables", "generations", "modes", "padding",
-    "mesh", "launch", "lazy", "programs", "views", "tensor", "transfer", "ops",
+    "mesh", "memory", "launch", "lazy", "programs", "views", "tensor", "transfer", "ops",
     "opinfo", "arguments", "fallback", "execute", "writes", "view_ops", "handlers", "dispatch",
     "steps", "sharding", "capture", "whole_step", "step_program", "module_program", "optimizer_program", "compile",
-    "auto_compile", "pinned", "autocast", "attention", "checkpoints", "memory", "module", "device", "autoload", "__init__",
+    "auto_compile", "pinned", "autocast", "attention", "checkpoints", "module", "device", "autoload", "__init__",
 ]
 
 
