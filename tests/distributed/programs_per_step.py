@@ -1,0 +1,60 @@
+"""XLA programs run per training step, by hand (docs/distributed.md's table; not a test):
+
+    [OLD=1] [TPU_AGENT_COMPILE_STEPS=1] python -m torch.distributed.run --standalone --nproc-per-node 2 \
+        tests/distributed/programs_per_step.py {ddp,fsdp} {compile,steps}
+
+`compile`: the step under torch.compile; `steps`: a plain loop (with TPU_AGENT_COMPILE_STEPS=1, compiled steps).
+OLD=1 emulates the tree before collectives were captured (none recorded in a capture; the ranks compare whole
+programs). Prints each rank's programs per step (fused graphs, replays, eager ops, collectives between programs)
+and the collectives between programs, over 8 steps."""
+import os, re, sys, warnings
+import torch, torch.distributed as dist
+import torch.nn as nn, torch.nn.functional as F
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tpu_agent.backend import executables
+from tpu_agent.backend.distributed import collectives, in_program
+from tpu_agent.backend.lazy import RECORDER
+from tpu_agent.backend.state import STATE
+
+which, how, old = sys.argv[1], sys.argv[2], os.environ.get("OLD") == "1"
+if old:
+    in_program.recording = lambda: (STATE.fused and RECORDER.capture is None and not collectives.RECORDED.on
+                                    and in_program.enabled())
+    in_program.collective_order = lambda text: re.sub(r"metadata=\{[^}]*\}", "", text)
+warnings.simplefilter("ignore")
+dist.init_process_group()
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4)).to("tpu")
+if which == "ddp":
+    model = DDP(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+else:
+    for layer in (net[0], net[3]):
+        fully_shard(layer)
+    model = fully_shard(net)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+def step(x, y):
+    loss = F.mse_loss(model(x), y)
+    loss.backward(); opt.step(); opt.zero_grad()
+    return loss
+
+run = torch.compile(step) if how == "compile" else step
+g = torch.Generator().manual_seed(rank)
+counts, between = [], []
+for i in range(8):
+    xb = torch.randn(8, 16, generator=g)
+    x, y = xb.to("tpu"), xb[:, :4].to("tpu")
+    torch.tpu.synchronize()
+    p0 = sum(e.calls for e in executables.all()) + collectives.runs
+    b0 = collectives.runs
+    loss = run(x, y)
+    torch.tpu.synchronize()
+    counts.append(sum(e.calls for e in executables.all()) + collectives.runs - p0)
+    between.append(collectives.runs - b0)
+    loss.item()
+print("COUNTS", rank, which, how, "old" if old else "new", counts, between, flush=True)
+dist.barrier()
+dist.destroy_process_group()
