@@ -61,6 +61,29 @@ def _completed(result) -> object:
     return _create_work_from_future(future)
 
 
+class _Posted(dist.Work):
+    """A send or receive posted, not yet run: its wait (or the group's next tpu collective) runs every posted one.
+    A rank may post its send before its receive while its partner does the same (batch_isend_irecv, a pipeline
+    exchange); run as posted, each send would meet the partner's send."""
+
+    def __init__(self, group: "TpuProcessGroup", tensors) -> None:
+        super().__init__()
+        self._group, self._tensors = group, tensors
+
+    def wait(self, timeout=None) -> bool:
+        self._group._settle()
+        return True
+
+    def is_completed(self) -> bool:
+        return not self._group._posted
+
+    def get_future(self):
+        self._group._settle()
+        future = Future()
+        future.set_result(self._tensors)
+        return future
+
+
 def _premul_factor(opts):
     """PREMUL_SUM's factor (each rank's input times it, then summed), else None. FSDP2 reduce-scatters with
     PREMUL_SUM(1 / factor) when a gradient divide factor is set: TorchTitan sets 1.0."""
@@ -120,6 +143,7 @@ class TpuProcessGroup(ProcessGroup):
         self._gloo = ProcessGroupGloo(dist.PrefixStore(f"tpu-gloo/{_created}/", store), rank, size, timeout)
         self._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, self._gloo)
         faults.attach(self.ranks, store, self.ranks[rank], timeout)  # collectives that never complete time out
+        self._posted: list[tuple[str, object, int]] = []  # ("send" | "recv", tensor or its value, global peer)
 
     def _get_backend(self, device):
         if getattr(device, "type", device) == DEVICE_TYPE:
@@ -134,9 +158,22 @@ class TpuProcessGroup(ProcessGroup):
 
     @property
     def _ops(self):
+        """Every tpu collective but send and recv goes through here: posted sends and receives run first."""
         from . import tensor_ops  # JAX comes in with the first tpu collective, not before
 
+        self._settle()
         return tensor_ops
+
+    def _settle(self) -> None:
+        """Run the posted sends and receives in one order both ends of each pair compute alike: pairs by their
+        ranks, then the lower rank's sends to the higher, then the other way, each direction as posted."""
+        posted, self._posted = self._posted, []
+        me = self.ranks[self.rank()]
+        for peer in sorted({p for _, _, p in posted}):
+            for sender in sorted((me, peer)):
+                kind = "send" if sender == me else "recv"
+                for what, value, _ in [op for op in posted if op[2] == peer and op[0] == kind]:
+                    getattr(self._exchange, kind)(value, me, peer)
 
     @property
     def _exchange(self):
@@ -245,16 +282,14 @@ class TpuProcessGroup(ProcessGroup):
     def send(self, tensors, dst, tag=0):
         if not _on_tpu(tensors):
             return self._gloo_does("send", tensors, dst, tag)
-        for t in tensors:
-            self._exchange.send(t, self.ranks[self.rank()], self.ranks[dst])
-        return _completed(tensors)
+        self._posted.extend(("send", t.clone(), self.ranks[dst]) for t in tensors)  # the value now, as gloo sends
+        return _Posted(self, tensors)
 
     def recv(self, tensors, src, tag=0):
         if not _on_tpu(tensors):
             return self._gloo_does("recv", tensors, src, tag)
-        for t in tensors:
-            self._exchange.recv(t, self.ranks[self.rank()], self.ranks[src])
-        return _completed(tensors)
+        self._posted.extend(("recv", t, self.ranks[src]) for t in tensors)
+        return _Posted(self, tensors)
 
     def recv_anysource(self, tensors, tag=0):
         if not _on_tpu(tensors):
