@@ -16,7 +16,7 @@ from tpu_agent.config import TuneOptions
 from tpu_agent.measure.compare import Comparison, aligned_losses, losses_by_step, rank_memory_line
 from tpu_agent.measure.runner import Runner
 from tpu_agent.measure.trials import RankedStep, StepRecord, TrialFailed, TrialProcess, rank_records
-from tpu_agent.plan.actions import ActivationCheckpointing, FsdpReshard, Mesh, PadOps, Plan
+from tpu_agent.plan.actions import FsdpReshard, Mesh, PadOps, Plan
 from tpu_agent.verify.verdict import resharded_on_cpu_ranks, verify
 
 # A DDP script as users write it, each rank on its own data (their losses differ). With RANKS_COUNTER set, rank 0
@@ -105,23 +105,25 @@ def test_a_trial_process_steps_every_rank_together(tmp_path):
     assert proc.proc.returncode == 0  # stopped at a step boundary: every rank left, the launcher with them
 
 
-@pytest.mark.slow  # three 2-rank jobs
+@pytest.mark.slow  # two 2-rank jobs
 def test_a_trials_memory_per_rank_is_its_in_step_peak(tmp_path):
     """What the tuner's parallelism changes do to memory per rank, measured: examples/fsdp2.py's ranks report their
     in-step peak (backend/memory.py's StepPeak), which FSDP2's reshard_after_forward=False raises (the gathered
-    parameters held from forward to backward) and checkpointing every block lowers; the bytes alive at a step
-    boundary are the same for all three."""
+    parameters held from forward to backward), though the bytes alive at a step boundary are the same (measured by
+    hand, 2026-12-05: 1,652,856 B as written, 1,769,848 kept, 1,513,256 with every block checkpointed, which
+    tests/profile/test_step_peak.py checks; 1,113,908 at the boundary for all three)."""
     script = Path(__file__).resolve().parents[2] / "examples" / "fsdp2.py"
     peaks = {}
-    for name, plan in (("as written", Plan()), ("kept", Plan(actions=[FsdpReshard(reshard=False)])),
-                       ("checkpointed", Plan(actions=[ActivationCheckpointing(every=1)]))):
+    for name, plan in (("as written", Plan()), ("kept", Plan(actions=[FsdpReshard(reshard=False)]))):
         proc = TrialProcess(script, ["--steps", "4"], plan, cwd=tmp_path, log_dir=tmp_path / "logs",
                             step_timeout=120, env={}, name=name.replace(" ", "-"), nproc=2)
         with proc:
-            last = [proc.step() for _ in range(3)][-1]  # step 3: the optimizer's state made in step 1
-        peaks[name] = [r.device_bytes for r in rank_records(last)]
+            steps = [proc.step() for _ in range(3)]
+        # the most over the steps: when Python's collector frees FSDP2's cyclic garbage moves a step's peak (by up
+        # to 66 KB seen on "kept": 1,703,164 and 1,769,848 B at step 3 of two runs)
+        peaks[name] = [max(r.device_bytes for r in ranks) for ranks in zip(*(rank_records(s) for s in steps))]
     for rank in (0, 1):
-        assert peaks["kept"][rank] > peaks["as written"][rank] > peaks["checkpointed"][rank], peaks
+        assert peaks["kept"][rank] > peaks["as written"][rank], peaks
 
 
 def test_a_rank_that_crashes_fails_the_trial_with_its_own_line(tmp_path):
