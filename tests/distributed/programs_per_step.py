@@ -1,7 +1,7 @@
 """XLA programs run per training step, by hand (docs/distributed.md's table; not a test):
 
     [OLD=1] [TPU_AGENT_COMPILE_STEPS=1] python -m torch.distributed.run --standalone --nproc-per-node 2 \
-        tests/distributed/programs_per_step.py {ddp,fsdp} {compile,steps}
+        tests/distributed/programs_per_step.py {ddp,fsdp,tp} {compile,steps}
 
 `compile`: the step under torch.compile; `steps`: a plain loop (with TPU_AGENT_COMPILE_STEPS=1, compiled steps).
 OLD=1 emulates the tree before collectives were captured (none recorded in a capture; the ranks compare whole
@@ -30,6 +30,15 @@ net = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32
 if which == "ddp":
     model = DDP(net)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+elif which == "tp":  # FSDP over "dp" (one rank) x tensor parallel over "tp" (two), as examples/fsdp_tp.py
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("tpu", (1, world), mesh_dim_names=("dp", "tp"))
+    net = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)).to("tpu")
+    parallelize_module(net, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    model = fully_shard(net, mesh=mesh["dp"])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 else:
     for layer in (net[0], net[3]):
         fully_shard(layer)
