@@ -138,7 +138,10 @@ def test_a_server_restarted_mid_search_loses_nothing(project, postgres, monkeypa
     assert any("unreachable; retrying" in line for line in said), said
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
     measured = counted(study)
-    assert len(measured) == 8 and len(set(plans_of(measured))) == 8
+    # 8 measured, 7 plans: seen in 1 of 14 runs under 3 busy loops (2026-12-05), not explained yet; the trials say how
+    assert len(measured) == 8 and len(set(plans_of(measured))) == 8, [
+        (t.number, t.state.name, t.params, t.user_attrs.get("process", {}).get("pid"),
+         t.system_attrs.get("failed_trial"), t.user_attrs.get("state")) for t in study.trials]
     assert not [line for line in said if "exited" in line], said  # the other worker rode it out too
 
 
