@@ -156,10 +156,11 @@ class WarmUp(BaseModel):
     peak_bytes: int | None = Field(None, description="measured peak device memory (the runtime's peak where it "
                                    "keeps one, else the most live buffer bytes at a step boundary)")
     peak_source: str | None = None
-    live_growth_bytes_per_step: float | None = Field(None, description="measured: least-squares slope of live "
-                                                     "device bytes over the steady steps")
+    live_growth_bytes_per_step: float | None = Field(None, description="measured: bytes per step by which the "
+                                                     "floor of live device bytes rises over the steady steps (the "
+                                                     "least of the last third against the least of the first)")
     memory_flat: bool | None = Field(None, description="live device bytes do not grow over the steady steps "
-                                     "(slope under 1 KiB or 0.1 % of the first steady step's per step)")
+                                     "(floor rising under 1 KiB or 0.1 % of the first steady step's per step)")
 
 
 class FlopCheck(BaseModel):

@@ -43,12 +43,13 @@ def summarize(steps: Steps, memory: Memory) -> WarmUp | None:
 
 
 def _slope(steps: list[Step]) -> float | None:
-    """Bytes per step by least squares: one step that frees late does not read as growth, a leak does."""
+    """Bytes per step by which the floor of live memory rises: the least of the last third of the steady steps
+    against the least of the first third. A leak raises the floor; garbage the cycle collector frees every few
+    steps (a sawtooth, FSDP2's fused steps) and one step that frees late do not."""
     points = [(st.index, st.live_bytes) for st in steps if st.live_bytes is not None]
     if len(points) < 3:
         return None
-    n = len(points)
-    mean_x = sum(x for x, _ in points) / n
-    mean_y = sum(y for _, y in points) / n
-    var = sum((x - mean_x) ** 2 for x, _ in points)
-    return sum((x - mean_x) * (y - mean_y) for x, y in points) / var if var else None
+    k = max(1, len(points) // 3)
+    first, last = points[:k], points[-k:]
+    span = sum(x for x, _ in last) / k - sum(x for x, _ in first) / k
+    return (min(y for _, y in last) - min(y for _, y in first)) / span if span else None

@@ -77,6 +77,19 @@ def test_arithmetic_where_compiling_stops_after_the_fixed_warmup():
     assert (w.peak_bytes, w.memory_flat, w.live_growth_bytes_per_step) == (100, True, 0)
 
 
+def test_a_sawtooth_the_cycle_collector_frees_is_flat_and_a_rising_floor_is_not():
+    # Live bytes of examples/fsdp2.py's fused steps at 2 ranks (rank 0, 2026-12-05): cyclic garbage piles up for
+    # a few steps and is freed back to the same floor. A least-squares slope read +1.65 KiB per step: "GROWS".
+    saw = [776708, 846644, 882132, 776708, 778788, 814276, 849764, 885252, 920740, 776708, 778788, 878500,
+           1011620, 1144740, 1211556, 1211556, 1211556, 776708, 776708, 776708, 776708, 776708, 776708]
+    w = warmup.summarize(_steps((2.0, True, saw[0]), *((0.1, False, b) for b in saw)), Memory(live_peak_bytes=1))
+    assert (w.memory_flat, w.live_growth_bytes_per_step) == (True, 0)
+    # The same teeth on a floor that rises 4 KiB a step: a leak under the noise.
+    leak = [b + 4096 * i for i, b in enumerate(saw)]
+    w = warmup.summarize(_steps((2.0, True, leak[0]), *((0.1, False, b) for b in leak)), Memory(live_peak_bytes=1))
+    assert w.memory_flat is False and w.live_growth_bytes_per_step > 1024
+
+
 def test_runtime_peak_is_preferred_and_a_last_compiling_step_leaves_no_steady_step():
     w = warmup.summarize(_steps((1.0, True, 10), (0.5, True, 10)),
                          Memory(live_peak_bytes=10, device_stats={"peak_bytes_in_use": 99}))
