@@ -67,6 +67,12 @@ def plans_of(trials) -> list[str]:
     return [t.user_attrs["plan_key"] for t in trials]
 
 
+def described(trials) -> list[tuple]:
+    """Each trial as a failed count shows it: number, state, plan, process, the trial it retries, surplus."""
+    return [(t.number, t.state.name, t.params, t.user_attrs.get("process", {}).get("pid"),
+             t.system_attrs.get("failed_trial"), t.user_attrs.get("surplus")) for t in trials]
+
+
 def test_three_workers_fill_one_postgres_study_and_a_killed_one_loses_only_its_running_trial(project, postgres,
                                                                                               monkeypatch):
     url = postgres.create("three")
@@ -98,7 +104,8 @@ def test_three_workers_fill_one_postgres_study_and_a_killed_one_loses_only_its_r
     assert len(retries) == 1 and retries[0].state == optuna.trial.TrialState.COMPLETE  # run again, once
     assert retries[0].params == lost[0].params
     measured = counted(study)
-    assert len(measured) == 9 and len(set(plans_of(measured))) == 9  # 9 measured plans, none twice
+    # 10 measured: seen once under 3 busy loops (2026-12-05 04:21 UTC), not explained yet; the trials say how
+    assert len(measured) == 9 and len(set(plans_of(measured))) == 9, described(trials)  # 9 measured plans, none twice
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in measured)
     pids = {t.user_attrs["process"]["pid"] for t in measured}
     assert os.getpid() in pids and len(pids) >= 2  # the tune's own worker and the others
@@ -139,9 +146,7 @@ def test_a_server_restarted_mid_search_loses_nothing(project, postgres, monkeypa
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
     measured = counted(study)
     # 8 measured, 7 plans: seen in 1 of 14 runs under 3 busy loops (2026-12-05), not explained yet; the trials say how
-    assert len(measured) == 8 and len(set(plans_of(measured))) == 8, [
-        (t.number, t.state.name, t.params, t.user_attrs.get("process", {}).get("pid"),
-         t.system_attrs.get("failed_trial"), t.user_attrs.get("state")) for t in study.trials]
+    assert len(measured) == 8 and len(set(plans_of(measured))) == 8, described(study.trials)
     assert not [line for line in said if "exited" in line], said  # the other worker rode it out too
 
 
