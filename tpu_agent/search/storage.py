@@ -100,12 +100,24 @@ def open_storage(url: str):
         with warnings.catch_warnings(), _file_lock(Path(url[len("sqlite:///"):] + ".lock") if sqlite else None):
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             try:
-                return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-                                                  heartbeat_stale_trial_callback=retry, engine_kwargs=engine)
+                return BeatingRDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                                         heartbeat_stale_trial_callback=retry, engine_kwargs=engine)
             except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
                 if attempt == 2:  # workers on several hosts creating a fresh database's tables at once: one wins
                     raise
                 time.sleep(0.5 + attempt)
+
+
+class BeatingRDBStorage(optuna.storages.RDBStorage):
+    """Optuna's RDB storage, whose heartbeat outlives a database outage. Optuna's heartbeat thread ends at its first
+    failed write, so a trial measured through a server restart stopped beating and was failed as stale (and run
+    again) once the grace had passed, though its worker was alive and finished it."""
+
+    def record_heartbeat(self, trial_id: int) -> None:
+        try:
+            super().record_heartbeat(trial_id)
+        except lost_storage_errors():
+            pass  # the next beat, HEARTBEAT_S later, writes again once the server is back
 
 
 def first_line(exc: BaseException, url: str) -> str:
