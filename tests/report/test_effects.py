@@ -37,3 +37,19 @@ def test_compiled_steps_are_a_numerics_change_and_fused_execution_is_exact():
     assert (fused.effect, fused.preserves_numerics) == ("exact", True)
     assert Compile.model_validate({"kind": "compile", "mode": "compiled", "effect": "exact"}).effect == "numerics"
     assert "backward XLA derives from the forward" in effect_line(compiled, [])
+
+
+def test_an_exact_change_whose_losses_were_off_alone_says_what_was_measured():
+    from tpu_agent.search.records import TrialRecord
+
+    fused, bf16, pad = Compile(mode="fused"), MatmulPrecision(precision="default"), PadOps(multiple=8)
+    reason = "per-step losses match the baseline beyond 1e-05 relative (largest difference 2.01e-05 at step 47)"
+    trials = [TrialRecord(number=2, plan=Plan(actions=[fused]), state="numerics", reason=reason),
+              TrialRecord(number=5, plan=Plan(actions=[pad, bf16]), state="numerics", reason="off")]
+    fused_line, bf16_line, pad_line = effect_lines(Plan(actions=[fused, bf16, pad]), [], trials)
+    assert fused_line.startswith("exact (same math): compile")
+    assert "trial 2 (" in fused_line and "2.01e-05" in fused_line and "held to the loss tolerance" in fused_line
+    assert "trial" not in pad_line  # its trial had a numerics change: not a measure of the padding alone
+    assert "trial" not in bf16_line
+    (alone,) = effect_lines(Plan(actions=[fused]), [], trials[1:])
+    assert "trial" not in alone

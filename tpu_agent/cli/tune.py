@@ -121,7 +121,7 @@ def tune(
         if best is not None:
             console.print(f"[green bold]verified[/green bold] ({' + '.join(best.plan.effects())}): "
                           f"{escape(best.plan.describe())}")
-            for line in effect_lines(best.plan, result.parameters):
+            for line in effect_lines(best.plan, result.parameters, result.trials):
                 console.print(f"  {line}", markup=False)
             console.print(f"  {best.reason}")
         elif result.interrupted:

@@ -30,5 +30,27 @@ def effect_line(action, parameters: list[int | None]) -> str:
     return f"{text}; {note}" if note else text
 
 
-def effect_lines(plan: Plan, parameters: list[int | None]) -> list[str]:
-    return [effect_line(a, parameters) for a in plan.actions]
+def effect_lines(plan: Plan, parameters: list[int | None], trials=()) -> list[str]:
+    """`trials`: the search's records. An exact change whose losses left the baseline's in a trial of exact
+    changes only (fused execution's own rounding) says so: its class names what the change is, the trial what
+    was measured, and a plan with a numerics part held it to the loss tolerance only."""
+    lines = []
+    for action in plan.actions:
+        line = effect_line(action, parameters)
+        failed = _failed_exact(action, trials) if action.effect == "exact" else None
+        if failed is not None:
+            held = ("the losses of this plan were held to the loss tolerance (--loss-tol)"
+                    if not plan.preserves_numerics else "this plan's losses matched the baseline's")
+            line += (f"; but measured, trial {failed.number} ({failed.plan.describe()}, exact changes only) "
+                     f"failed the exact check: {failed.reason}; {held}")
+        lines.append(line)
+    return lines
+
+
+def _failed_exact(action, trials):
+    """The first trial whose plan held only exact changes, this one among them, and whose losses were off."""
+    for trial in trials:
+        actions = trial.plan.actions
+        if (trial.state == "numerics" and action in actions and all(a.effect == "exact" for a in actions)):
+            return trial
+    return None

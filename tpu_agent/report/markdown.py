@@ -49,7 +49,7 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
             "",
             "What it does to the model:",
             "",
-            *[f"- {line}" for line in effect_lines(best.plan, result.parameters)],
+            *[f"- {line}" for line in effect_lines(best.plan, result.parameters, result.trials)],
             "",
             "| | baseline | with the change |",
             "|---|---|---|",
