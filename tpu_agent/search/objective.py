@@ -31,6 +31,8 @@ from tpu_agent.search.storage import orphan
 # infeasible trial below every feasible one, best_trial skips it, and the dashboard shows it as infeasible.
 NUMERICS = "numerics"  # how far the losses are beyond the check's tolerance (relative loss difference - tolerance)
 OUT_OF_MEMORY = "out_of_memory"  # 1: the plan ran out of device memory (nothing else measured)
+DECIDE_WAIT_S = 10.0  # how long a trial waits for another's claim of its plan to decide (it takes two storage reads)
+_RUNNING = optuna.trial.TrialState.RUNNING
 _NO_FINITE = 1e9  # a non-finite loss: JSON (the storage, the dashboard) cannot carry infinity
 
 
@@ -166,16 +168,39 @@ class Objective:
         return ahead >= budget
 
     def _started_elsewhere(self, trial: optuna.Trial, key: str) -> int | None:
-        """The lowest-numbered other trial of the same plan that another worker runs or ran (two workers that
-        chose one plan at the same instant: the first one measures it), or None."""
+        """Another trial of the same plan that another worker measures or measured, so this one does not; None when
+        this trial is to measure it. Two workers may choose one plan at the same instant and the storage orders
+        writes, not decisions, so a trial writes three marks: its plan key, `claimed`, then `measuring`. Before
+        claiming it waits for any claimed trial to decide; after claiming it yields to any lower-numbered trial of
+        the plan. Of two trials, the one whose re-check missed the other's key claimed before the other checked,
+        so the other saw the claim, waited for its decision and yields to it: at most one measures, and the lowest
+        undecided one always does."""
         if self.study is None:
             return None
-        for t in self.study.get_trials(deepcopy=False):
-            if t.number >= trial.number or t.user_attrs.get("plan_key") != key or "repeat_of" in t.user_attrs:
-                continue
-            if t.state == optuna.trial.TrialState.RUNNING or (t.state.is_finished() and t.user_attrs.get("state")):
-                return t.number  # a killed trial (failed, none of our state) is not: its retry runs it
+        deadline = time.monotonic() + DECIDE_WAIT_S
+        while True:
+            others = self._same_plan(trial, key)
+            first = next((t.number for t in others if t.user_attrs.get("measuring")
+                          or (t.state.is_finished() and t.user_attrs.get("state"))), None)
+            if first is not None:
+                return first
+            deciding = [t for t in others if t.user_attrs.get("claimed") and t.state == _RUNNING]
+            if not deciding or time.monotonic() > deadline:  # a worker killed between its marks decides nothing
+                break
+            time.sleep(0.05)
+        trial.set_user_attr("claimed", True)
+        lower = next((t.number for t in self._same_plan(trial, key) if t.number < trial.number), None)
+        if lower is not None:
+            return lower
+        trial.set_user_attr("measuring", True)
         return None
+
+    def _same_plan(self, trial: optuna.Trial, key: str) -> list[optuna.trial.FrozenTrial]:
+        """The other trials of this plan that have not yielded: running ones, or finished ones with our state (a
+        killed trial, failed with none of our state, is not one: its retry runs the plan)."""
+        return [t for t in self.study.get_trials(deepcopy=False)
+                if t.number != trial.number and t.user_attrs.get("plan_key") == key and "repeat_of" not in t.user_attrs
+                and (t.state == _RUNNING or (t.state.is_finished() and t.user_attrs.get("state")))]
 
     def _repeat(self, trial: optuna.Trial, plan: Plan, earlier: Measured) -> float:
         """A plan measured before: its figures again, not its time."""
