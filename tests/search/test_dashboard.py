@@ -56,7 +56,7 @@ def test_the_dashboard_opens_the_printed_storage_and_shows_trials_with_their_att
     fast, rounds, oom = (attrs(t) for t in trials)
     assert fast["description"] == records[0].plan.describe() and float(fast["speedup"]) == pytest.approx(1.25, rel=0.05)
     assert len(json.loads(fast["speedup_ci95"])) == 2 and fast["feasible"] == "True"
-    assert json.loads(fast["class"]) == ["exact"] and verified["class"] == ["exact"]
+    assert json.loads(fast["class"]) == ["numerics"] and verified["class"] == ["numerics"]  # fused execution
     assert rounds["state"] == "numerics" and rounds["feasible"] == "False" and "numerics" in json.loads(rounds["constraints"])
     assert oom["state"] == "failed" and json.loads(oom["constraints"]) == {"out_of_memory": 1.0}
     assert len(trials[0]["intermediate_values"]) == 8  # one per pair: the dashboard's intermediate-value plot

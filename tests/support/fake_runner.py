@@ -9,7 +9,7 @@ from tpu_agent.measure.trials import StepRecord
 from tpu_agent.plan.actions import Plan, unit_of
 
 # Step time factor of each unit of actions (plan.actions.unit_of) on a 10 ms baseline step; others: 1.
-FACTORS = {"padding": 0.8, "execution": 0.9, "precision (numerics)": 1.2}
+FACTORS = {"padding": 0.8, "execution": 0.9, "execution (numerics)": 0.9, "precision (numerics)": 1.2}
 
 
 def step_time(plan: Plan, rng: random.Random, factors: dict[str, float] = FACTORS) -> float:

@@ -7,7 +7,7 @@ from rich.console import Console
 from support.fake_runner import FACTORS, FakeRunner
 from tpu_agent.config import TuneOptions as TuneSettings
 from tpu_agent.measure.stats import speedup
-from tpu_agent.plan.actions import Compile, MatmulPrecision, PadDim, PadOps, Plan
+from tpu_agent.plan.actions import ActivationCheckpointing, Compile, MatmulPrecision, PadDim, PadOps, Plan
 from tpu_agent.report import markdown as report
 from tpu_agent.verify import ablation
 from tpu_agent.verify.ablation import settle
@@ -35,14 +35,14 @@ def test_a_slowing_group_is_left_out_and_the_smaller_plan_verified():
     assert "it slowed the verified plan" in best.left_out[0]
     # The first plan's ablation measured four units; the smaller plan's, three, each earning its place.
     added = {a.unit: a.speed.speedup for a in best.attribution}
-    assert set(added) == {"padding (model)", "padding", "execution"}
-    assert abs(added["padding"] - 1 / 0.8) < 0.05 and abs(added["execution"] - 1 / 0.9) < 0.05
+    assert set(added) == {"padding (model)", "padding", "execution (numerics)"}
+    assert abs(added["padding"] - 1 / 0.8) < 0.05 and abs(added["execution (numerics)"] - 1 / 0.9) < 0.05
     assert [(a.group, a.effect) for a in best.attribution] == [("padding", "model"), ("padding", "exact"),
-                                                               ("execution", "exact")]
+                                                               ("execution", "numerics")]
     assert '"unit":"padding (model)"' in best.model_dump_json()  # report.json names the unit as the report does
     assert [m[0] for m in runner.measured] == [
-        "verify-1", "ablate-padding-model", "ablate-padding", "ablate-execution", "ablate-precision-numerics",
-        "verify-2", "ablate-padding-model", "ablate-padding", "ablate-execution"]
+        "verify-1", "ablate-padding-model", "ablate-padding", "ablate-execution-numerics",
+        "ablate-precision-numerics", "verify-2", "ablate-padding-model", "ablate-padding", "ablate-execution-numerics"]
     assert verdicts == [best]
 
     text = report.markdown(_result(best, verdicts), {})
@@ -60,7 +60,7 @@ def test_the_ablation_drops_a_neutral_bf16_group():
 
 
 def test_a_neutral_exact_group_is_dropped_and_a_model_change_must_clear_min_gain():
-    factors = {"execution": 0.8, "padding": 1.0, "padding (model)": 0.99}  # pad_ops neutral; PadDim 1.01x
+    factors = {"execution (numerics)": 0.8, "padding": 1.0, "padding (model)": 0.99}  # pad_ops neutral; PadDim 1.01x
     first, best, _, _ = settled(Plan(actions=[PAD, PadOps(multiple=8), Compile(mode="fused")]), factors)
     assert best.accepted and best.plan == Plan(actions=[Compile(mode="fused")])
     reasons = dict(line.split(": ", 1) for line in best.left_out)
@@ -70,7 +70,7 @@ def test_a_neutral_exact_group_is_dropped_and_a_model_change_must_clear_min_gain
 
 
 def test_exact_units_that_carry_a_gain_only_together_stay(monkeypatch):
-    plan = Plan(actions=[PadOps(multiple=8), Compile(mode="fused")])
+    plan = Plan(actions=[PadOps(multiple=8), ActivationCheckpointing(every=1)])
     # each unit alone: about 1.005x with an interval spanning 1 (neutral)
     neutral = speedup([0.0100] * 20, [0.0099, 0.0101, 0.0098, 0.0100] * 5, min_gain=0.03, seed=0)
     assert neutral.ci_low <= 1.0 <= neutral.ci_high

@@ -92,7 +92,8 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
         if result.baseline_mode and result.baseline_mode != "compiled":
             lines += ["", f"*Baseline:* the script as written, which ran in {result.baseline_mode} execution. That is "
                       "not the fastest execution that needs no change to the model: fused and compiled execution "
-                      "are exact changes, searched and credited like the others (see where the gain comes from)."]
+                      "(no change to the script; the same math in another order, so class numerics) are searched "
+                      "and credited like the others (see where the gain comes from)."]
         lines += ["", f"Measured on {_measured_on(result)}: "
                       f"baseline and candidate ran in fresh processes, steps interleaved (A B A B ...) after "
                       f"{result.settings.warmup} warm-up steps each, device synchronized around every step; "
