@@ -121,18 +121,18 @@ def my_rank() -> int:
     return jax.process_index()
 
 
-def _reduce(x, op: str, n: int):
-    """Reduce a block over the ranks."""
+def _reduce(x, op: str, n: int, axis: str = AXIS):
+    """Reduce a block over the ranks (the mesh axis `axis`)."""
     if op == "sum":
-        return jax.lax.psum(x, AXIS) if x.dtype != jnp.bool_ else jax.lax.pmax(x, AXIS)
+        return jax.lax.psum(x, axis) if x.dtype != jnp.bool_ else jax.lax.pmax(x, axis)
     if op == "avg":
-        total = jax.lax.psum(x, AXIS)
+        total = jax.lax.psum(x, axis)
         return (total / n).astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else total // n
     if op == "max":
-        return jax.lax.pmax(x, AXIS)
+        return jax.lax.pmax(x, axis)
     if op == "min":
-        return jax.lax.pmin(x, AXIS)
-    gathered = jax.lax.all_gather(x, AXIS)  # (n, ...): the ops XLA has no collective for
+        return jax.lax.pmin(x, axis)
+    gathered = jax.lax.all_gather(x, axis)  # (n, ...): the ops XLA has no collective for
     if op == "product":
         out = jnp.prod(gathered, axis=0, dtype=x.dtype)
     else:
@@ -143,25 +143,29 @@ def _reduce(x, op: str, n: int):
     return out
 
 
-# The collectives' bodies: a rank's block in, its result out, over the axis AXIS (shared with in_program.py,
-# which traces them inside a fused graph's SPMD program).
-def all_reduce_body(x, n: int, op: str):
-    return _reduce(x, op, n)
+# The collectives' bodies: a rank's block in, its result out, over the mesh axis `axis` (shared with
+# in_program.py, which traces them inside a fused graph's SPMD program, there over one axis of a 2-D mesh too).
+def all_reduce_body(x, n: int, op: str, axis: str = AXIS):
+    return _reduce(x, op, n, axis)
 
 
-def all_gather_body(x, n: int):
-    return jax.lax.all_gather(x, AXIS, axis=0, tiled=True)
+def all_gather_body(x, n: int, axis: str = AXIS):
+    return jax.lax.all_gather(x, axis, axis=0, tiled=True)
 
 
-def reduce_scatter_body(x, n: int, op: str):
-    out = jax.lax.psum_scatter(x, AXIS, scatter_dimension=0, tiled=True)
+def reduce_scatter_body(x, n: int, op: str, axis: str = AXIS):
+    out = jax.lax.psum_scatter(x, axis, scatter_dimension=0, tiled=True)
     if op == "avg":
         out = (out / n).astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else out // n
     return out
 
 
-def broadcast_body(x, n: int, root: int):
-    return jax.lax.all_gather(x, AXIS)[root]
+def broadcast_body(x, n: int, root: int, axis: str = AXIS):
+    return jax.lax.all_gather(x, axis)[root]
+
+
+def all_to_all_body(x, n: int, axis: str = AXIS):
+    return jax.lax.all_to_all(x, axis, 0, 0, tiled=True)
 
 
 def all_reduce(local, ranks: tuple[int, ...], op: str = "sum"):
@@ -193,8 +197,7 @@ def broadcast(local, ranks: tuple[int, ...], root: int):
 
 def all_to_all(local, ranks: tuple[int, ...]):
     """Dim 0 split into n equal chunks, chunk j sent to rank j, received chunks concatenated in rank order."""
-    return _run("all_to_all", ranks, local,
-                lambda x, n: jax.lax.all_to_all(x, AXIS, 0, 0, tiled=True))
+    return _run("all_to_all", ranks, local, all_to_all_body)
 
 
 def barrier(ranks: tuple[int, ...]) -> None:

@@ -6,8 +6,10 @@ between them. With it (fused mode, `TPU_AGENT_COLLECTIVES_IN_PROGRAM` not `0`) a
 node of the graph, and the flushed graph runs under `shard_map` over a one-axis mesh of the collective's ranks:
 every input and output replicated in the sharding's words (`P()`, unchecked), which means each rank's own
 array, as it is, with no copy; the collectives as `psum` / `all_gather` / `psum_scatter` / `all_to_all` over
-the axis. One graph holds collectives over one group: a collective over another group (DTensor's dp and tp
-groups of a 2-D mesh) ends the graph first.
+the axis. A graph with collectives over several groups (a 2-D DeviceMesh's dp and tp groups) runs over every
+rank of the job, on a mesh (group_mesh.py) in which each group is the line along one axis, its collectives over
+that axis: one program per step for FSDP x TP on a 2 x 2 mesh. Where the groups are no lines of one mesh
+(arbitrary `new_group` splits) a collective over another group ends the graph first, and the rank says why once.
 
 What must hold: every rank of the group runs its collectives in the same order with the same shapes. Before each
 run the ranks compare a fingerprint of their compiled programs' collectives, in the order XLA scheduled them, with
@@ -35,7 +37,7 @@ from itertools import count
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from tpu_agent import envvars
@@ -44,6 +46,8 @@ from .. import lazy
 from ..lazy import RECORDER
 from ..state import STATE
 from . import collectives, faults
+from .group_mesh import GroupMesh, mesh_for
+from .runtime import devices_of
 
 SWITCH = envvars.COLLECTIVES_IN_PROGRAM
 GROUP_CHANGE = "collective over another group"  # the flush reason when a graph's collectives change group
@@ -65,7 +69,7 @@ _BODIES = {
     "all_gather": collectives.all_gather_body,
     "reduce_scatter": collectives.reduce_scatter_body,
     "broadcast": collectives.broadcast_body,
-    "all_to_all": lambda x, n: jax.lax.all_to_all(x, collectives.AXIS, 0, 0, tiled=True),
+    "all_to_all": collectives.all_to_all_body,
 }
 _BETWEEN = {  # the same collective as its own program, for a graph run op by op
     "all_reduce": collectives.all_reduce, "all_gather": collectives.all_gather,
@@ -92,11 +96,15 @@ class CollectiveProgram(lazy.Program):
         return cached
 
     def over_ranks(self, graph, programs, args) -> "SpmdGraph":
-        groups = {p.ranks for p in programs if p.ranks is not None}
-        if len(groups) > 1:  # record() ends a graph before a collective over another group
-            raise RuntimeError(f"tpu: a fused graph with collectives over several groups {sorted(groups)}")
+        groups = list(dict.fromkeys(p.ranks for p in programs if p.ranks is not None))
         names = [p.name for p in programs if p.ranks is not None]
-        return SpmdGraph(graph, self.ranks, ", ".join(f"{k} x{names.count(k)}" for k in dict.fromkeys(names)))
+        held = ", ".join(f"{k} x{names.count(k)}" for k in dict.fromkeys(names))
+        if len(groups) == 1:
+            return SpmdGraph(graph, self.ranks, held)
+        layout = mesh_for(groups, collectives.my_rank(), jax.process_count())
+        if isinstance(layout, str):  # record() ends a graph before a group with no common mesh
+            raise RuntimeError(f"tpu: a fused graph with collectives over groups {groups}: {layout}")
+        return SpmdGraph(graph, tuple(range(layout.world)), held, layout)
 
 
 def _program(kind: str, ranks: tuple[int, ...], shape, dtype, static: dict) -> CollectiveProgram:
@@ -106,8 +114,12 @@ def _program(kind: str, ranks: tuple[int, ...], shape, dtype, static: dict) -> C
         body, between, n = _BODIES[kind], _BETWEEN[kind], len(ranks)
 
         def raw(x):
-            # Traced inside the graph's SPMD program; called on an array when the graph runs op by op.
-            out = body(x, n, **static) if isinstance(x, jax.core.Tracer) else between(x, ranks, **static)
+            # Traced inside the graph's SPMD program (over the group's axis of its mesh); called on an array when
+            # the graph runs op by op.
+            if isinstance(x, jax.core.Tracer):
+                out = body(x, n, axis=_axes.get(ranks, collectives.AXIS), **static)
+            else:
+                out = between(x, ranks, **static)
             out = out if shape is None else out.reshape(shape)
             return out if dtype is None or out.dtype == dtype else out.astype(dtype)
 
@@ -129,12 +141,14 @@ class _Kept:
 
 
 _kept: list[_Kept] = []  # this graph's collectives' outputs, until it runs
-_group: list = [None]  # the ranks of this graph's collectives
+_groups: list[tuple[int, ...]] = []  # the groups (their global ranks) of this graph's collectives
+_axes: dict[tuple[int, ...], str] = {}  # while a graph over several groups is traced: each group's mesh axis
+_unmeshed: set[str] = set()  # the reasons already said
 
 
 def _flushed(exe, reason) -> None:
     _kept.clear()
-    _group[0] = None
+    _groups.clear()
 
 
 RECORDER.listeners.append(_flushed)
@@ -143,18 +157,34 @@ RECORDER.listeners.append(_flushed)
 def record(kind: str, ranks: tuple[int, ...], value, shape=None, dtype=None, **static):
     """Record `kind` over `ranks` on `value` (an array or a pending one) into the graph; its pending result,
     reshaped to `shape` and cast to `dtype` where given."""
-    if _group[0] is not None and _group[0] != ranks:
+    if _groups and ranks not in _groups and not _one_mesh(_groups + [ranks]):
         RECORDER.flush(GROUP_CHANGE, also=[value], op=f"c10d.{kind}")
         _kept.clear()
+        _groups.clear()
         if type(value) is lazy.Lazy and value.value is not None:
             value = value.value
-    _group[0] = ranks
+    if ranks not in _groups:
+        _groups.append(ranks)
     dtype = None if dtype is None else jnp.dtype(dtype)
     out = RECORDER.record(_program(kind, ranks, None if shape is None else tuple(shape), dtype, static), [value])
     kept = _Kept(out)
     RECORDER.track(kept)
     _kept.append(kept)
     return out
+
+
+def _one_mesh(groups) -> bool:
+    """Whether one program over the job's ranks can hold collectives over all of `groups`; if not, says why
+    (once per reason)."""
+    layout = mesh_for(groups, collectives.my_rank(), jax.process_count())
+    if isinstance(layout, GroupMesh):
+        return True
+    if layout not in _unmeshed:
+        _unmeshed.add(layout)
+        print(f"tpu: rank {collectives.my_rank()}: a fused graph's collectives over groups "
+              f"{', '.join(str(list(g)) for g in groups)} cannot be one program ({layout}): the graph ends at each "
+              "change of group", file=sys.stderr, flush=True)
+    return False
 
 
 _COLLECTIVE = re.compile(r"=\s*(.+?)\s+((?:all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute|"
@@ -186,14 +216,26 @@ class SpmdGraph:
     """A fused graph holding collectives, called as `jax.jit(graph)` would be, on this rank's arrays: it runs
     as one program over the ranks' devices, or op by op where the ranks' graphs differ."""
 
-    def __init__(self, graph, ranks: tuple[int, ...], held: str):
+    def __init__(self, graph, ranks: tuple[int, ...], held: str, layout: GroupMesh | None = None):
+        """`layout`: for collectives over several groups, the mesh over `ranks` (all the job's) whose axes they
+        are; else the one-axis mesh of `ranks`, the one group."""
         self.graph, self.ranks = graph, ranks
         self.fingerprint = None  # of the compiled program's collectives, known once compiled
         self.compiled = None
-        mesh = collectives.mesh_of(ranks)
+        if layout is None:
+            mesh, body = collectives.mesh_of(ranks), graph
+        else:
+            mesh = Mesh(np.array(devices_of(ranks)).reshape(layout.shape), layout.names)
+
+            def body(*args):  # each collective traced over its group's axis
+                _axes.update(layout.axes)
+                try:
+                    return graph(*args)
+                finally:
+                    _axes.clear()
         self.device = mesh.devices.flat[collectives._position(mesh)]
         self.sharding = NamedSharding(mesh, P())  # each rank's array as it is (unchecked: they differ)
-        self.jitted = jax.jit(jax.shard_map(graph, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False))
+        self.jitted = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False))
         self.held = held  # its collectives: "c10d.all_reduce(sum) x2, ..."
         self.label = f"a fused graph with {held}"  # what the watch's timeout line names
         self.said = False

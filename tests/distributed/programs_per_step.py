@@ -1,12 +1,16 @@
 """XLA programs run per training step, by hand (docs/distributed.md's table; not a test):
 
-    [OLD=1] [TPU_AGENT_COMPILE_STEPS=1] python -m torch.distributed.run --standalone --nproc-per-node 2 \
+    [OLD=1 | ONE_GROUP=1] [TPU_AGENT_COMPILE_STEPS=1 | TORCH_TPU_DEFER_AND_FUSE=1] \
+        python -m torch.distributed.run --standalone --nproc-per-node {2,4} \
         tests/distributed/programs_per_step.py {ddp,fsdp,tp} {compile,steps}
 
-`compile`: the step under torch.compile; `steps`: a plain loop (with TPU_AGENT_COMPILE_STEPS=1, compiled steps).
+`compile`: the step under torch.compile; `steps`: a plain loop (eager; with TPU_AGENT_COMPILE_STEPS=1, compiled
+steps; with TORCH_TPU_DEFER_AND_FUSE=1, fused). `tp`: FSDP over "dp" x tensor parallel over "tp" on a
+(world / 2) x 2 mesh: 1 x 2 at 2 ranks, 2 x 2 at 4, where dp's and tp's collectives alternate groups.
 OLD=1 emulates the tree before collectives were captured (none recorded in a capture; the ranks compare whole
-programs). Prints each rank's programs per step (fused graphs, replays, eager ops, collectives between programs)
-and the collectives between programs, over 8 steps."""
+programs); ONE_GROUP=1 the tree before a graph held collectives over several groups (group_mesh.py: each change
+of group ends the graph). Prints each rank's programs per step (fused graphs, replays, eager ops, collectives
+between programs) and the collectives between programs, over 8 steps."""
 import os, re, sys, warnings
 import torch, torch.distributed as dist
 import torch.nn as nn, torch.nn.functional as F
@@ -22,6 +26,8 @@ if old:
     in_program.recording = lambda: (STATE.fused and RECORDER.capture is None and not collectives.RECORDED.on
                                     and in_program.enabled())
     in_program.collective_order = lambda text: re.sub(r"metadata=\{[^}]*\}", "", text)
+if os.environ.get("ONE_GROUP") == "1":
+    in_program._one_mesh = lambda groups: False
 warnings.simplefilter("ignore")
 dist.init_process_group()
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -30,11 +36,11 @@ net = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32
 if which == "ddp":
     model = DDP(net)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-elif which == "tp":  # FSDP over "dp" (one rank) x tensor parallel over "tp" (two), as examples/fsdp_tp.py
+elif which == "tp":  # FSDP over "dp" (world / 2 ranks) x tensor parallel over "tp" (two), as examples/fsdp_tp.py
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    mesh = init_device_mesh("tpu", (1, world), mesh_dim_names=("dp", "tp"))
+    mesh = init_device_mesh("tpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
     net = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)).to("tpu")
     parallelize_module(net, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
     model = fully_shard(net, mesh=mesh["dp"])
@@ -64,6 +70,7 @@ for i in range(8):
     counts.append(sum(e.calls for e in executables.all()) + collectives.runs - p0)
     between.append(collectives.runs - b0)
     loss.item()
-print("COUNTS", rank, which, how, "old" if old else "new", counts, between, flush=True)
+print("COUNTS", rank, which, how, "old" if old else "one-group" if os.environ.get("ONE_GROUP") == "1" else "new",
+      counts, between, flush=True)
 dist.barrier()
 dist.destroy_process_group()
