@@ -29,8 +29,14 @@ def _current() -> tuple[int, int, int | None]:
         return used, int(stats.get("bytes_reserved", used)), stats.get("bytes_limit")
     import jax
 
-    used = sum(a.nbytes for a in jax.live_arrays() if not a.is_deleted())
+    used = live_bytes(jax.live_arrays())
     return used, used, None
+
+
+def live_bytes(arrays) -> int:
+    """Bytes the given live arrays hold on this process's device: the one count of live device memory (the
+    profiler's, `torch.tpu.memory_allocated`'s and a CUDA script's `torch.cuda.memory_allocated`'s)."""
+    return sum(_device_bytes(a) for a in arrays if not a.is_deleted())
 
 
 def memory_stats(device=None) -> OrderedDict:

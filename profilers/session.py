@@ -234,16 +234,27 @@ class Session:
             if event.endswith("backend_compile_duration"):
                 self.data.compiles += 1
 
-    def _sync(self) -> int:
-        """Wait for the device; return the bytes of live device buffers."""
+    @staticmethod
+    def _sync() -> None:
+        """Wait for the device (the backend already flushed pending fused work)."""
         import jax
 
-        live = jax.live_arrays()
-        jax.block_until_ready(live)
-        return sum(a.size * a.dtype.itemsize for a in live)  # 4x cheaper than .nbytes
+        jax.block_until_ready(jax.live_arrays())
+
+    def _live_and_peak(self) -> tuple[int, int | None]:
+        """The bytes alive now and the step's in-step peak, counted after the step's time was taken; the peak
+        watcher recounts the live arrays at the boundary, so they are walked once."""
+        if self._peaks is None:  # the run ended before the profiler was installed
+            import jax
+
+            from tpu_agent.backend.memory import live_bytes
+
+            return live_bytes(jax.live_arrays()), None
+        peak = self._peaks.end_step()
+        return self._peaks.current, max(peak, self._peaks.current)
 
     def _on_step(self, source: str) -> None:
-        live_bytes = self._sync()  # the backend already flushed pending fused work
+        self._sync()
         now = time.perf_counter()
         self._end_step_mark()
         d = self.data
@@ -255,7 +266,7 @@ class Session:
             total_s, calls = _launch_totals()
             device_s, launches = total_s - self._launches_at_start[0], calls - self._launches_at_start[1]
         comm_s, ran = self._step_collectives()
-        peak = max(self._peaks.end_step(), live_bytes)
+        live_bytes, peak = self._live_and_peak()
         d.steps.append(Step.model_construct(  # no validation on the step path: the values are ours
             index=k, wall_s=now - self._step_start, compile_s=self._compile_acc,
             warmup=k <= self.settings.warmup, instrumented=self._counter is not None or self._timed_step,
@@ -462,8 +473,8 @@ class Session:
             from tpu_agent.backend.lazy import RECORDER
 
             RECORDER.flush("end of run")
-            live = self._sync()
-            peak = max(self._peaks.end_step(), live) if self._peaks is not None else None
+            self._sync()
+            live, peak = self._live_and_peak()
             d.whole_run = True
             comm_s, ran = self._step_collectives()
             d.steps.append(Step(index=1, wall_s=time.perf_counter() - self._step_start, compile_s=self._compile_acc,
@@ -490,8 +501,9 @@ class Session:
             pass
         self._stop_trace()
         try:
-            live = jax.live_arrays()
-            d.live_end = sum(a.size * a.dtype.itemsize for a in live)
+            from tpu_agent.backend.memory import live_bytes
+
+            d.live_end = live_bytes(jax.live_arrays())
         except Exception:  # noqa: BLE001
             pass
         try:

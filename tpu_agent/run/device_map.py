@@ -130,11 +130,13 @@ def _memory_bytes(kind: str) -> int:
     """Device memory as `torch.cuda.memory_*` reports it: XLA's own figures, else the live arrays' bytes."""
     import jax
 
-    stats = jax.devices()[0].memory_stats() or {}
+    from tpu_agent.backend.memory import live_bytes
+
+    stats = jax.local_devices()[0].memory_stats() or {}  # this rank's: devices()[0] is rank 0's
     key = {"allocated": "bytes_in_use", "peak": "peak_bytes_in_use", "reserved": "bytes_reserved"}[kind]
     if key in stats:
         return int(stats[key])
-    return sum(a.size * a.dtype.itemsize for a in jax.live_arrays())
+    return live_bytes(jax.live_arrays())
 
 
 def _patch_cuda_module(torch, target: str) -> None:
