@@ -82,3 +82,29 @@ def test_a_rank_that_raises_stops_the_job_with_its_traceback_and_the_launcher_gi
     proc = run_tool("run", "--nproc", "2", "exiting.py", cwd=tmp_path, timeout=150)
     assert proc.returncode == 5, proc.stderr[-3000:]
     assert "exitcode  : 5" in proc.stderr
+
+
+ONE_RANK = textwrap.dedent("""
+    import os, torch, torch.distributed as dist
+    dist.init_process_group()
+    x = torch.ones(2, device="tpu")
+    dist.all_reduce(x)
+    print(f"world {dist.get_world_size()} rank {dist.get_rank()} local {os.environ['LOCAL_RANK']} sum {x.sum().item()}")
+    for _ in range(2):
+        torch.optim.SGD([torch.nn.Parameter(x.clone())], lr=0.1).step()  # steps for the profiler to find
+    dist.destroy_process_group()
+""")
+
+
+def test_nproc_1_runs_and_profiles_a_torchrun_script_as_one_rank(tmp_path):
+    """A torchrun script debugged at one rank: `--nproc 1` gives it a group of one, as `torchrun
+    --nproc-per-node 1` would; without --nproc it runs as `python` would (no group: the script's own error)."""
+    (tmp_path / "one.py").write_text(ONE_RANK)
+    proc = run_tool("run", "--nproc", "1", "one.py", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "world 1 rank 0 local 0 sum 2.0" in proc.stdout
+    proc = run_tool("profile", "--nproc", "1", "one.py", "--steps", "1", "--warmup", "0", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "world 1 rank 0" in proc.stdout + proc.stderr
+    proc = run_tool("run", "one.py", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 1 and "environment variable RANK expected" in proc.stderr

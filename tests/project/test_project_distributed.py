@@ -12,12 +12,13 @@ import torch
 from support.paths import EXAMPLES
 from tpu_agent.cli.app import run_cli
 from tpu_agent.project import distributed
+from tpu_agent.run import rendezvous
 
 
 @pytest.mark.parametrize("example, mesh", [("fsdp2", "fsdp=8"), ("fsdp_tp", "fsdp=4,tensor=2"), ("ddp", "data=8")])
 def test_a_distributed_example_projects_with_the_projections_own_mesh(example, mesh, tmp_path, capsys,
                                                                          monkeypatch):
-    for name in distributed.RENDEZVOUS:  # as a user's shell has them: no launcher
+    for name in rendezvous.RENDEZVOUS:  # as a user's shell has them: no launcher
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
     code = run_cli(["project", str(EXAMPLES / f"{example}.py"), "--target", "v5e-8", "--mesh", mesh,
@@ -39,7 +40,7 @@ def test_a_gpu_script_under_a_device_map_projects_as_it_runs(tmp_path, monkeypat
     from tpu_agent import envvars
     from tpu_agent.project import run, slices
 
-    for name in distributed.RENDEZVOUS:
+    for name in rendezvous.RENDEZVOUS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(envvars.DEVICE_MAP.name, "cuda=tpu")
     script = REPO / "tests" / "data" / "scripts" / "fsdp_tp_cuda.py"
@@ -49,11 +50,11 @@ def test_a_gpu_script_under_a_device_map_projects_as_it_runs(tmp_path, monkeypat
 
 
 def test_one_rank_env_is_added_only_where_no_launcher_set_it():
-    env = distributed.one_rank({"PATH": "/bin"})
+    env = rendezvous.one_rank({"PATH": "/bin"})
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["MASTER_ADDR"]) == ("0", "1", "0", "127.0.0.1")
     assert int(env["MASTER_PORT"]) > 0
     launched = {"RANK": "1", "WORLD_SIZE": "2"}
-    assert distributed.one_rank(launched) is launched
+    assert rendezvous.one_rank(launched) is launched
 
 
 def test_the_scripts_wrappers_leave_the_module_unchanged_and_come_back_after():

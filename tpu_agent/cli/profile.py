@@ -115,16 +115,22 @@ def profile_script(
     stderr: Console,
     timeout: float | None = None,
     device_map: str | None = None,
-    nproc: int = 1,
+    nproc: int | None = None,
 ) -> int:
+    """`nproc`: None runs the script as `python` would; 1 as one rank of a torchrun job; N > 1 N ranks."""
     from tpu_agent.run.profiled import gather_ranks, read_profile, run_profiled
+    from tpu_agent.run.rendezvous import one_rank_variables
 
     check_script(script)
-    if nproc < 1:
+    if nproc is not None and nproc < 1:
         raise InputError(f"--nproc takes a number of ranks >= 1, got {nproc}")
+    launched = nproc == 1
+    nproc = nproc or 1
     if nproc > 1 and settings.devices > 1:
         raise InputError(NPROC_WITH_DEVICES)
     mapped = device_map_env(device_map)
+    if launched:  # a torchrun script at one rank: its init_process_group() finds a group of one
+        mapped = {**mapped, **one_rank_variables(dict(os.environ))}
     if settings.trace_dir:
         settings.trace_dir = str(writable_dir(Path(settings.trace_dir).resolve(), "the trace directory"))
     runs_root = writable_dir(output_dir if output_dir is not None else Path.cwd() / RUNS_SUBDIR, "the output directory")
@@ -236,7 +242,7 @@ def profile(
         typer.Option("--timeout", min=0.001, metavar="SECONDS", help="Stop the script after this many seconds (exit 124).", show_default=False),
     ] = None,
     device_map: DeviceMapOption = None,
-    nproc: Annotated[int, typer.Option("--nproc", min=1, metavar="N", help="Ranks on this host: PyTorch's launcher (torch.distributed.run, as torchrun --nproc-per-node N) starts the script once per rank, each profiled; profile.json gathers them (per-rank step time, memory, collectives, communication share, the slowest rank).")] = 1,
+    nproc: Annotated[int | None, typer.Option("--nproc", min=1, metavar="N", help="Ranks on this host: PyTorch's launcher (torch.distributed.run, as torchrun --nproc-per-node N) starts the script once per rank, each profiled; profile.json gathers them (per-rank step time, memory, collectives, communication share, the slowest rank). --nproc 1 profiles one rank with torchrun's variables set.", show_default=False)] = None,
 ) -> int:
     """Profile SCRIPT on the bundled `tpu` device: step time, FLOPs, MFU, memory, hot ops, padding waste.
 

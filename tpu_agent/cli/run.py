@@ -60,7 +60,7 @@ def run(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary line after the run.")] = False,
     plan: Annotated[str | None, typer.Option("--plan", metavar="PLAN.json", help="Run with a plan: source edits on a copy, run-time actions in the backend.", show_default=False)] = None,
     device_map: DeviceMapOption = None,
-    nproc: Annotated[int, typer.Option("--nproc", min=1, metavar="N", help="Ranks on this host: PyTorch's launcher (torch.distributed.run, as torchrun --nproc-per-node N) starts the script once per rank.")] = 1,
+    nproc: Annotated[int | None, typer.Option("--nproc", min=1, metavar="N", help="Ranks on this host: PyTorch's launcher (torch.distributed.run, as torchrun --nproc-per-node N) starts the script once per rank; --nproc 1 runs one rank with torchrun's variables set.", show_default=False)] = None,
 ) -> int:
     """Run SCRIPT with the bundled `tpu` device loaded, as `python SCRIPT ARGS...` would.
 
@@ -71,6 +71,7 @@ def run(
     [bold]tpu-agent run --nproc 2 train.py[/bold]
     """
     from tpu_agent.run.launch import run_script  # keeps `--help` and `doctor` lean
+    from tpu_agent.run.rendezvous import one_rank
 
     check_script(script)
     mapped = device_map_env(device_map)
@@ -79,8 +80,10 @@ def run(
         ran, env, run_dir = run_with_plan(script, plan)
     if mapped:
         env = {**(env if env is not None else os.environ), **mapped}
+    if nproc == 1:  # a torchrun script at one rank: its init_process_group() finds a group of one
+        env = one_rank(dict(env if env is not None else os.environ))
     try:
-        result = run_script(ran, script_args or [], env=env, run_dir=run_dir, nproc=nproc)  # as typed, like `python SCRIPT`
+        result = run_script(ran, script_args or [], env=env, run_dir=run_dir, nproc=nproc or 1)  # as typed, like `python SCRIPT`
     except OSError as exc:
         raise TpuAgentError(f"could not start the run: {exc}") from None
     if not quiet:

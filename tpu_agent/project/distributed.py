@@ -9,21 +9,6 @@ script's mesh would be is the projection's to choose (`tune --nproc N --target S
 from __future__ import annotations
 
 import contextlib
-import socket
-
-RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-def one_rank(env: dict[str, str]) -> dict[str, str]:
-    """`env` with torchrun's variables for a job of one rank, where the script would read them; a launcher's own
-    (any of them already set) are left alone."""
-    if any(name in env for name in RENDEZVOUS):
-        return env
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return {**env, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
 
 
 def _unchanged(module, *args, **kwargs):

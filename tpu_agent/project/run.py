@@ -10,8 +10,9 @@ import tempfile
 from pathlib import Path
 
 from tpu_agent.errors import InputError, TpuAgentError
+from tpu_agent.run.rendezvous import one_rank
 
-from . import cost, distributed
+from . import cost
 from .results import Partitioned, Projection
 from .slices import Slice
 
@@ -31,7 +32,7 @@ def partition(script: str, args: list[str], sl: Slice, mesh: dict[str, int], rul
     with tempfile.TemporaryDirectory(prefix="tpu-agent-project-") as tmp:
         req, out = Path(tmp, "request.json"), Path(tmp, "result.json")
         req.write_text(json.dumps(request))
-        env = distributed.one_rank(dict(os.environ))  # a torch.distributed script: a group of one rank
+        env = one_rank(dict(os.environ))  # a torch.distributed script: a group of one rank
         flags = " ".join(f for f in env.get("XLA_FLAGS", "").split() if "force_host_platform_device_count" not in f)
         env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={sl.chips} {FAST_COMPILE}".strip()
         env["JAX_PLATFORMS"] = "cpu"
