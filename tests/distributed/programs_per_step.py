@@ -2,11 +2,12 @@
 
     [OLD=1 | ONE_GROUP=1] [TPU_AGENT_COMPILE_STEPS=1 | TORCH_TPU_DEFER_AND_FUSE=1] \
         python -m torch.distributed.run --standalone --nproc-per-node {2,4} \
-        tests/distributed/programs_per_step.py {ddp,fsdp,tp} {compile,steps}
+        tests/distributed/programs_per_step.py {ddp,fsdp,tp,llama} {compile,steps}
 
 `compile`: the step under torch.compile; `steps`: a plain loop (eager; with TPU_AGENT_COMPILE_STEPS=1, compiled
 steps; with TORCH_TPU_DEFER_AND_FUSE=1, fused). `tp`: FSDP over "dp" x tensor parallel over "tp" on a
-(world / 2) x 2 mesh: 1 x 2 at 2 ranks, 2 x 2 at 4, where dp's and tp's collectives alternate groups.
+(world / 2) x 2 mesh: 1 x 2 at 2 ranks, 2 x 2 at 4, where dp's and tp's collectives alternate groups; `llama`: the
+same with examples/fsdp_tp.py's model and plan (the 2-D script test_scripts.py runs), tokens and cross-entropy.
 OLD=1 emulates the tree before collectives were captured (none recorded in a capture; the ranks compare whole
 programs); ONE_GROUP=1 the tree before a graph held collectives over several groups (group_mesh.py: each change
 of group ends the graph). Prints each rank's programs per step (fused graphs, replays, eager ops, collectives
@@ -45,6 +46,20 @@ elif which == "tp":  # FSDP over "dp" (world / 2 ranks) x tensor parallel over "
     parallelize_module(net, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
     model = fully_shard(net, mesh=mesh["dp"])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+elif which == "llama":  # examples/fsdp_tp.py's model, tensor parallel plan and sharding on a (world / 2) x 2 mesh
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+    from fsdp_tp import TP_PLAN, VOCAB, Llama
+
+    mesh = init_device_mesh("tpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+    model = Llama().to("tpu")
+    for layer in model.layers:
+        parallelize_module(layer, mesh["tp"], TP_PLAN)
+        fully_shard(layer, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 else:
     for layer in (net[0], net[3]):
         fully_shard(layer)
@@ -52,16 +67,23 @@ else:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 
 def step(x, y):
-    loss = F.mse_loss(model(x), y)
+    if which == "llama":
+        loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
+    else:
+        loss = F.mse_loss(model(x), y)
     loss.backward(); opt.step(); opt.zero_grad()
     return loss
 
 run = torch.compile(step) if how == "compile" else step
-g = torch.Generator().manual_seed(rank)
+g = torch.Generator().manual_seed(rank // 2 if which in ("tp", "llama") else rank)  # tp ranks: one batch
 counts, between = [], []
 for i in range(8):
-    xb = torch.randn(8, 16, generator=g)
-    x, y = xb.to("tpu"), xb[:, :4].to("tpu")
+    if which == "llama":
+        tokens = torch.randint(0, VOCAB, (4, 17), generator=g)
+        x, y = tokens[:, :-1].to("tpu"), tokens[:, 1:].to("tpu")
+    else:
+        xb = torch.randn(8, 16, generator=g)
+        x, y = xb.to("tpu"), xb[:, :4].to("tpu")
     torch.tpu.synchronize()
     p0 = sum(e.calls for e in executables.all()) + collectives.runs
     b0 = collectives.runs

@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent("""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     from tpu_agent.backend import executables
-    from tpu_agent.backend.distributed import collectives
+    from tpu_agent.backend.distributed import collectives, in_program
 
     STEPS = int(sys.argv[1])
     warnings.simplefilter("ignore")
@@ -76,6 +76,8 @@ SCRIPT = textwrap.dedent("""
             result["replays"], result["reason"] = steps["tpu"]._target.replays, steps["tpu"]._target.reason_not_replayed
 
     train("compile", True)
+    out["orders"] = sorted({in_program.collective_order(e.fn.compiled.as_text()) for e in executables.all()
+                            if isinstance(e.fn, in_program.SpmdGraph) and e.fn.ranks == (0, 1, 2, 3)})
 
     # Groups that are no lines of one mesh: [0, 1] / [2, 3] then [0, 3] / [1, 2], in one compiled function.
     rows = [dist.new_group([0, 1]), dist.new_group([2, 3])]
@@ -117,6 +119,13 @@ def test_fsdp_x_tp_on_a_2x2_mesh_runs_one_program_per_step_and_matches_cpu_gloo(
             assert run["programs"][3:] == [2] * (STEPS - 3), (rank, name, run["programs"])
         # torch.compile(step): captured with its collectives over both groups, replayed (no Python of the step)
         assert result["compile"]["reason"] is None and result["compile"]["replays"] >= STEPS - 3, result["compile"]
+        # The step's program over the 4 ranks, as the ranks' check compares it: dp's all-gather, tp's all-reduce, dp's
+        # reduce-scatter, each with its groups (a rank whose program put a collective over the other group differs).
+        assert len(result["orders"]) == 1, result["orders"]
+        order = [(line.split("(")[0].split()[-1], line.split("replica_groups=")[1].split(", ")[0])
+                 for line in result["orders"][0].splitlines()]
+        dp, tp = "{{0,2},{1,3}}", "{{0,1},{2,3}}"
+        assert order == [("all-gather", dp), ("all-reduce", tp), ("reduce-scatter", dp)], order
         # ([0,1] summed: 3 or 7) * 10, then summed over [0, 3] or [1, 2]: 30 + 70 on every rank, plus one.
         assert result["unmeshed"] == [101.0] * 3, (rank, result["unmeshed"])
     assert "its collectives between programs" not in proc.stderr
@@ -144,3 +153,14 @@ def test_the_mesh_of_a_ranks_groups():
     assert "not a line" in mesh_for([(1, 2), (0, 2)], 2, 4)
     assert "cuts across" in mesh_for([(0, 2), (0, 3)], 0, 6)
     assert "not in group" in mesh_for([(1, 2)], 0, 4)
+
+
+def test_the_ranks_check_tells_apart_the_same_collective_over_another_group():
+    """What the ranks compare before a program over several groups runs (in_program.collective_order) keeps each
+    collective's replica groups: a rank whose all-reduce is over dp's groups where another's is over tp's differs."""
+    from tpu_agent.backend.distributed.in_program import collective_order
+
+    line = ("  %all-reduce.3 = f32[8,4]{1,0} all-reduce(f32[8,4]{1,0} %a), channel_id=1, replica_groups={{0,1},{2,3}}, "
+            "use_global_device_ids=true, to_apply=%region_1.2, metadata={op_name=\"jit(graph)/psum\"}")
+    assert "replica_groups={{0,1},{2,3}}" in collective_order(line)
+    assert collective_order(line) != collective_order(line.replace("{{0,1},{2,3}}", "{{0,2},{1,3}}"))
