@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import optuna
+from optuna.storages._heartbeat import BaseHeartbeat
 
 from tpu_agent.config import redact_url
 from tpu_agent.errors import InputError, TpuAgentError
@@ -86,7 +87,7 @@ def open_storage(url: str):
 
         path = Path(url[len(JOURNAL):]).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
-        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+        return BeatingJournalStorage(JournalFileBackend(str(path)), retry)
     sqlite = url.startswith("sqlite:///") and url != "sqlite:///:memory:"
     if sqlite:
         engine = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}}
@@ -118,6 +119,43 @@ class BeatingRDBStorage(optuna.storages.RDBStorage):
             super().record_heartbeat(trial_id)
         except lost_storage_errors():
             pass  # the next beat, HEARTBEAT_S later, writes again once the server is back
+
+
+class BeatingJournalStorage(optuna.storages.JournalStorage, BaseHeartbeat):
+    """Optuna's journal storage with the RDB storage's heartbeat, which Optuna gives the journal none of: a worker
+    on another host sharing the journal's folder that is killed leaves its trial RUNNING, its plan measured by
+    nobody, until a live worker sees the trial's last beat (a system attribute, wall-clock seconds) older than
+    the grace, fails it and queues it once more. On one host a dead worker's process says so sooner
+    (study.fail_stale)."""
+
+    BEAT = "heartbeat"
+
+    def __init__(self, backend, stale_callback) -> None:
+        super().__init__(backend)
+        self._stale_callback = stale_callback
+
+    def record_heartbeat(self, trial_id: int) -> None:
+        try:
+            self.set_trial_system_attr(trial_id, self.BEAT, time.time())
+        except (optuna.exceptions.UpdateFinishedTrialError, OSError):
+            pass  # finished meanwhile, or the shared folder hiccuped: the next beat writes again
+
+    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+        now, wall = time.time(), datetime.datetime.now()
+        stale = []
+        for t in self.get_all_trials(study_id, deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            beat = t.system_attrs.get(self.BEAT)
+            age = now - beat if isinstance(beat, (int, float)) else (
+                (wall - t.datetime_start).total_seconds() if t.datetime_start is not None else 0.0)
+            if age > GRACE_S:
+                stale.append(t._trial_id)
+        return stale
+
+    def get_heartbeat_interval(self) -> int:
+        return HEARTBEAT_S
+
+    def get_heartbeat_stale_trial_callback(self):
+        return self._stale_callback
 
 
 def first_line(exc: BaseException, url: str) -> str:
