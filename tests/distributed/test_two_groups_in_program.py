@@ -93,6 +93,28 @@ SCRIPT = textwrap.dedent("""
 
     out["unmeshed"] = two_sums(torch.full((3,), float(rank + 1), device="tpu")).cpu().tolist()
 
+    # tp's group then the world (both axes of the 2 x 2 mesh): one program.
+    tp_group = meshes["tpu"]["tp"].get_group()
+
+    @torch.compile
+    def nested(t):
+        dist.all_reduce(t, group=tp_group)
+        t = t * 10 + rank
+        gathered = torch.empty(4 * 3, device="tpu")
+        dist.all_gather_into_tensor(gathered, t)
+        dist.all_reduce(t)
+        return t, gathered
+
+    calls = []
+    for _ in range(3):  # captured, then replayed
+        t = torch.full((3,), float(rank + 1), device="tpu")
+        torch.tpu.synchronize()
+        p0 = programs()
+        results = nested(t)
+        torch.tpu.synchronize()
+        calls.append((programs() - p0, [o.cpu().tolist() for o in results]))
+    out["nested"] = calls, nested._target.replays, nested._target.reason_not_replayed
+
     torch.tpu.compile_steps()
     train("steps", False)
     dist.barrier()
@@ -128,16 +150,23 @@ def test_fsdp_x_tp_on_a_2x2_mesh_runs_one_program_per_step_and_matches_cpu_gloo(
         assert order == [("all-gather", dp), ("all-reduce", tp), ("reduce-scatter", dp)], order
         # ([0,1] summed: 3 or 7) * 10, then summed over [0, 3] or [1, 2]: 30 + 70 on every rank, plus one.
         assert result["unmeshed"] == [101.0] * 3, (rank, result["unmeshed"])
+        # tp sums 3, 3, 7, 7; times 10 plus the rank: 30, 31, 72, 73, gathered in rank order, summed: 206. The
+        # second call: the captured program over the 4 ranks, and its check.
+        calls, replays, reason = result["nested"]
+        assert [values for _, values in calls] == [[[206.0] * 3, [30.0] * 3 + [31.0] * 3 + [72.0] * 3 + [73.0] * 3]] * 3
+        assert calls[-1][0] == 2 and replays >= 1 and reason is None, (calls, replays, reason)
     assert "its collectives between programs" not in proc.stderr
     # rank 0: [0, 3]'s spacing cuts across [0, 1]'s axis; rank 1: [0, 1] and [1, 2] are spaced alike
-    assert "over groups [0, 1], [0, 3] cannot be one program (group [0, 3] cuts across group [0, 1]'s axis)" \
+    assert "over groups [0, 1], [0, 3] cannot be one program (the groups' rank spacings 1, 2, 3, 4, 6 do not nest" \
         in proc.stderr, proc.stderr[-3000:]
+    assert "over groups [0, 1], [1, 2] cannot be one program (group [1, 2] is not a line" in proc.stderr
+    assert "[0, 1, 2, 3] cannot be one program" not in proc.stderr
 
 
 def test_the_mesh_of_a_ranks_groups():
     """group_mesh.mesh_for: a 2 x 2 DeviceMesh's dp and tp groups from every rank give one mesh; so does tp alone
-    over 4 (its dp axis implicit), and 2 x 2 x 2 from three groups; groups that are no lines of one mesh give a
-    reason."""
+    over 4 (its dp axis implicit), 2 x 2 x 2 from three groups, and the world beside tp (both axes); groups that
+    are no lines of one mesh give a reason."""
     from tpu_agent.backend.distributed.group_mesh import mesh_for
 
     for me, tp, dp in ((0, (0, 1), (0, 2)), (1, (0, 1), (1, 3)), (2, (2, 3), (0, 2)), (3, (2, 3), (1, 3))):
@@ -147,11 +176,14 @@ def test_the_mesh_of_a_ranks_groups():
     assert mesh_for([(1, 5), (4, 5)], 5, 8).shape == (2, 2, 2)  # an implicit middle axis
     cube = mesh_for([(5, 7), (3, 7), (6, 7)], 7, 8)
     assert cube.shape == (2, 2, 2) and cube.axes[(6, 7)] == "mesh2" and cube.axes[(3, 7)] == "mesh0"
-    assert mesh_for([(0, 1), (0,)], 0, 4).shape == (1, 2, 2)
+    assert mesh_for([(0, 1), (0,)], 0, 4).shape == (2, 2, 1)
+    nested = mesh_for([(0, 1), (0, 1, 2, 3)], 1, 4)  # tp and the world: the world spans both axes
+    assert nested.shape == (2, 2) and nested.axes == {(0, 1): "mesh1", (0, 1, 2, 3): ("mesh0", "mesh1")}
+    assert mesh_for([(1, 3, 5, 7), (4, 5), (1, 5)], 5, 8).axes[(1, 3, 5, 7)] == ("mesh0", "mesh1")
     assert "not evenly spaced" in mesh_for([(0, 1), (0, 1, 3)], 0, 4)
-    assert "same ranks' spacing" in mesh_for([(0, 1), (0, 1, 2, 3)], 1, 4)
     assert "not a line" in mesh_for([(1, 2), (0, 2)], 2, 4)
-    assert "cuts across" in mesh_for([(0, 2), (0, 3)], 0, 6)
+    assert "spacings 1, 2, 3, 4, 6 do not nest" in mesh_for([(0, 2), (0, 3)], 0, 6)
+    assert "do not nest" in mesh_for([(0, 1), (0, 1, 2)], 0, 6)
     assert "not in group" in mesh_for([(1, 2)], 0, 4)
 
 
