@@ -11,8 +11,9 @@ same with examples/fsdp_tp.py's model and plan (the 2-D script test_scripts.py r
 OLD=1 emulates the tree before collectives were captured (none recorded in a capture; the ranks compare whole
 programs); ONE_GROUP=1 the tree before a graph held collectives over several groups (group_mesh.py: each change
 of group ends the graph). Prints each rank's programs per step (fused graphs, replays, eager ops, collectives
-between programs) and the collectives between programs, over 8 steps."""
-import os, re, sys, warnings
+between programs), the collectives between programs, over 8 steps, and the median wall time of steps 5-8 (the
+step's call to its synchronize; a figure of this host, compared only within one run of several settings)."""
+import os, re, statistics, sys, time, warnings
 import torch, torch.distributed as dist
 import torch.nn as nn, torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard
@@ -76,7 +77,7 @@ def step(x, y):
 
 run = torch.compile(step) if how == "compile" else step
 g = torch.Generator().manual_seed(rank // 2 if which in ("tp", "llama") else rank)  # tp ranks: one batch
-counts, between = [], []
+counts, between, seconds = [], [], []
 for i in range(8):
     if which == "llama":
         tokens = torch.randint(0, VOCAB, (4, 17), generator=g)
@@ -87,12 +88,14 @@ for i in range(8):
     torch.tpu.synchronize()
     p0 = sum(e.calls for e in executables.all()) + collectives.runs
     b0 = collectives.runs
+    t0 = time.perf_counter()
     loss = run(x, y)
     torch.tpu.synchronize()
+    seconds.append(time.perf_counter() - t0)
     counts.append(sum(e.calls for e in executables.all()) + collectives.runs - p0)
     between.append(collectives.runs - b0)
     loss.item()
 print("COUNTS", rank, which, how, "old" if old else "one-group" if os.environ.get("ONE_GROUP") == "1" else "new",
-      counts, between, flush=True)
+      counts, between, f"median step {statistics.median(seconds[4:]) * 1e3:.1f} ms (steps 5-8)", flush=True)
 dist.barrier()
 dist.destroy_process_group()
