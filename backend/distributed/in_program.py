@@ -7,8 +7,8 @@ node of the graph, and the flushed graph runs under `shard_map` over a one-axis 
 every input and output replicated in the sharding's words (`P()`, unchecked), which means each rank's own
 array, as it is, with no copy; the collectives as `psum` / `all_gather` / `psum_scatter` / `all_to_all` over
 the axis. A graph with collectives over several groups (a 2-D DeviceMesh's dp and tp groups) runs over every
-rank of the job, on a mesh (group_mesh.py) in which each group is the line along one axis, its collectives over
-that axis: one program per step for FSDP x TP on a 2 x 2 mesh. Where the groups are no lines of one mesh
+rank of the job, on a mesh (group_mesh.py) in which each group is the line along one axis (or the block along
+neighbouring axes: the world beside tp), its collectives over that axis: one program per step for FSDP x TP on a 2 x 2 mesh. Where the groups are no lines of one mesh
 (arbitrary `new_group` splits) a collective over another group ends the graph first, and the rank says why once.
 
 What must hold: every rank of the group runs its collectives in the same order with the same shapes. Before each
@@ -142,7 +142,8 @@ class _Kept:
 
 _kept: list[_Kept] = []  # this graph's collectives' outputs, until it runs
 _groups: list[tuple[int, ...]] = []  # the groups (their global ranks) of this graph's collectives
-_axes: dict[tuple[int, ...], str] = {}  # while a graph over several groups is traced: each group's mesh axis
+_axes: dict[tuple[int, ...], str | tuple[str, ...]] = {}  # while a graph over several groups is traced: each
+# group's mesh axis (or neighbouring axes, as the world beside tp)
 _unmeshed: set[str] = set()  # the reasons already said
 
 
