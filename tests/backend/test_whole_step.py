@@ -175,3 +175,29 @@ def test_the_step_program_updates_the_optimizer_state_in_place_each_array_into_i
                    for i, o in aliases.items())
     state = sorted(f"{name}.{key}" for name, p in model.named_parameters() for key in opt.state[p])
     assert pairs == [(s, s) for s in state]  # every state array, into its own buffer, and no parameter
+
+
+
+def test_a_fused_graph_is_found_again_only_for_the_same_input_shapes_dtypes_and_sharing():
+    """The flush's key takes each input's shape and dtype from the node that read it, as recorded (not again at the
+    flush). A node's program may take any shape (a module's or an optimizer's program does): the same program on
+    other shapes or dtypes, or on one array where there were two, is another graph; the same again finds it."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from tpu_agent.backend import lazy
+
+    add = lazy.Program(next(executables._ids), "test_add", lambda a, b: a + b, {})
+
+    def run(a, b):
+        out = lazy.RECORDER.record(add, [a, b])
+        lazy.RECORDER.flush("sync", also=[out])
+        return np.asarray(out.value)
+
+    x, y = jnp.arange(3.0), jnp.arange(3.0) + 10
+    cases = [(x, y), (x, x), (x[:2], y[:2]), (x.astype(jnp.int32), y.astype(jnp.int32)), (x, y)]
+    graphs = []
+    for a, b in cases:
+        np.testing.assert_array_equal(run(a, b), np.asarray(a) + np.asarray(b))
+        graphs.append(len(lazy.RECORDER.graphs))
+    assert [g - graphs[0] for g in graphs] == [0, 1, 2, 3, 3]  # four graphs; the last case finds the first's
