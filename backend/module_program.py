@@ -81,7 +81,9 @@ class CompiledModule(torch.nn.Module):
                 # It runs as written inside the step's window, so the step is still one program (its collectives
                 # inside): the window opens before the module's own hooks (FSDP2 all-gathers the root's in one).
                 module.register_forward_pre_hook(_open_window, prepend=True)
-            self._give_up(problem)
+                self._give_up(problem, "it runs as written, recorded into the step's one program")
+            else:
+                self._give_up(problem)
             return self._call(*args, **kwargs)
         previous = self._candidates.get(key)
         if previous is not None and previous.key() == program.key():
@@ -93,10 +95,11 @@ class CompiledModule(torch.nn.Module):
         self._candidates[key] = program
         return program(state, args, kwargs)
 
-    def _give_up(self, reason: str) -> None:
+    def _give_up(self, reason: str, then: str = "it runs as written") -> None:
+        """`then`: what runs instead, so a step that is still one program is not read as a slow one."""
         self.reason_not_compiled = reason
-        warnings.warn(f"tpu compile: {type(self._orig_mod).__name__} cannot be one program, {reason}; "
-                      "it runs as written", stacklevel=3)
+        warnings.warn(f"tpu compile: {type(self._orig_mod).__name__} cannot be one program, {reason}; {then}",
+                      stacklevel=3)
 
     def __getattr__(self, name):
         try:

@@ -176,6 +176,7 @@ def test_compiled_ddp_and_fsdp2_steps_replay_one_program_with_their_collectives_
         steps = result["steps"]
         assert steps["programs"][3:] == [2] * (STEPS - 3), steps["programs"]
         assert len(steps["said"]) == 1 and "its forward holds collectives (c10d.all_gather x2)" in steps["said"][0]
+        assert steps["said"][0].endswith("it runs as written, recorded into the step's one program")
     # The rank that reads its loss mid-step gives up its capture and runs fused (two graphs and the check); the
     # other replays. Their graphs differ but their collectives come in the same order: each runs its own program
     # over the ranks, and the job ends with the numbers above.
