@@ -28,8 +28,8 @@ def effect_line(action, parameters: list[int | None]) -> str:
                 "the losses were held to the loss tolerance (--loss-tol), not to the baseline's")
     if isinstance(action, Compile) and action.mode == "fused":
         return (f"{text}; the ops run as one XLA program per step, which fuses what eager ran op by op: the same "
-                "math in another order (2.01e-05 relative in examples/odd_shapes.py's loss, at step 16 of 22); the losses "
-                "were held to the loss tolerance (--loss-tol), not to the baseline's")
+                "math in another order (2.01e-05 relative in examples/odd_shapes.py's loss, at step 16 of 22); the "
+                "losses were held to the loss tolerance (--loss-tol), not to the baseline's")
     note = action.effect_note()
     return f"{text}; {note}" if note else text
 
