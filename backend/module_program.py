@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from . import executables, lazy, modes
+from . import executables, lazy, modes, steps
 from .capture import (Capture, RebasedViews, autocast_state, compiling, constant_input, get_path, output_of,
                       pair_storages, rebuild, replay_key, signature, steps_suspended, tensor_paths)
 from .launch import launch
@@ -64,7 +64,9 @@ class CompiledModule(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         module = self._orig_mod
-        if self.reason_not_compiled is not None:
+        if self.reason_not_compiled is not None or steps.suspended:
+            # Inside a compiled step (a torch.compile'd step under compiled steps), captured or traced: its ops are
+            # that step's program's; programs of its own would be launches of their own beside it.
             return self._call(*args, **kwargs)
         if self.whole_step and torch.is_grad_enabled():
             WINDOW.begin()

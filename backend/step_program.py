@@ -26,7 +26,7 @@ import jax
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from . import executables, lazy, modes
+from . import executables, lazy, modes, steps
 from .capture import (Capture, RebasedViews, autocast_state, compiling, constant_input, get_path, output_of,
                       pair_storages, rebuild, replay_key, signature, steps_suspended, tensor_paths)
 from .launch import launch
@@ -187,6 +187,10 @@ class CompiledStep:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):
+        if steps.suspended:
+            # Inside another compiled step (an optimizer's update inside a torch.compile'd step under compiled
+            # steps), captured or traced: its ops are that step's program's; a capture of its own would flush it.
+            return self.fn(*args, **kwargs)
         call_args = (args, kwargs)
         key = (signature(call_args), autocast_state())
         plan = self.plans.get(key)
