@@ -1,7 +1,8 @@
 """A torch.compile'd step under compiled steps (the tuner's `compile: compiled` on a script that compiles its step)
 runs as the torch.compile'd step does: one replayed program per step, the same losses. Before, the model's and the
 optimizer's own programs ran inside the step's capture, which then gave up on replay: 4 programs per step in one
-process, 7 at 2 ranks on an FSDP x TP mesh (tests/distributed/programs_per_step.py tp compile)."""
+process, 7 at 2 ranks on an FSDP x TP mesh (tests/distributed/programs_per_step.py tp compile). The same held for a
+model the script compiles itself, called inside its compiled step."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ import torch
 from tpu_agent.backend import auto_compile, executables
 
 
-def _train(compile_steps: bool, fused: bool = False):
+def _train(compile_steps: bool, fused: bool = False, compile_model: bool = False):
     """Eight steps of a torch.compile'd step; the losses and the programs launched per step."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
                                 torch.nn.Linear(32, 5)).to("tpu")
+    if compile_model:
+        model = torch.compile(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 
     def step(x, y):
@@ -56,5 +59,14 @@ def test_a_compiled_step_under_compiled_steps_is_one_replayed_program_with_the_s
     alone, alone_programs = _train(compile_steps=False, fused=fused)
     both, programs = _train(compile_steps=True, fused=fused)
     assert alone_programs[-4:] == [1, 1, 1, 1], alone_programs
+    assert programs[-4:] == [1, 1, 1, 1], programs
+    assert both == pytest.approx(alone, rel=1e-6, abs=1e-6)
+
+
+def test_a_model_the_script_compiled_inside_its_compiled_step_is_part_of_the_steps_program():
+    """torch.compile(model) called inside torch.compile(step): its programs inside the step's capture gave up
+    replay the same way (4 programs per step)."""
+    alone, _ = _train(compile_steps=False)
+    both, programs = _train(compile_steps=False, compile_model=True)
     assert programs[-4:] == [1, 1, 1, 1], programs
     assert both == pytest.approx(alone, rel=1e-6, abs=1e-6)
