@@ -3,9 +3,12 @@
 PyTorch's launcher (`torchrun`, `python -m torch.distributed.run`, and `tpu-agent run --nproc N`, which starts
 it) gives each rank RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT. Before JAX starts its backends (the first
 tpu op: jax_setup.configure), a rank of a job of two or more joins `jax.distributed` with them: the
-coordinator on MASTER_ADDR at MASTER_PORT + 1 (MASTER_PORT is the launcher's own store), process id RANK. On a
-CPU host the processes' collectives go through gloo (`jax_cpu_collectives_implementation`); on TPUs, ICI. A
-process launched without those variables, or alone, stays a single-process runtime. No torch here.
+coordinator on MASTER_ADDR, process id RANK. Its port: under torchrun (TORCHELASTIC_USE_AGENT_STORE), rank 0
+takes a free one and tells the other ranks through the launcher's own store at MASTER_PORT, since a fixed port
+next to MASTER_PORT may be any other process's (two jobs on one host, a test suite on two workers); launched
+otherwise, MASTER_PORT + 1. On a CPU host the processes' collectives go through gloo
+(`jax_cpu_collectives_implementation`); on TPUs, ICI. A process launched without those variables, or alone,
+stays a single-process runtime. Torch only for the launcher's store.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from dataclasses import dataclass
 
 from . import faults
 
-PORT_OFFSET = 1  # the coordinator's port: MASTER_PORT + 1 (MASTER_PORT itself is torchrun's store)
+PORT_OFFSET = 1  # the coordinator's port without torchrun's store: MASTER_PORT + 1 (MASTER_PORT is the store's)
+STORE_WAIT_S = 300  # how long a rank waits for rank 0's coordinator port (JAX waits as long for every rank)
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,7 @@ def join() -> Launch | None:
     launch = from_environment()
     if launch is None:
         return None
+    launch = _through_the_store(launch)
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -83,6 +88,29 @@ def join() -> Launch | None:
     _exit_promptly_after_a_failure()
     _joined = launch
     return launch
+
+
+def _through_the_store(launch: Launch, environ=os.environ) -> Launch:
+    """The launch with its coordinator on a port rank 0 found free, shared through torchrun's store; as it was
+    where no launcher's store is (a job started by hand with its variables)."""
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return launch
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    host = launch.coordinator.rpartition(":")[0]
+    store = TCPStore(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]), is_master=False,
+                     timeout=timedelta(seconds=STORE_WAIT_S))
+    key = f"tpu_agent/jax_coordinator/{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"  # a restarted job's own
+    if launch.rank == 0:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        store.set(key, str(port))
+    else:
+        port = int(store.get(key))
+    return Launch(launch.rank, launch.world_size, f"{host}:{port}")
 
 
 def _exit_promptly_after_a_failure() -> None:
@@ -117,8 +145,8 @@ def _coordinator_port_free(launch: Launch) -> None:
     """Rank 0 starts JAX's coordinator: its port taken is one `error:` line and exit 2 (faults.usage_error)."""
     port = int(launch.coordinator.rpartition(":")[2])
     if launch.rank == 0 and port_in_use(port):
-        faults.usage_error(f"port {port} (MASTER_PORT + {PORT_OFFSET}, where rank 0 starts JAX's coordinator for "
-                           "this job) is in use; launch with another --master-port")
+        faults.usage_error(f"port {port} (where rank 0 starts JAX's coordinator for this job: MASTER_PORT + "
+                           f"{PORT_OFFSET} without torchrun's store) is in use; launch with another --master-port")
 
 
 def _ctrl_c_ends_the_process() -> None:
