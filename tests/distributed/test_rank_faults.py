@@ -242,6 +242,25 @@ def test_the_port_next_to_master_port_taken_by_another_process_does_not_stop_the
     assert job.left_behind() == []
 
 
+def test_without_torchruns_store_the_port_next_to_master_port_in_use_is_one_error_line_and_exit_2(tmp_path):
+    """Rank 0 of a job started by hand (its variables, no launcher's store): its coordinator's port is
+    MASTER_PORT + 1, and that port held is one line naming it, exit 2, before JAX binds it."""
+    port = _two_free_ports()
+    (tmp_path / "job.py").write_text("import torch\nprint(torch.ones(2, device='tpu').sum().item())\n")  # joins JAX
+    env = clean_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+    with socket.socket() as holder:
+        holder.bind(("", port + 1))
+        holder.listen()
+        job = Job([sys.executable, "-P", "-m", "tpu_agent.run.child", "job.py"], tmp_path, env=env)
+        code = job.wait(timeout=60)
+    err = job.stderr()
+    assert code == 2, err[-3000:]
+    lines = _error_lines(err)
+    assert len(lines) == 1 and f"port {port + 1} " in lines[0] and "in use" in lines[0], err
+    assert "--master-port" in lines[0]
+
+
 def test_a_job_without_torchruns_store_takes_the_port_next_to_master_port():
     from tpu_agent.backend.distributed import runtime
 
