@@ -8,7 +8,8 @@
   and on a CPU that costs more than the ops. `TPU_AGENT_XLA_CACHE=DIR` moves it,
   `off` turns it off.
 - A rank of a torchrun job (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) joins the job's JAX runtime
-  (distributed/runtime.py).
+  (distributed/runtime.py); where a host runs several ranks (LOCAL_WORLD_SIZE), each opens only its own share
+  of the host's chips or GPUs (distributed/topology.py), set here before JAX starts.
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ OFF = {"off", "0", "none", "false"}
 
 def configure_environment() -> None:
     """Environment for XLA; cheap (no JAX import), so it runs when the package loads."""
+    from .distributed import topology
+
+    share = topology.rank_share()
+    if share is not None:
+        for name, value in share.environment.items():
+            os.environ.setdefault(name, value)  # the user's own settings stay
     count = envvars.DEVICES.value  # None when unset; ValueError unless a positive integer
     if count is not None:
         flags = os.environ.get("XLA_FLAGS", "")

@@ -6,7 +6,9 @@ tpu op: jax_setup.configure), a rank of a job of two or more joins `jax.distribu
 coordinator on MASTER_ADDR, process id RANK. Its port: under torchrun (TORCHELASTIC_USE_AGENT_STORE), rank 0
 takes a free one and tells the other ranks through the launcher's own store at MASTER_PORT, since a fixed port
 next to MASTER_PORT may be any other process's (two jobs on one host, a test suite on two workers); launched
-otherwise, MASTER_PORT + 1. On a CPU host the processes' collectives go through gloo
+otherwise, MASTER_PORT + 1. Where a host runs several ranks, each opens only its own chips or GPUs
+(topology.py). Several nodes (`torchrun --nnodes N --node-rank k`) join the same way: RANK and WORLD_SIZE
+are the job's. On a CPU host the processes' collectives go through gloo
 (`jax_cpu_collectives_implementation`); on TPUs, ICI. A process launched without those variables, or alone,
 stays a single-process runtime. Torch only for the launcher's store.
 """
@@ -74,7 +76,7 @@ def join() -> Launch | None:
     interrupt = signal.signal(signal.SIGINT, signal.SIG_DFL) if main else None
     try:
         jax.distributed.initialize(coordinator_address=launch.coordinator, num_processes=launch.world_size,
-                                   process_id=launch.rank)
+                                   process_id=launch.rank, local_device_ids=_local_device_ids())
     except Exception:
         _coordinator_port_free(launch)  # taken since
         raise
@@ -88,6 +90,15 @@ def join() -> Launch | None:
     _exit_promptly_after_a_failure()
     _joined = launch
     return launch
+
+
+def _local_device_ids() -> list[int] | None:
+    """This rank's GPUs where a host runs several ranks (topology.py); None elsewhere: TPU ranks are limited
+    by TPU_VISIBLE_CHIPS (set before JAX, jax_setup.configure_environment), CPU ranks by their own devices."""
+    from . import topology
+
+    share = topology.rank_share()
+    return share.local_device_ids if share is not None else None
 
 
 def _through_the_store(launch: Launch, environ=os.environ) -> Launch:
