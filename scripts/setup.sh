@@ -2,16 +2,22 @@
 # Create or reuse the repo's .venv and install tpu-agent into it (editable).
 #
 #   PYTHON=python3.12 bash scripts/setup.sh   # choose the interpreter (>= 3.11)
+#   SETUP_EXTRAS=test,titan bash scripts/setup.sh   # the extras installed (default: test); titan for `-m matrix`
 #
 # torch is pinned (torch==2.13.0) and installed first, so that nothing later
 # resolves a newer torch build. The install is skipped while .venv/.setup-stamp matches a hash of pyproject.toml
-# (and the torch pin): re-running is instant.
+# (the torch pin and the extras): re-running is instant.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 VENV=.venv
 TORCH_SPEC="torch==2.13.0"
 STAMP="$VENV/.setup-stamp"
+# The test extra brings the hf extra (transformers, accelerate: Trainer and Accelerate scripts): what the default
+# test pass needs. The titan extra (TorchTitan, which imports triton: a 286 MB download) is for the release matrix,
+# `bash scripts/test.sh -m matrix` (docs/ci.md).
+EXTRAS="${SETUP_EXTRAS:-test}"
+[[ "$EXTRAS" =~ ^[a-z0-9,_-]+$ ]] || { echo "error: SETUP_EXTRAS=$EXTRAS is not a comma-separated list of extras" >&2; exit 1; }
 
 say() { echo "setup: $*" >&2; }
 die() { echo "error: $*" >&2; exit 1; }
@@ -54,7 +60,7 @@ else
 fi
 
 PY="$VENV/bin/python"
-want=$( { cat pyproject.toml; echo "$TORCH_SPEC"; } | "$PY" -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
+want=$( { cat pyproject.toml; echo "$TORCH_SPEC"; echo "$EXTRAS"; } | "$PY" -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" && -x "$VENV/bin/tpu-agent" ]]; then
   say "$VENV is up to date"
   exit 0
@@ -74,9 +80,7 @@ else
   "$PY" -m pip install "$TORCH_SPEC"
 fi
 
-# The test extra brings the hf extra (transformers, accelerate: Trainer and Accelerate scripts); the titan extra,
-# TorchTitan for tests/distributed/test_torchtitan.py (about 50 s more on a first install).
-say "installing tpu-agent (editable) with the test extra (and the hf extra it includes) and the titan extra"
-"$PY" -m pip install -e '.[test,titan]'
+say "installing tpu-agent (editable) with the extras [$EXTRAS]"
+"$PY" -m pip install -e ".[$EXTRAS]"
 echo "$want" > "$STAMP"
 say "done: $VENV/bin/tpu-agent"

@@ -53,6 +53,12 @@ def pytest_collection_modifyitems(config, items):
     from support.durations import mark_slow
 
     mark_slow(items)
+    # The release matrix (`-m matrix`, docs/ci.md) runs only where a -m expression names it.
+    if "matrix" not in (config.option.markexpr or ""):
+        matrix = [item for item in items if item.get_closest_marker("matrix")]
+        if matrix:
+            config.hook.pytest_deselected(items=matrix)
+            items[:] = [item for item in items if not item.get_closest_marker("matrix")]
 
 
 @pytest.hookimpl(tryfirst=True)  # after every modifyitems reordering, before xdist sends the order it runs in

@@ -6,20 +6,21 @@ RowwiseParallel) on a small Llama, and a `torch.distributed.checkpoint` save and
 dict. Per-step losses and final parameters within 1e-5 relative (bf16: 1e-2); the cases and their
 tolerances are tests/support/rank_runs.py's CASES.
 
-Which combinations run here (world size per mode; a 4-rank job takes minutes on a 2-core host, so not the
-full product of 6 cases x 3 modes x 2 world sizes, which `cd tests && python -m support.rank_runs --matrix`
-runs by hand):
+Which combinations the default pass runs (world size per mode; a 4-rank job takes minutes on a 2-core host):
+every kind at least once and every mode at least once, all at 2 ranks:
 
     case                        eager      fused      compiled
-    ddp                         2 (a)      4          2 (a)
+    ddp                         2 (a)                 2 (a)
     fsdp2 float32               2                     2 (b)
-    fsdp2 bf16, reshard                               4
     fsdp2 bf16, no reshard                 2
-    fsdp_tp (dp x tp)           2 (1x2)    4 (2x2)
-    dcp save + resume           2                     4
+    fsdp_tp (dp x tp)           2 (1x2)
+    dcp save + resume           2                     2
 
-(a) tests/distributed/test_ddp.py; (b) also checks that its AdamW program replays. Every case runs, every
-mode on three or more cases, world size 4 in fused and compiled execution (eager at 4: --matrix).
+The release matrix, `-m matrix` (docs/ci.md), runs every case x mode at 2 and 4 ranks (the 2 x 2 fsdp_tp mesh
+and the bf16 `reshard_after_forward=True` case among them) against gloo, as `cd tests && python -m
+support.rank_runs --matrix` does by hand.
+
+(a) tests/distributed/test_ddp.py; (b) also checks that its AdamW program replays.
 
 The bfloat16 check depends on the device rounding as PyTorch does: the first test holds the ops where it did
 not (a Linear's product rounded before its bias was added; gelu, softmax and layer norm's backward computed
@@ -35,7 +36,7 @@ import torch.nn.functional as F
 
 from support.paths import EXAMPLES
 from support.processes import clean_env, run_tool
-from support.rank_runs import (CASES, SAVE_AT, STEPS, check, model_error, parameter_errors, run_case, run_ranks,
+from support.rank_runs import (CASES, MODES, SAVE_AT, STEPS, check, model_error, parameter_errors, run_case, run_ranks,
                                worst_loss_error)
 
 
@@ -100,17 +101,18 @@ def test_fsdp2_per_block_and_root_matches_gloo_and_a_dcp_checkpoint_resumes_it(t
         assert resumed[rank]["params"] == tpu[rank]["params"], rank
 
 
-COMBINATIONS = [  # (case, mode, world size): see the table above
-    ("ddp", "fused", 4),
-    ("fsdp2-bf16-reshard", "compiled", 4),
+COMBINATIONS = [  # (case, mode, world size): the default pass's, see the table above
     ("fsdp2-bf16-no-reshard", "fused", 2),
-    ("fsdp-tp", "fused", 4),
-    ("dcp", "compiled", 4),
+    ("dcp", "compiled", 2),
 ]
+MATRIX = [(case, mode, nproc) for nproc in (2, 4) for case in CASES for mode in MODES
+          if (case, mode, nproc) not in COMBINATIONS]
 
 
-@pytest.mark.slow  # a job on tpu and one on gloo each, 4 ranks for most (minutes each on a 2-core host)
-@pytest.mark.parametrize("case, mode, nproc", COMBINATIONS, ids=[f"{c}-{m}-{n}" for c, m, n in COMBINATIONS])
+@pytest.mark.slow  # a job on tpu and one on gloo each (a minute or more each on a 2-core host)
+@pytest.mark.parametrize("case, mode, nproc", [
+    *COMBINATIONS, *(pytest.param(*c, marks=pytest.mark.matrix) for c in MATRIX)],
+    ids=[f"{c}-{m}-{n}" for c, m, n in [*COMBINATIONS, *MATRIX]])
 def test_script_matches_gloo_rank_by_rank(case, mode, nproc, tmp_path):
     """Each rank's per-step losses and all its final parameters together within the case's tolerance of
     gloo's (1e-5 relative, bf16 1e-2), each parameter within 1e-5 of its norm (fsdp_tp: 1e-4, one weight
