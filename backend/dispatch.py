@@ -18,6 +18,7 @@ from .handlers import copy_into  # noqa: F401  (device.py's copy kernel)
 from .opinfo import (
     INFO,
     MUTATING,
+    UNDECLARED_WRITES,
     VIEW,
     bind,
     functional_call_args,
@@ -64,6 +65,8 @@ def run_mutating(func, args, kwargs):
     a decomposition's) and the new values written into the written arguments."""
     if func in METADATA_INPLACE:
         return run_metadata_inplace(func, args, kwargs)
+    if func in UNDECLARED_WRITES:
+        return run_undeclared(func, args, kwargs)
     if func in LOWERINGS:
         return _run_mutating_lowering(func, args, kwargs)
     functional = functional_variant(func)
@@ -97,6 +100,26 @@ def run_mutating(func, args, kwargs):
     # statistics): its own outputs lead the functional variant's.
     own = results[: len(func._schema.returns)]
     return own[0] if len(own) == 1 else tuple(own)
+
+
+def run_undeclared(func, args, kwargs):
+    """An op that writes arguments its schema does not mark (native_batch_norm's running statistics, see
+    opinfo.UNDECLARED_WRITES): its lowering returns the schema's results, then each such argument's new value
+    (None: left alone), written back here. Without a lowering: its decomposition, else unsupported (whose CPU
+    fallback writes them back)."""
+    lowering = LOWERINGS.get(func)
+    if lowering is None:
+        decomposed = decompose(func, args, kwargs)
+        return decomposed if decomposed is not NotImplemented else unsupported(func, args, kwargs)
+    names = UNDECLARED_WRITES[func]
+    bound = bind(func, args, kwargs)
+    results = execute(func, lowering, args, kwargs, extra=len(names))
+    n = len(results) - len(names)
+    for name, value in zip(names, results[n:]):
+        if value is not None and bound.get(name) is not None:
+            write(func, bound[name], value)
+    own = results[:n]
+    return own[0] if n == 1 else tuple(own)
 
 
 def _run_mutating_lowering(func, args, kwargs):

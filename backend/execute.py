@@ -25,7 +25,9 @@ from .tensor import DEVICE, TpuTensor
 CACHE: dict[tuple, tuple] = {}  # op signature -> (Executable, Program)
 
 
-def execute(func, lowering: Lowering, args, kwargs, info: OpInfo | None = None):
+def execute(func, lowering: Lowering, args, kwargs, info: OpInfo | None = None, extra: int = 0):
+    """`extra`: the lowering returns that many values after the schema's results (the new values of arguments
+    an op writes though its schema does not say so: opinfo.UNDECLARED_WRITES); they come back as a tuple."""
     flat, spec = flatten(args, kwargs)
     key, dynamic, template = signature(func, lowering, flat)
     key.append(spec)
@@ -41,7 +43,7 @@ def execute(func, lowering: Lowering, args, kwargs, info: OpInfo | None = None):
     key = tuple(key)
     entry = CACHE.get(key)
     if entry is None:
-        entry = CACHE[key] = _compile(func, lowering, flat, spec, template, dynamic, jit)
+        entry = CACHE[key] = _compile(func, lowering, flat, spec, template, dynamic, jit, extra)
     recorded = jit and STATE.fused
     try:
         out = RECORDER.record(entry[1], dynamic) if recorded else run_program(*entry, dynamic, jit=jit)
@@ -49,6 +51,9 @@ def execute(func, lowering: Lowering, args, kwargs, info: OpInfo | None = None):
         raise _naming(exc, func) from exc
     info = info or info_of(func)
     returns = info.returns
+    if extra:
+        own = _wrap_outputs(func, out[0] if len(returns) == 1 else tuple(out[: len(returns)]))
+        return (own if len(returns) > 1 else (own,)) + tuple(_wrap_array(v) for v in out[len(returns):])
     if len(returns) == 1 and returns[0] == "Tensor":
         return _wrap_array(out)
     if recorded and info.scalar_results:
@@ -134,7 +139,7 @@ def _conform(out, meta, func):
     return out
 
 
-def _compile(func, lowering: Lowering, flat, spec, template, dynamic, jit: bool):
+def _compile(func, lowering: Lowering, flat, spec, template, dynamic, jit: bool, extra: int = 0):
     meta = _meta_outputs(func, flat, spec) if jit and lowering.meta_check else None
     fn = lowering.fn
     random = lowering.random
@@ -150,6 +155,8 @@ def _compile(func, lowering: Lowering, flat, spec, template, dynamic, jit: bool)
             k = dict(k, key=jax.random.fold_in(base, counter))
         with jax.default_matmul_precision(precision):
             out = fn(*a, **k)
+        if extra:  # the schema's results conformed, the written arguments' new values as they come
+            return tuple(_conform(tuple(out[:-extra]), meta, func)) + tuple(out[-extra:])
         return _conform(out, meta, func)
 
     return new_program(str(func), "eager", run, dynamic, jit=jit, source=user_frame())

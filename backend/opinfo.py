@@ -37,10 +37,23 @@ def handler(*ops):
 FUNCTIONAL, VIEW, MUTATING = "functional", "view", "mutating"
 
 
+# Ops whose kernels write arguments their schema does not mark as written (legacy annotations): the names
+# of those arguments. Their lowering returns the schema's results, then the new value of each named argument
+# (None where this call leaves it alone); dispatch writes them back (dispatch.run_undeclared). PyTorch's CPU
+# and CUDA kernels of native_batch_norm update running_mean / running_var in training, and
+# batch_norm_update_stats (CPU) and batch_norm_gather_stats(_with_counts) (CUDA, SyncBatchNorm) do as well.
+UNDECLARED_WRITES: dict = {
+    aten.native_batch_norm.default: ("running_mean", "running_var"),
+    aten.batch_norm_update_stats.default: ("running_mean", "running_var"),
+    aten.batch_norm_gather_stats.default: ("running_mean", "running_var"),
+    aten.batch_norm_gather_stats_with_counts.default: ("running_mean", "running_var"),
+}
+
+
 @functools.lru_cache(maxsize=None)
 def op_kind(func) -> str:
     schema = func._schema
-    if schema.is_mutable:
+    if schema.is_mutable or func in UNDECLARED_WRITES:
         return MUTATING
     for ret in schema.returns:
         if ret.alias_info is not None and not ret.alias_info.is_write:
@@ -88,7 +101,9 @@ def _args_match(mutating, functional) -> bool:
 
 
 def written_args(func) -> list[str]:
-    return [a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    """The arguments an op writes: those its schema marks, then those it writes unannounced (UNDECLARED_WRITES)."""
+    return ([a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+            + list(UNDECLARED_WRITES.get(func, ())))
 
 
 def is_out(func) -> bool:

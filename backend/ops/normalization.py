@@ -48,21 +48,30 @@ def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, we
     return (grad_input.astype(input.dtype) if output_mask[0] else None, grad_weight, grad_bias)
 
 
+def _running(running, momentum, value):
+    """The running statistic's next value, as PyTorch's kernels compute it: momentum * value + (1 - momentum) *
+    running (momentum=None's cumulative average reaches the op as momentum 1 / num_batches_tracked)."""
+    return momentum * value.astype(running.dtype) + (1 - momentum) * running
+
+
 def _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    """(output, save_mean, save_rstd, new running_mean, new running_var): the new running statistics are None
+    where there are none to update (eval, or no running statistics)."""
     axes = (0,) + tuple(range(2, input.ndim))
     shape = (1, -1) + (1,) * (input.ndim - 2)
     x = input.astype(jnp.float32) if input.dtype in (jnp.float16, jnp.bfloat16) else input
     if training:
         mean = jnp.mean(x, axis=axes)
         var = jnp.mean(jnp.square(x - mean.reshape(shape)), axis=axes)
-        n = input.size // input.shape[1]
         new_mean = new_var = None
         if running_mean is not None:
-            new_mean = (1 - momentum) * running_mean + momentum * mean.astype(running_mean.dtype)
-            new_var = (1 - momentum) * running_var + momentum * (var * n / max(n - 1, 1)).astype(running_var.dtype)
+            new_mean = _running(running_mean, momentum, mean)
+        if running_var is not None:  # the unbiased variance, n / (n - 1) (n = 1: inf or nan, as on the CPU)
+            n = input.size // input.shape[1]
+            new_var = _running(running_var, momentum, var * n / jnp.asarray(n - 1, var.dtype))
     else:
         mean, var = running_mean, running_var
-        new_mean, new_var = running_mean, running_var
+        new_mean = new_var = None
     rstd = lax.rsqrt(var + eps)
     out = (x - mean.reshape(shape)) * rstd.reshape(shape)
     if weight is not None:
@@ -77,7 +86,11 @@ def _batch_norm(input, weight, bias, running_mean, running_var, training, moment
 
 @lower(aten._native_batch_norm_legit_functional.default)
 def native_batch_norm_legit_functional(input, weight, bias, running_mean, running_var, training, momentum, eps):
-    return _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)
+    out, save_mean, save_rstd, new_mean, new_var = _batch_norm(input, weight, bias, running_mean, running_var,
+                                                               training, momentum, eps)
+    # This schema returns the running statistics whatever `training` says: unchanged in eval.
+    return (out, save_mean, save_rstd, running_mean if new_mean is None else new_mean,
+            running_var if new_var is None else new_var)
 
 
 @lower(aten._native_batch_norm_legit.no_stats)
@@ -92,7 +105,96 @@ def native_batch_norm_no_training(input, weight, bias, running_mean, running_var
 
 @lower(aten.native_batch_norm.default)
 def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
-    return _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)[:3]
+    # Its schema does not mark running_mean / running_var as written, but PyTorch's kernels update them in
+    # training: the new values follow the three results (opinfo.UNDECLARED_WRITES), and dispatch writes them.
+    return _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+def _channel_stats(x):
+    axes = (0,) + tuple(range(2, x.ndim))
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    x = x.astype(jnp.float32) if x.dtype in (jnp.float16, jnp.bfloat16) else x
+    mean = jnp.mean(x, axis=axes)
+    return x, mean, jnp.mean(jnp.square(x - mean.reshape(shape)), axis=axes), axes, shape
+
+
+@lower(aten.batch_norm_update_stats.default)
+def batch_norm_update_stats(input, running_mean, running_var, momentum):
+    """(mean, biased variance) over every dim but 1; running_mean / running_var updated (unbiased variance)."""
+    _, mean, var, _, _ = _channel_stats(input)
+    n = input.size // input.shape[1]
+    new_mean = None if running_mean is None else _running(running_mean, momentum, mean)
+    new_var = None if running_var is None else _running(running_var, momentum, var * n / jnp.asarray(n - 1, var.dtype))
+    return mean.astype(input.dtype), var.astype(input.dtype), new_mean, new_var
+
+
+# SyncBatchNorm's ops (PyTorch has them for CUDA only): local statistics, their combination over the
+# gathered ranks' (with the running statistics' update), the normalisation, and the backward's two halves.
+
+@lower(aten.batch_norm_stats.default)
+def batch_norm_stats(input, eps):
+    _, mean, var, _, _ = _channel_stats(input)
+    return mean, lax.rsqrt(var + eps)
+
+
+def _gather_stats(mean, invstd, running_mean, running_var, momentum, eps, counts):
+    """Every rank's (count, mean, variance) combined, as CUDA's kernel does (its Welford merge, in closed form)."""
+    counts = counts.astype(mean.dtype).reshape(-1, 1)
+    var = (1 / jnp.square(invstd) - eps)  # each rank's biased variance
+    n = jnp.sum(counts, axis=0)
+    avg = jnp.sum(counts * mean, axis=0) / n
+    var_n = jnp.sum(counts * (var + jnp.square(mean - avg)), axis=0)
+    new_mean = None if running_mean is None else _running(running_mean, momentum, avg)
+    new_var = None if running_var is None else _running(running_var, momentum, var_n / (n - 1))
+    return avg, lax.rsqrt(var_n / n + eps), new_mean, new_var
+
+
+@lower(aten.batch_norm_gather_stats_with_counts.default)
+def batch_norm_gather_stats_with_counts(input, mean, invstd, running_mean, running_var, momentum, eps, counts):
+    return _gather_stats(mean, invstd, running_mean, running_var, momentum, eps, counts)
+
+
+@lower(aten.batch_norm_gather_stats.default)
+def batch_norm_gather_stats(input, mean, invstd, running_mean, running_var, momentum, eps, count):
+    counts = jnp.full((mean.shape[0],), count, mean.dtype)
+    return _gather_stats(mean, invstd, running_mean, running_var, momentum, eps, counts)
+
+
+@lower(aten.batch_norm_elemt.default)
+def batch_norm_elemt(input, weight, bias, mean, invstd, eps):
+    shape = (1, -1) + (1,) * (input.ndim - 2)
+    x = input.astype(mean.dtype) if input.dtype in (jnp.float16, jnp.bfloat16) else input
+    out = (x - mean.reshape(shape)) * invstd.reshape(shape)
+    if weight is not None:
+        out = out * weight.reshape(shape)
+    if bias is not None:
+        out = out + bias.reshape(shape)
+    return out.astype(input.dtype)
+
+
+@lower(aten.batch_norm_backward_reduce.default)
+def batch_norm_backward_reduce(grad_out, input, mean, invstd, weight, input_g, weight_g, bias_g):
+    """(sum_dy, sum_dy_xmu, grad_weight, grad_bias) per channel, each as its flag asks."""
+    axes = (0,) + tuple(range(2, input.ndim))
+    shape = (1, -1) + (1,) * (input.ndim - 2)
+    dy = grad_out.astype(mean.dtype)
+    sum_dy = jnp.sum(dy, axis=axes)
+    sum_dy_xmu = jnp.sum(dy * (input.astype(mean.dtype) - mean.reshape(shape)), axis=axes)
+    param = weight.dtype if weight is not None else mean.dtype
+    return (sum_dy if input_g else None, sum_dy_xmu if input_g else None,
+            (sum_dy_xmu * invstd).astype(param) if weight_g else None, sum_dy.astype(param) if bias_g else None)
+
+
+@lower(aten.batch_norm_backward_elemt.default)
+def batch_norm_backward_elemt(grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, count):
+    shape = (1, -1) + (1,) * (input.ndim - 2)
+    n = jnp.sum(count).astype(mean.dtype)
+    grad_mean = (sum_dy / n).reshape(shape)
+    proj = (sum_dy_xmu / n * invstd * invstd).reshape(shape)
+    scale = (invstd * weight.astype(mean.dtype) if weight is not None else invstd).reshape(shape)
+    x = input.astype(mean.dtype)
+    dy = grad_out.astype(mean.dtype)
+    return ((dy - grad_mean - (x - mean.reshape(shape)) * proj) * scale).astype(input.dtype)
 
 
 @lower(aten.native_batch_norm_backward.default)
