@@ -1,22 +1,33 @@
-"""`torch.load(..., map_location=<tpu>)`: storages restored on the host, tensors moved after.
+"""Checkpoints on tpu as PyTorch makes them on CUDA: `torch.save` tags a tpu tensor's data with its device's
+location ("tpu:0"), and `torch.load` restores it there unless `map_location` says otherwise.
 
-PyTorch restores a checkpoint storage by storage onto the mapped device, and a `tpu`
-tensor has no PyTorch storage (its value is a `jax.Array`; creating a tpu storage
-crashes the process). So while `torch.load` runs, a storage sent to tpu (a string,
-device or dict `map_location`, or a function calling `storage.tpu()`) stays on the host
-and is noted; the loaded object's tensors on noted storages then move to tpu. Outside
-`torch.load`, moving a storage to tpu raises a clear error instead of crashing.
+Saving: a tpu tensor pickles as its CPU value (tensor.py), so the file is an ordinary PyTorch checkpoint; while
+`torch.save` runs, that copy's storage is noted, and a location tagger registered with
+`torch.serialization.register_package` (ahead of the CPU's) names its location "tpu:0" instead of "cpu". Plain
+PyTorch on a CPU loads such a file with `map_location="cpu"` (or a dict or function mapping "tpu:0"), as it does a
+CUDA checkpoint; a function `map_location` sees the "tpu:0" tag.
+
+Loading: PyTorch restores a checkpoint storage by storage onto the mapped device, and a `tpu` tensor has no
+PyTorch storage (its value is a `jax.Array`; creating a tpu storage crashes the process). So while `torch.load`
+runs, a storage restored to tpu (its saved "tpu" location with no `map_location`, a string, device or dict
+`map_location`, or a function calling `storage.tpu()`) stays on the host and is noted; the loaded object's tensors
+on noted storages then move to tpu (modules with `.to`). Outside `torch.load`, moving a storage to tpu raises a
+clear error instead of crashing.
 """
 
 from __future__ import annotations
 
 import functools
+import re
+import sys
 import threading
 
 import torch
 
 DEVICE_TYPE = "tpu"
 _LOADING = threading.local()
+_SAVING = threading.local()  # .tags: {storage._cdata: (storage, location)} while torch.save runs
+_LOCATION = re.compile(r"tpu(:[0-9]+)?$")
 _NO_STORAGES = (
     "the bundled tpu device has no PyTorch storages (its tensors hold jax.Arrays): "
     "move tensors with tensor.to('tpu'), or load checkpoints with torch.load(..., map_location='tpu')"
@@ -114,6 +125,53 @@ def _patch_load() -> None:
     torch.load = load
 
 
+def _note_pickled(value, location: str) -> None:
+    """A tpu tensor pickled as `value` (its CPU copy): inside torch.save, its storage's location is `location`."""
+    tags = getattr(_SAVING, "tags", None)
+    if tags is not None:
+        storage = value.untyped_storage()
+        tags[storage._cdata] = (storage, location)  # holds the storage: its address is not reused while saving
+
+
+def _location_tag(storage):
+    tags = getattr(_SAVING, "tags", None)
+    found = tags.get(storage._cdata) if tags else None
+    return found[1] if found is not None else None
+
+
+def _restore(storage, location: str):
+    """A storage saved from tpu (or mapped there) with no other map_location: kept on the host, moved after."""
+    if isinstance(location, str) and _LOCATION.match(location):
+        return _keep_on_host(storage)
+    return None
+
+
+def _patch_save() -> None:
+    original = torch.serialization.save
+    if getattr(original, "_tpu_agent", False):
+        return
+
+    @functools.wraps(original)
+    def save(*args, **kwargs):
+        tensor = sys.modules.get(__name__.rpartition(".")[0] + ".tensor")
+        if tensor is not None and tensor.on_pickle is None:  # no tpu tensor exists before tensor.py is loaded
+            tensor.on_pickle = _note_pickled
+        outer = getattr(_SAVING, "tags", None)
+        _SAVING.tags = {}
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _SAVING.tags = outer
+
+    save._tpu_agent = True
+    torch.serialization.save = save
+    torch.save = save
+
+
 def register() -> None:
     _patch_storage_moves()
     _patch_load()
+    _patch_save()
+    if not any(tagger is _location_tag for _, tagger, _ in torch.serialization._package_registry):
+        # Ahead of the CPU's tagger (10): the copies a tpu tensor saves as are CPU storages.
+        torch.serialization.register_package(9, _location_tag, _restore)

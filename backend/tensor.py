@@ -19,6 +19,9 @@ from .lazy import RECORDER, Lazy
 from .views import apply_chain, scatter_chain
 
 DEVICE = torch.device("tpu", 0)
+# Called with the CPU copy a tpu tensor pickles as, and its device (set by checkpoints.py, which tags the copy's
+# storage with the device's location while torch.save runs).
+on_pickle = None
 
 
 class Storage:
@@ -177,8 +180,14 @@ class TpuTensor(torch.Tensor):
         return 0 if self._view_chain else id(self._storage_box)
 
     def __reduce_ex__(self, protocol):
-        # Pickling (torch.save) stores the CPU value: a checkpoint loads anywhere.
-        return self.detach().cpu().__reduce_ex__(protocol)
+        # Pickling stores the CPU value, so a checkpoint loads anywhere; under torch.save its storage is tagged
+        # with this device's location, as a CUDA tensor's is, so torch.load restores it here (checkpoints.py).
+        value = self.detach().cpu().requires_grad_(self.requires_grad)
+        if on_pickle is not None:
+            on_pickle(value, str(self.device))
+        if isinstance(self, torch.nn.Parameter):  # a module's parameter (the tensor itself, swapped in by .to)
+            return torch._utils._rebuild_parameter, (value.detach(), self.requires_grad, {})
+        return value.__reduce_ex__(protocol)
 
     # Declaring the subclass "traceable" makes `Module.to("tpu")` swap parameters in
     # place (torch.utils.swap_tensors) instead of replacing them, which keeps tied
