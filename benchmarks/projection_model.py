@@ -28,14 +28,21 @@ def parse():
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--experts", type=int, default=0)
     p.add_argument("--top-k", type=int, default=2)
+    p.add_argument("--moe-mlp", type=int, help="each expert's intermediate size (default: --mlp)")
+    p.add_argument("--moe", choices=("dropping", "sorted"), default="dropping",
+                   help="dropping: MaxText's dense-dispatch MoE with a capacity factor; sorted: MaxText's sparse_matmul "
+                        "(tokens sorted by expert, each expert's rows one matmul) with routing balanced, as the Ironwood "
+                        "recipes run it (use_random_routing: every expert gets seq x top_k / experts rows of a sequence)")
     p.add_argument("--capacity-factor", type=float, default=1.0,
                    help="MaxText's capacity_factor: each expert takes ceil(seq x top_k / experts) x this tokens of a "
                         "sequence (MaxText's generate_masks)")
-    p.add_argument("--remat", choices=("none", "full", "qkv", "mlp", "minimal"), default="none", nargs="?", const="full",
+    p.add_argument("--remat", choices=("none", "full", "qkv", "mlp", "minimal", "attn"), default="none", nargs="?",
+                   const="full",
                    help="activation checkpointing as MaxText's remat_policy: full (every decoder layer; --remat alone), "
                         "qkv (custom: the layer input and q/k/v projections kept, the rest recomputed), minimal (the "
                         "projections kept, attention recomputed), mlp (custom with out_proj kept too: only the "
-                        "MLP block recomputed), none")
+                        "MLP block recomputed), attn (custom keeping the layer input, q/k/v and the attention output "
+                        "(context): o_proj and the MLP recomputed, as the Ironwood Llama 3.1 70B recipe), none")
     p.add_argument("--steps", type=int, default=4)
     return p.parse_args()
 
@@ -67,6 +74,66 @@ class DenseMoE(nn.Module):
         return torch.einsum("becs,bech->bsh", dispatch, out) * weights.sum(-1, keepdim=True)
 
 
+class SortedMoE(nn.Module):
+    """Top-k routing computed as MaxText's sparse_matmul runs it: each sequence's (token, choice) pairs sorted by
+    expert, every expert's rows one matmul, the outputs scattered back and weighted. Shapes must not depend on the
+    data, so routing is taken as balanced (MaxText's use_random_routing, which the Ironwood MoE recipes set):
+    every expert gets seq x top_k / experts rows of each sequence; the FLOPs are the active experts' only."""
+
+    def __init__(self, hidden, mlp, experts, top_k):
+        super().__init__()
+        self.router = nn.Linear(hidden, experts, bias=False)
+        self.w1 = nn.Parameter(torch.empty(experts, hidden, mlp))
+        self.w3 = nn.Parameter(torch.empty(experts, hidden, mlp))
+        self.w2 = nn.Parameter(torch.empty(experts, mlp, hidden))
+        self.experts, self.top_k = experts, top_k
+
+    def forward(self, x):
+        b, s, h = x.shape
+        rows = s * self.top_k
+        if rows % self.experts:
+            raise SystemExit(f"sorted MoE: seq x top_k = {rows} does not divide by {self.experts} experts")
+        probs = self.router(x).softmax(-1)
+        weights, chosen = probs.topk(self.top_k, dim=-1)  # [b, s, k]
+        order = chosen.reshape(b, rows).argsort(dim=-1)  # (token, choice) pairs sorted by expert
+        token = torch.div(order, self.top_k, rounding_mode="floor")
+        xs = torch.gather(x, 1, token[..., None].expand(b, rows, h)).view(b, self.experts, rows // self.experts, h)
+        act = nn.functional.silu(torch.einsum("bech,ehm->becm", xs, self.w1)) * torch.einsum("bech,ehm->becm", xs, self.w3)
+        out = torch.einsum("becm,emh->bech", act, self.w2).reshape(b, rows, h)
+        out = out * torch.gather(weights.reshape(b, rows), 1, order)[..., None].to(out.dtype)
+        return torch.zeros_like(x).scatter_add(1, token[..., None].expand(b, rows, h), out)
+
+
+def _rms(x, weight, eps):
+    f = x.float()
+    return weight * (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+class NormQKV(torch.autograd.Function):
+    """RMSNorm then the q/k/v projections, saving only the layer input: backward recomputes the norm (not the
+    projections) for the weight and input gradients, as a JAX remat policy that saves q/k/v and the layer input
+    does (MaxText's custom policy)."""
+
+    @staticmethod
+    def forward(ctx, x, norm_w, wq, wk, wv, eps):
+        h = _rms(x, norm_w, eps)
+        ctx.save_for_backward(x, norm_w, wq, wk, wv)
+        ctx.eps = eps
+        return h @ wq.t(), h @ wk.t(), h @ wv.t()
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        x, norm_w, wq, wk, wv = ctx.saved_tensors
+        with torch.enable_grad():
+            x_, w_ = x.detach().requires_grad_(), norm_w.detach().requires_grad_()
+            h = _rms(x_, w_, ctx.eps)
+            dh = dq @ wq + dk @ wk + dv @ wv
+            dx, dnorm = torch.autograd.grad(h, (x_, w_), dh)
+        flat = h.detach().reshape(-1, h.shape[-1])
+        grads = [d.reshape(-1, d.shape[-1]).t() @ flat for d in (dq, dk, dv)]
+        return dx, dnorm, *grads, None
+
+
 def _checkpointed(layer, policy: str):
     """A decoder layer's forward with part of it recomputed in backward, as MaxText's remat policies do.
 
@@ -95,10 +162,25 @@ def _checkpointed(layer, policy: str):
 
     def forward(hidden_states, *args, position_embeddings=None, **kwargs):
         cos, sin = position_embeddings
-        h = layer.input_layernorm(hidden_states)
-        q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+        if policy != "attn":
+            h = layer.input_layernorm(hidden_states)
+            q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
         if policy == "qkv":
             return checkpoint(rest, hidden_states, q, k, v, cos, sin, use_reentrant=False)
+        if policy == "attn":  # the layer input, q/k/v and the context kept; the norm, o_proj and the MLP recomputed
+            q, k, v = NormQKV.apply(hidden_states, layer.input_layernorm.weight, attn.q_proj.weight,
+                                    attn.k_proj.weight, attn.v_proj.weight, layer.input_layernorm.variance_epsilon)
+            shape = (*q.shape[:-1], -1, attn.head_dim)
+            q, k, v = (x.view(shape).transpose(1, 2) for x in (q, k, v))
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=attn.scaling,
+                                                             enable_gqa=True)
+
+            def after(residual, out):  # from the attention's own output (saved by it): no second copy kept
+                x = residual + attn.o_proj(out.transpose(1, 2).reshape(*out.shape[:1], out.shape[2], -1))
+                return x + layer.mlp(layer.post_attention_layernorm(x))
+
+            return checkpoint(after, hidden_states, out, use_reentrant=False)
         if policy == "mlp":
             x = hidden_states + attn.o_proj(core(q, k, v, cos, sin))
             return checkpoint(lambda x: x + layer.mlp(layer.post_attention_layernorm(x)), x, use_reentrant=False)
@@ -118,10 +200,12 @@ def build(a):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)
         if a.experts:
             for layer in model.model.layers:
-                layer.mlp = DenseMoE(a.hidden, a.mlp, a.experts, a.top_k, a.capacity_factor).to(torch.bfloat16)
+                mlp = a.moe_mlp or a.mlp
+                layer.mlp = (SortedMoE(a.hidden, mlp, a.experts, a.top_k) if a.moe == "sorted" else
+                             DenseMoE(a.hidden, mlp, a.experts, a.top_k, a.capacity_factor)).to(torch.bfloat16)
     if a.remat == "full":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    elif a.remat in ("qkv", "mlp", "minimal"):
+    elif a.remat in ("qkv", "mlp", "minimal", "attn"):
         for layer in model.model.layers:
             layer.forward = _checkpointed(layer, a.remat)
     return model

@@ -29,6 +29,8 @@ class Interconnect:
     wraparound_from: int  # a torus dim of at least this many chips has wraparound links
     source: str
     note: str = ""
+    host_bandwidth: float = 1.6e10  # bytes/s per chip and direction between HBM and host memory (offloading)
+    host_note: str = "host link per chip assumed: PCIe Gen4 x16 (about 32 GB/s per direction) shared by 2 chips"
 
     @property
     def ici_bidirectional_per_chip(self) -> float:
@@ -45,5 +47,8 @@ INTERCONNECTS = {
                         "wraparound only on the full 16x16 pod's dims"),
     "v7x": Interconnect("v7x", 3, 2, True, 9216, 1e11, 6, 1.25e10, 4, f"{_DOCS}tpu7x",
                         "1.2 TB/s bidirectional ICI per chip split over 6 links; DCN assumed equal to v6e's; "
-                        "slice names assumed to count TensorCores as on v5p"),
+                        "slice names count TensorCores (2 per chip, each a JAX device), as xpk's tpu7x-4x4x4 = "
+                        "64 chips = v7x-128", host_bandwidth=3.2e10,
+                        host_note="host link per chip assumed: PCIe Gen5 x16 (about 64 GB/s per direction) shared by "
+                                  "2 chips; no published figure (tpu-recipes' host-device microbenchmark is WIP)"),
 }

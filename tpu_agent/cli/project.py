@@ -28,7 +28,12 @@ def _plan_sharding(path: str, chips: int):
 def project(
     script: ScriptArg,
     script_args: ScriptArgs = None,
-    target: Annotated[str, typer.Option("--target", metavar="SLICE", help="A TPU slice, e.g. v5p-256, v6e-256.")] = ...,
+    target: Annotated[str, typer.Option("--target", metavar="SLICE",
+                                        help="A TPU slice: the generation's name (v5p-256, v6e-256, v7x-128: "
+                                             "TensorCores on v4/v5p/v7x, chips on v5e/v6e), a topology "
+                                             "(tpu7x-4x4x4), or a generation with --chips.")] = ...,
+    chips: Annotated[int | None, typer.Option("--chips", metavar="N",
+                                              help="Chips in the slice (with --target v7x: --chips 64 is v7x-128).")] = None,
     mesh: Annotated[str | None, typer.Option("--mesh", metavar="AXIS=N,...",
                                              help="Mesh axes (data, fsdp, tensor, expert); product = chips. "
                                                   "Default: fsdp over every chip.")] = None,
@@ -37,6 +42,10 @@ def project(
     per_chip_batch: Annotated[int | None, typer.Option("--per-chip-batch", metavar="N",
                                                        help="Trace the step with a global batch of N x the data-"
                                                             "parallel degree in place of the script's.")] = None,
+    offload_block_inputs: Annotated[bool, typer.Option(
+        "--offload-block-inputs", help="The repeated blocks' inputs saved for backward are held in host memory "
+                                       "(MaxText's decoder_layer_input=offload): host memory, not HBM, and their "
+                                       "copies over the host link overlapped with compute.")] = False,
     whole: Annotated[bool, typer.Option("--whole", help="Trace every repeated block instead of 2 and 1, scaled.")] = False,
     json_out: Annotated[str | None, typer.Option("--json", metavar="PATH", help="Also write the projection as JSON.")] = None,
 ) -> int:
@@ -45,7 +54,7 @@ def project(
     from tpu_agent.project import run, slices
     from tpu_agent.project.report import render
 
-    sl = slices.parse(target)
+    sl = slices.read(target, chips)
     path = check_script(script)
     if mesh and plan:
         raise InputError("give --mesh or --plan, not both")
@@ -61,7 +70,8 @@ def project(
         raise InputError(f"--per-chip-batch {per_chip_batch}: give 1 or more sequences per chip")
     t0 = time.perf_counter()
     partitioned, projection = run.project(str(path), list(script_args or []), sl, axes, rules=rules,
-                                          batch_axis=batch, scale_layers=not whole, per_chip_batch=per_chip_batch)
+                                          batch_axis=batch, scale_layers=not whole, per_chip_batch=per_chip_batch,
+                                          offload_block_inputs=offload_block_inputs)
     print(render(partitioned, projection, time.perf_counter() - t0))
     if json_out:
         Path(json_out).write_text(projection.model_dump_json(indent=2) + "\n")

@@ -34,6 +34,8 @@ from .slices import Slice
 # 32B, v5e-256), v5p 0.934 (MaxText 32B, v5p-128), v6e 0.743 (Llama 3.1 8B, v6e-256; it absorbs what the model
 # misses there, host offloading among it). v4 and v7x have no published row: an assumed 0.80.
 MXU_EFFICIENCY = {"v4": 0.80, "v5e": 0.941, "v5p": 0.934, "v6e": 0.743, "v7x": 0.80}
+FITTED = {"v5e": "fitted on MaxText 32B, v5e-256", "v5p": "fitted on MaxText 32B, v5p-128",
+          "v6e": "fitted on MaxText Llama 3.1 8B, v6e-256"}
 HOP_LATENCY_S = 1e-6
 OVERLAPPED_AXES = ("data", "fsdp")
 
@@ -86,7 +88,8 @@ def assumptions(sl: Slice, partitioned: Partitioned) -> list[str]:
     ic = INTERCONNECTS[sl.generation]
     out = [
         f"chip: {gen.peak_bf16_flops / 1e12:.0f} TFLOP/s bf16 peak, MXU efficiency {MXU_EFFICIENCY[sl.generation]:.2f} "
-        f"(one per generation; fitted for v5e, v5p and v6e, assumed for v4 and v7x), HBM {gen.hbm_bandwidth / 1e12:.2f} TB/s, {gen.hbm_bytes / 2**30:.0f} GiB",
+        f"(one per generation; {FITTED.get(sl.generation, 'assumed: no published run fitted for ' + sl.generation)}), "
+        f"HBM {gen.hbm_bandwidth / 1e12:.2f} TB/s, {gen.hbm_bytes / 2**30:.0f} GiB",
         f"slice: {sl.chips} chips as a {'x'.join(map(str, sl.torus))} {ic.torus_dims}-D "
         f"{'torus' if all(sl.wraparound) else 'mesh/torus (wraparound: ' + str(list(sl.wraparound)) + ')'}, ICI "
         f"{ic.ici_link_bandwidth / 1e9:.0f} GB/s per link and direction; mesh axes laid row-major over device ids, "
@@ -108,6 +111,12 @@ def assumptions(sl: Slice, partitioned: Partitioned) -> list[str]:
         "MFU counts 3x the forward matmul FLOPs (attention counted non-causal, as MaxText's published "
         "figures before its PR 1988) over peak x chips",
     ]
+    if partitioned.offload_block_inputs:
+        out.append(f"the repeated blocks' inputs saved for backward are held in host memory (offloaded), copied "
+                   f"over a host link of {ic.host_bandwidth / 1e9:.0f} GB/s per chip and direction beside compute "
+                   f"({ic.host_note})")
+    if sl.read_as:
+        out.append(sl.read_as)
     if partitioned.blocks_total:
         out.append(f"traced with 2 and 1 of the {partitioned.blocks_total} repeated blocks "
                    f"({partitioned.blocks_name}); every figure scaled linearly to {partitioned.blocks_total}")
@@ -135,12 +144,15 @@ def project(partitioned: Partitioned, sl: Slice) -> Projection:
     overlapped = _scaled(programs, total, lambda p: times(p)[2])
     critical = _scaled(programs, total, lambda p: times(p)[3])
     local = compute + memory
-    exposed = max(0.0, overlapped - local) + critical
+    host = _scaled(programs, total, lambda p: p.host_saved_bytes)
+    host_s = 2 * host / INTERCONNECTS[sl.generation].host_bandwidth  # written in forward, read back in backward
+    exposed = max(0.0, overlapped - local) + max(0.0, host_s - local) + critical
     step = local + exposed
     # What sets the step: data/fsdp collectives longer than the chip's own work are a floor (a larger per-chip
     # batch adds no time until compute + memory reach them); else the largest of the parts that add up.
     parts = {"compute": compute, "memory": memory, "critical collectives": critical}
-    bound = "overlapped collectives" if overlapped > local else max(parts, key=parts.get) if step > 0 else ""
+    bound = ("overlapped collectives" if overlapped > local else "host offload" if host_s > local
+             else max(parts, key=parts.get) if step > 0 else "")
     model_flops = _scaled(programs, total, lambda p: p.model_flops)
     hbm = _scaled(programs, total, lambda p: p.argument_bytes + p.output_bytes - p.alias_bytes + p.saved_bytes)
     xla_cpu = _scaled(programs, total, lambda p: p.argument_bytes + p.output_bytes - p.alias_bytes + p.temp_bytes)
@@ -153,6 +165,8 @@ def project(partitioned: Partitioned, sl: Slice) -> Projection:
         by_kind[kind] = _scaled(programs, total, lambda p: sum(c.result_bytes for c in p.collectives if c.kind == kind))
     widest = max(programs, key=lambda p: p.blocks or 0)
     return Projection(
+        label=f"projected for {sl.name}", read_as=sl.read_as, memory_margin_bytes=gen.hbm_bytes - hbm,
+        host_offload_bytes_per_chip=host, host_transfer_s=host_s,
         slice=sl.name, generation=sl.generation, chips=sl.chips, mesh=mesh, step_s=step, compute_s=compute,
         memory_s=memory, collective_s=overlapped + critical, exposed_collective_s=exposed, bound=bound,
         collective_by_axis=by_axis, collective_bytes_by_kind=by_kind,

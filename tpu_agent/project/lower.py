@@ -102,7 +102,8 @@ class Lowered:
         self.output_ids = list(graph.outputs)
         self.lowerings, self.opinfo = _tables()
         self.key_counter = 0
-        self.saved: list = []  # (shape, bytes per element, batch dim or None) of the activations backward reads
+        self.saved: list = []  # (shape, bytes per element, batch dim or None, a block's input) of the activations
+        # backward reads from forward
 
     def _call(self, func, args, kwargs):
         if func in EXTRA:
@@ -269,7 +270,9 @@ class Lowered:
                 params = {tuple(i[0]) for i in self.graph.inputs.values() if i[2] == "param"}
                 keys = sorted(v for v in saved if v in env and v not in inputs and hasattr(env[v], "shape")
                               and tuple(env[v].shape) not in params)
-                self.saved = [(tuple(env[k].shape), env[k].dtype.itemsize, self.batch_dim.get(k)) for k in keys]
+                blocks = getattr(self.graph, "block_inputs", set())
+                self.saved = [(tuple(env[k].shape), env[k].dtype.itemsize, self.batch_dim.get(k), k in blocks)
+                              for k in keys]
                 for key, value in zip(keys, jax.lax.optimization_barrier([env[k] for k in keys])):
                     env[key] = value
             try:

@@ -156,11 +156,13 @@ def _narrow_bits(graph) -> int | None:
     return 16 if floats and all(d in (torch.bfloat16, torch.float16) for d in floats) else None
 
 
-def _saved_per_chip(saved, mesh_axes: dict, batch_axis) -> int:
+def _saved_per_chip(saved, mesh_axes: dict, batch_axis, offload: bool = False) -> tuple[int, int]:
     """Bytes per chip of the activations backward reads from forward (lower.py's list: no inputs, nothing shaped
     like a parameter): a batch-led value split over the batch axes and, where the mesh has a tensor or expert
     axis and another dim divides by it, over that axis too (as Megatron's and MaxText's activation sharding
-    does); others whole. Computed from the placement, not read from XLA:CPU's buffers (its figure is apart)."""
+    does); others whole. Computed from the placement, not read from XLA:CPU's buffers (its figure is apart).
+    Returns (in HBM, in host memory): with `offload`, the repeated blocks' inputs are held on the host (MaxText's
+    decoder_layer_input=offload), the rest in HBM."""
     from . import placement
 
     axes = [batch_axis] if batch_axis else [a for a in mesh_axes if a in placement.BATCH_AXES]
@@ -168,8 +170,8 @@ def _saved_per_chip(saved, mesh_axes: dict, batch_axis) -> int:
     for a in axes:
         size *= mesh_axes.get(a, 1)
     others = [mesh_axes[a] for a in mesh_axes if a in placement.TENSOR_AXES + ("expert",) and mesh_axes[a] > 1]
-    total = 0.0
-    for shape, itemsize, dim in saved:
+    total = host = 0.0
+    for shape, itemsize, dim, *block_input in saved:
         n = _prod(shape) * itemsize
         if dim is not None and dim < len(shape) and shape[dim] % size == 0:
             n /= size
@@ -177,11 +179,14 @@ def _saved_per_chip(saved, mesh_axes: dict, batch_axis) -> int:
             for split in others:
                 if any(d % split == 0 and d >= split for d in rest):
                     n /= split
-        total += n
-    return int(total)
+        if offload and block_input and block_input[0]:
+            host += n
+        else:
+            total += n
+    return int(total), int(host)
 
 
-def partition_graph(graph, mesh_axes: dict, rules, batch_axis, placements: dict) -> Traced:
+def partition_graph(graph, mesh_axes: dict, rules, batch_axis, placements: dict, offload: bool = False) -> Traced:
     import jax
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -206,10 +211,17 @@ def partition_graph(graph, mesh_axes: dict, rules, batch_axis, placements: dict)
             param_specs[tuple(shape)] = spec if param_specs.get(tuple(shape), spec) == spec else None
     fn = lower.Lowered(graph, _activation_rule(mesh, mesh_axes, batch_sizes, graph, batch_axis, param_specs))
     avals, shardings, specs = [], [], {}
+    param_bytes = 0.0  # per chip, as placed: what a data-parallel all-reduce across slices moves as gradients
     for vid in fn.input_ids:
         shape, dtype, role, name = graph.inputs[vid]
         spec = placement.spec_for(role, name, shape, mesh_axes, rules, batch_axis)
         specs[vid] = spec
+        if role == "param":
+            shards = 1
+            for axes in spec:
+                for axis in ([axes] if isinstance(axes, str) else list(axes or [])):
+                    shards *= mesh_axes[axis]
+            param_bytes += _prod(shape) * dtype.itemsize / shards
         if role == "param" and len(placements) < 400:
             placements[name] = list(spec)
         sharding = NamedSharding(mesh, PartitionSpec(*spec))
@@ -234,9 +246,10 @@ def partition_graph(graph, mesh_axes: dict, rules, batch_axis, placements: dict)
             dot_flops += c.flops
             dot_bytes += sum(a.elements * a.bits / 8 for a in (c.lhs, c.rhs, c.out))
     scores, converts, moved = _non_dot_split(module)
+    device_saved, host_saved = _saved_per_chip(fn.saved, mesh_axes, batch_axis, offload)
     return Traced(
         blocks=graph.blocks, attention_bytes=scores, convert_bytes=converts, collective_bytes=moved,
-        saved_bytes=_saved_per_chip(fn.saved, mesh_axes, batch_axis), flops=float(cost.get("flops", 0.0)),
+        saved_bytes=device_saved, host_saved_bytes=host_saved, param_bytes=param_bytes, flops=float(cost.get("flops", 0.0)),
         dot_flops=dot_flops,
         bytes_accessed=float(cost.get("bytes accessed", 0.0)), dot_bytes=dot_bytes,
         argument_bytes=int(memory.argument_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),
@@ -265,12 +278,13 @@ def run(request: dict) -> Partitioned:
     record_s = time.perf_counter() - t0
     rules = [(p, tuple(s)) for p, s in request.get("rules", [])]
     placements: dict = {}
-    programs = [partition_graph(g, request["mesh"], rules, request.get("batch_axis"), placements)
+    offload = bool(request.get("offload_block_inputs"))
+    programs = [partition_graph(g, request["mesh"], rules, request.get("batch_axis"), placements, offload)
                 for g in recording.graphs]
     return Partitioned(slice=request["slice"], generation=request["generation"], chips=request["chips"],
                        mesh=request["mesh"], blocks_total=recording.blocks_total,
                        blocks_name=recording.blocks_name, programs=programs, placements=placements,
-                       record_s=record_s)
+                       record_s=record_s, offload_block_inputs=offload)
 
 
 def main(argv: list[str]) -> int:

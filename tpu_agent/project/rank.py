@@ -22,7 +22,7 @@ import math
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
 from pydantic import BaseModel, Field
 
@@ -56,6 +56,7 @@ class SlicePlan(BaseModel):
 class ProjectedPlan(BaseModel):
     """A plan's projection (estimates, never measured) or why it has none."""
 
+    estimate: Literal[True] = Field(True, description="always true: projected by a model, never measured")
     plan: SlicePlan
     global_batch: int | None = None
     step_s: float | None = None
@@ -65,12 +66,22 @@ class ProjectedPlan(BaseModel):
     hbm_bytes: float | None = None
     fits: bool = False
     exposed_collective_s: float | None = None
+    host_offload_bytes_per_chip: float | None = None
+    assumptions: list[str] = Field(default_factory=list, description="the cost model's assumptions for this projection")
     error: str | None = None
+
+    @property
+    def margin_bytes(self) -> float | None:
+        """HBM left per chip (negative: over by that much)."""
+        if self.memory_per_chip_bytes is None or self.hbm_bytes is None:
+            return None
+        return self.hbm_bytes - self.memory_per_chip_bytes
 
 
 class SliceRanking(BaseModel):
     """What the tuner reports for a slice: the plan as written, the best projected plan, every projection ranked."""
 
+    estimate: Literal[True] = Field(True, description="always true: every figure here is projected, never measured")
     slice: str
     chips: int
     label: str = Field(description='"projected for <slice>": every figure here is an estimate')
@@ -183,7 +194,8 @@ def projector(script: str, args: list[str], sl: Slice, script_batch: int | None 
         return ProjectedPlan(
             plan=plan, global_batch=batch, step_s=p.step_s, time_per_sample_s=p.step_s / batch if batch else None,
             mfu=p.mfu, memory_per_chip_bytes=p.hbm_bytes_per_chip, hbm_bytes=p.hbm_capacity, fits=p.fits,
-            exposed_collective_s=p.exposed_collective_s), partitioned.blocks_total
+            exposed_collective_s=p.exposed_collective_s, host_offload_bytes_per_chip=p.host_offload_bytes_per_chip,
+            assumptions=p.assumptions), partitioned.blocks_total
 
     return project
 
@@ -247,6 +259,13 @@ def rank(sl: Slice, project: Projector, tensor_dims: list[int] | None = None, sc
         notes.append("no repeated blocks found: checkpointing not searched")
     if tensor_dims is None:
         notes.append("the model's Linear widths are unknown: no tensor axis searched")
+    best = best_fitting(list(done.values()))
+    dropped = [p for p in done.values() if p.error is None and not p.fits and p.step_s is not None
+               and (best is None or _cost(p) < _cost(best))]
+    for p in dropped:
+        notes.append(f"{p.plan.describe()} was projected faster but left out for memory: {fit_text(p)} of "
+                     f"{size_text(p.hbm_bytes)} HBM per chip (the projection's memory model: parameters, optimizer "
+                     "state and the activations saved for backward)")
     final = ranking([])
     if final.after is None:
         final.notes.append(f"no plan projected fits in HBM per chip ({label})")
@@ -280,7 +299,15 @@ def _short(p: ProjectedPlan) -> str:
         return f"failed: {p.error}"
     per = f", {p.time_per_sample_s * 1e3:.4g} ms per sample" if p.time_per_sample_s is not None else ""
     return (f"step {p.step_s * 1e3:.4g} ms{per}, MFU {mfu_text(p.mfu)}, {size_text(p.memory_per_chip_bytes)} per "
-            f"chip ({'fits' if p.fits else 'does not fit'})")
+            f"chip ({fit_text(p)})")
+
+
+def fit_text(p: ProjectedPlan) -> str:
+    """'fits, 12 GiB free' or 'does not fit: 3.1 GiB over' (the margin on the projection's memory model)."""
+    margin = p.margin_bytes
+    if margin is None:
+        return "fits" if p.fits else "does not fit"
+    return f"fits, {size_text(margin)} free" if p.fits else f"does not fit: {size_text(-margin)} over"
 
 
 def tensor_dims(modules) -> list[int] | None:

@@ -54,6 +54,7 @@ class Graph:
     inputs: dict  # value id -> (shape, dtype, role, name)
     outputs: list  # value ids live after the step: the new values of inputs it wrote
     blocks: int | None = None  # repeated blocks present when recorded (None: no truncation)
+    block_inputs: set = field(default_factory=set)  # value ids of the repeated blocks' inputs (hidden states)
 
 
 META_DEVICES = {"tpu"}  # devices read as meta; partition.py adds a --device-map's source (cuda)
@@ -98,9 +99,18 @@ class Recorder(TorchDispatchMode):
         self.batch = None  # --per-chip-batch: the global batch the step's batch tensors are given instead
         self.script_batch = None  # dim 0 of the first batch tensor the script made in a recorded step
         self.resized = 0
+        self.block_inputs: set = set()
 
     def start(self):
         self.active, self.nodes, self.vids, self.keep, self.inputs = True, [], {}, [], {}
+        self.block_inputs = set()
+
+    def mark_block_input(self, module, args, kwargs):
+        """A repeated block's forward pre-hook: its input (the hidden states) is what a framework offloads to the
+        host when told to (MaxText's decoder_layer_input=offload; partition.py counts it against host memory)."""
+        x = args[0] if args else kwargs.get("hidden_states")
+        if self.active and isinstance(x, torch.Tensor) and id(x) in self.vids:
+            self.block_inputs.add(self.vids[id(x)])
 
     def _new(self, tensor) -> int:
         self.next += 1
@@ -255,7 +265,7 @@ def record(script: str, args: list[str], scale_layers: bool = True, lowerable=No
         first = {id(t): vid for vid, t in recorder.inputs.items()}
         outputs = [live[tid] for tid, vid0 in first.items() if live.get(tid, vid0) != vid0]
         kept = len(state["blocks"][0]) if state["blocks"] else None
-        return Graph(recorder.nodes, inputs, outputs, kept)
+        return Graph(recorder.nodes, inputs, outputs, kept, set(recorder.block_inputs))
 
     def post_hook(optimizer, *_):
         state["step"] += 1
@@ -268,6 +278,8 @@ def record(script: str, args: list[str], scale_layers: bool = True, lowerable=No
             state["modules"] = _modules_of(optimizer)
             found = repeated_blocks(state["modules"]) if scale_layers else None
             state["blocks"] = (found[0], found[1], len(found[0])) if found else None
+            for block in (found[0] if found else []):
+                hooks.append(block.register_forward_pre_hook(recorder.mark_block_input, with_kwargs=True))
             for root in state["modules"]:
                 for name, p in root.named_parameters():
                     state["names"][id(p)] = name
@@ -286,6 +298,7 @@ def record(script: str, args: list[str], scale_layers: bool = True, lowerable=No
                 del blocks[len(blocks) - 1]
         recorder.start()
 
+    hooks: list = []
     handle = register_optimizer_step_post_hook(post_hook)
     old_argv, old_default = sys.argv, torch.get_default_device()
     sys.argv = [script, *args]
@@ -302,6 +315,8 @@ def record(script: str, args: list[str], scale_layers: bool = True, lowerable=No
                          f"{recorder.script_batch} made {batch}: {type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
     finally:
         handle.remove()
+        for hook in hooks:
+            hook.remove()
         sys.argv = old_argv
         torch.set_default_device(old_default)
     graphs = state["graphs"]

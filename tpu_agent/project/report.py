@@ -22,7 +22,8 @@ def _bound(p: Projection) -> str:
                 f"({_s(p.compute_s + p.memory_s)}): a floor, a larger per-chip batch adds no step time until its "
                 "compute reaches them")
     return {"compute": "compute (dots on the MXU)", "memory": "other memory traffic (non-dot ops through HBM)",
-            "critical collectives": "collectives on the critical path (tensor/expert axes)"}.get(p.bound, p.bound or "-")
+            "critical collectives": "collectives on the critical path (tensor/expert axes)",
+            "host offload": "the copies of offloaded activations over the host link"}.get(p.bound, p.bound or "-")
 
 
 def render(partitioned: Partitioned, p: Projection, wall_s: float | None = None) -> str:
@@ -32,10 +33,14 @@ def render(partitioned: Partitioned, p: Projection, wall_s: float | None = None)
     lines = [
         f"projection of the training step on {p.slice} ({p.chips} chips, TPU {p.generation}), mesh {mesh}: an estimate, "
         "no TPU ran",
+        *([f"  slice             {p.read_as}"] if p.read_as else []),
         f"  memory per chip   {_bytes(p.hbm_bytes_per_chip)} of {_bytes(p.hbm_capacity)} HBM: "
-        f"{'fits' if p.fits else 'does NOT fit'} ({_bytes(abs(p.hbm_capacity - p.hbm_bytes_per_chip))} "
+        f"{'fits' if p.fits else 'does NOT fit'} ({_bytes(abs(p.memory_margin_bytes))} "
         f"{'free' if p.fits else 'over'})  ({label}; arguments + outputs - aliased + activations saved for backward; "
         f"working buffers not counted; XLA:CPU's own analysis {_bytes(p.xla_cpu_bytes_per_chip)})",
+        *([f"  host memory       {_bytes(p.host_offload_bytes_per_chip)} per chip of offloaded block inputs, "
+           f"{_s(p.host_transfer_s)} of copies over the host link, beside compute  ({label})"]
+          if p.host_offload_bytes_per_chip else []),
         f"  step time         {_s(p.step_s)}  ({label}: compute {_s(p.compute_s)}, other memory traffic "
         f"{_s(p.memory_s)}, collectives {_s(p.collective_s)} of which exposed {_s(p.exposed_collective_s)})",
         f"  bound by          {_bound(p)}  ({label})",

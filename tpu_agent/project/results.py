@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 
@@ -31,7 +33,9 @@ class Traced(BaseModel):
     output_bytes: int
     alias_bytes: int
     temp_bytes: int  # XLA:CPU's temporaries: its unfused buffers (attention's scores among them), not a TPU's
-    saved_bytes: int = 0  # activations backward reads from forward, per chip (by the batch split)
+    saved_bytes: int = 0  # activations backward reads from forward, per chip (by the batch split), held in HBM
+    host_saved_bytes: int = 0  # of those, the blocks' inputs held in host memory (offloaded), per chip
+    param_bytes: float = 0.0  # the parameters per chip as placed (their gradients: a data-parallel all-reduce's size)
     model_flops: float  # whole step, all chips: 3 x forward matmul FLOPs (the MFU convention)
     collectives: list[Collective]
     compile_s: float
@@ -51,12 +55,16 @@ class Partitioned(BaseModel):
     placements: dict[str, list]  # parameter name -> spec (first few)
     notes: list[str] = Field(default_factory=list)
     record_s: float = 0.0
+    offload_block_inputs: bool = False  # the repeated blocks' inputs held in host memory between forward and backward
 
 
 class Projection(BaseModel):
-    """The step on the slice, per chip, as the cost model projects it."""
+    """The step on the slice, per chip, as the cost model projects it: every figure an estimate, no TPU ran."""
 
+    estimate: Literal[True] = Field(True, description="always true: projected by a model, never measured")
+    label: str = Field("", description='"projected for <slice>"')
     slice: str
+    read_as: str = Field("", description="how the --target (and --chips) was read: chips, TensorCores, torus")
     generation: str
     chips: int
     mesh: dict[str, int]
@@ -76,6 +84,11 @@ class Projection(BaseModel):
     xla_cpu_bytes_per_chip: float = 0.0  # XLA:CPU's own memory analysis (its temporaries in place of the saved)
     hbm_capacity: float
     fits: bool
+    memory_margin_bytes: float = Field(0.0, description="HBM per chip less the projected need: negative when over")
+    host_offload_bytes_per_chip: float = Field(0.0, description="activations held in host memory (offloaded blocks' "
+                                               "inputs), per chip")
+    host_transfer_s: float = Field(0.0, description="their copies to the host and back over the host link, "
+                                   "overlapped with compute (what exceeds it is exposed)")
     collectives: list[Collective]
     assumptions: list[str]
     sources: list[str]

@@ -20,12 +20,14 @@ FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_
 
 
 def partition(script: str, args: list[str], sl: Slice, mesh: dict[str, int], rules=(), batch_axis=None,
-              scale_layers: bool = True, timeout: float | None = None, per_chip_batch: int | None = None) -> Partitioned:
+              scale_layers: bool = True, timeout: float | None = None, per_chip_batch: int | None = None,
+              offload_block_inputs: bool = False) -> Partitioned:
     """`per_chip_batch`: the step traced with a global batch of that x the data-parallel degree (the mesh axes
-    the batch is split over) in place of the script's."""
+    the batch is split over) in place of the script's. `offload_block_inputs`: the repeated blocks' inputs, saved
+    for backward, held in host memory (MaxText's decoder_layer_input=offload)."""
     request = {"script": str(script), "args": list(args), "slice": sl.name, "generation": sl.generation,
                "chips": sl.chips, "mesh": mesh, "rules": [list(r) for r in rules], "batch_axis": batch_axis,
-               "scale_layers": scale_layers}
+               "scale_layers": scale_layers, "offload_block_inputs": offload_block_inputs}
     if per_chip_batch is not None:
         request["batch"] = per_chip_batch * data_parallel(mesh, batch_axis)
         request["batch_option"] = f"--per-chip-batch {per_chip_batch}"

@@ -20,6 +20,8 @@ class Slice(BaseModel):
     chips: int
     torus: tuple[int, ...]  # chips along each torus dim, dim 0 varying fastest with the device id
     wraparound: tuple[bool, ...]
+    cores: int = 0  # TensorCores (JAX devices on v4/v5p/v7x: 2 per chip); 0 when not read
+    read_as: str = ""  # how the input was read, in words (the tool says it)
 
 
 def _three_d(chips: int) -> tuple[int, ...] | None:
@@ -39,12 +41,74 @@ def _three_d(chips: int) -> tuple[int, ...] | None:
     return best
 
 
+def _described(sl: Slice, text: str, how: str) -> Slice:
+    ic = INTERCONNECTS[sl.generation]
+    cores = sl.chips * ic.cores_per_chip
+    devices = (f", {cores} TensorCores ({ic.cores_per_chip} per chip, each a JAX device)" if ic.cores_per_chip > 1
+               else " (one TensorCore each)")
+    read = (f"read {text!r} as {how}: {sl.chips} chips{devices}, a {'x'.join(map(str, sl.torus))} torus; "
+            f"named {sl.name}")
+    return sl.model_copy(update={"cores": cores, "read_as": read})
+
+
+def from_topology(text: str) -> Slice | None:
+    """`tpu7x-4x4x4`, `v5p-4x4x8`, `v6e-16x16`: the slice by its chip topology (as GKE and xpk name it), else None."""
+    kind, dash, dims = text.strip().lower().partition("-")
+    kind = ALIASES.get(kind, kind)
+    parts = dims.split("x")
+    if not dash or kind not in INTERCONNECTS or len(parts) < 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        return None
+    ic = INTERCONNECTS[kind]
+    shape = tuple(int(p) for p in parts)
+    if len(shape) != ic.torus_dims:
+        raise InputError(f"--target {text!r}: {kind} slices are {ic.torus_dims}-D ({'x'.join('N' * ic.torus_dims)})")
+    chips = math.prod(shape)
+    sl = parse(f"{kind}-{chips * ic.cores_per_chip if ic.name_counts_cores else chips}")
+    if sorted(shape) != sorted(sl.torus):
+        sl = sl.model_copy(update={"torus": shape, "wraparound": tuple(d >= ic.wraparound_from for d in shape)})
+    else:
+        sl = sl.model_copy(update={"torus": shape})
+    return _described(sl, text, "a chip topology")
+
+
+def from_chips(generation: str, chips: int) -> Slice:
+    """`--target v7x --chips 64`: the generation's slice of that many chips."""
+    kind = ALIASES.get(generation.strip().lower(), generation.strip().lower())
+    if kind not in INTERCONNECTS:
+        raise InputError(f"--target {generation!r} with --chips: expected a generation ({', '.join(INTERCONNECTS)})")
+    if chips < 1:
+        raise InputError(f"--chips {chips}: give 1 or more chips")
+    ic = INTERCONNECTS[kind]
+    sl = parse(f"{kind}-{chips * ic.cores_per_chip if ic.name_counts_cores else chips}")
+    return _described(sl, f"{generation} --chips {chips}", "a chip count")
+
+
+def read(target: str, chips: int | None = None) -> Slice:
+    """Any of the three ways to name a slice: the generation's own name (`v7x-128`: TensorCores on v4/v5p/v7x,
+    chips on v5e/v6e), a topology (`tpu7x-4x4x4`), or a generation with `--chips`; the slice says which it read."""
+    if chips is not None:
+        if "-" in target.strip():
+            sl = read(target)
+            if sl.chips != chips:
+                raise InputError(f"--target {target!r} has {sl.chips} chips, --chips says {chips}")
+            return sl
+        return from_chips(target, chips)
+    topology = from_topology(target)
+    if topology is not None:
+        return topology
+    ic = INTERCONNECTS.get(ALIASES.get(target.strip().lower().rpartition("-")[0], target.strip().lower().rpartition("-")[0]))
+    how = ("the generation's name, counting TensorCores" if ic is not None and ic.name_counts_cores
+           else "the generation's name, counting chips")
+    return _described(parse(target), target, how)
+
+
 def parse(text: str) -> Slice:
     kind, dash, count = text.strip().lower().rpartition("-")
     kind = ALIASES.get(kind, kind)
     if not dash or kind not in INTERCONNECTS or not count.isdigit():
         known = ", ".join(f"{g}-N" for g in INTERCONNECTS)
-        raise InputError(f"--target {text!r}: expected a slice such as v5p-256 or v6e-256 ({known})")
+        raise InputError(f"--target {text!r}: expected a slice such as v5p-256, v6e-256, tpu7x-4x4x4 or a generation "
+                         f"with --chips ({known})")
     ic = INTERCONNECTS[kind]
     n = int(count)
     chips = n // ic.cores_per_chip if ic.name_counts_cores else n

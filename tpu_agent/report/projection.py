@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from tpu_agent.project.rank import ProjectedPlan, SliceRanking, mfu_text, size_text
+from tpu_agent.project.rank import ProjectedPlan, SliceRanking, fit_text, mfu_text, size_text
 
 SHOWN = 12  # rows of the ranking table
 
@@ -15,7 +15,7 @@ def _ms(t: float | None) -> str:
 def _memory(p: ProjectedPlan) -> str:
     if p.memory_per_chip_bytes is None:
         return "-"
-    return f"{size_text(p.memory_per_chip_bytes)} of {size_text(p.hbm_bytes)} ({'fits' if p.fits else 'does not fit'})"
+    return f"{size_text(p.memory_per_chip_bytes)} of {size_text(p.hbm_bytes)} ({fit_text(p)})"
 
 
 def _mfu(p: ProjectedPlan | None) -> str:
