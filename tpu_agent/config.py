@@ -75,8 +75,11 @@ class TuneOptions(BaseModel):
     steps: int = option(20, f"Interleaved baseline/candidate pairs per trial (>= {MIN_PAIRS}); every measured process "
                         "runs this length.", ge=MIN_PAIRS)
     warmup: int = option(2, "Steps each process runs before timing (compilation, >= 1).", ge=1)
-    pairs: int = option(20, f"Pairs a verification or an ablation measures (>= {MIN_PAIRS}), in rounds of --steps "
-                        "pairs in fresh processes.", ge=MIN_PAIRS)
+    pairs: int = option(20, f"Pairs a verification or an ablation measures (>= {MIN_PAIRS}), shared out over "
+                        "--processes fresh process pairs.", ge=MIN_PAIRS)
+    processes: int = option(3, "Fresh baseline/candidate process pairs a verification and each ablation unit "
+                            "measure (at least; more when --pairs exceeds --steps per pair); the interval counts the "
+                            "spread between them (a two-level bootstrap).", ge=1)
     verify: int = option(3, "How many of the best plans to verify in fresh processes (0: search only, nothing "
                          "verified).", ge=0)
     target: str = option("cpu", f"What to tune for: {_either(Target)} (this machine, or a TPU generation's cost "
@@ -172,9 +175,16 @@ class TuneOptions(BaseModel):
 
     @property
     def verify_rounds(self) -> int:
-        """Fresh process pairs a verification or an ablation runs, each the trials' length (--steps): a script
-        is measured over the same steps whether a trial or a verification runs it."""
-        return -(-self.verify_pairs // self.steps)
+        """Fresh process pairs a verification or an ablation runs: --processes, or more when the pairs would not
+        fit in that many processes of a trial's length (--steps)."""
+        return max(self.processes, -(-self.verify_pairs // self.steps))
+
+    @property
+    def round_pairs(self) -> int:
+        """Interleaved pairs each of those process pairs measures: the verification's pairs shared out (at least
+        MIN_STEADY = 3, at most a trial's --steps): fewer steps per process, more processes, about the same wall
+        time."""
+        return min(self.steps, max(3, -(-self.verify_pairs // self.verify_rounds)))
 
     def runs_root(self) -> Path:
         return Path(self.output_dir) if self.output_dir else Path.cwd() / ".tpu-agent" / "runs"

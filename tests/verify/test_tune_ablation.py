@@ -41,8 +41,9 @@ def test_a_slowing_group_is_left_out_and_the_smaller_plan_verified():
                                                                ("execution", "numerics")]
     assert '"unit":"padding (model)"' in best.model_dump_json()  # report.json names the unit as the report does
     assert [m[0] for m in runner.measured] == [
-        "verify-1", "ablate-padding-model", "ablate-padding", "ablate-execution-numerics",
-        "ablate-precision-numerics", "verify-2", "ablate-padding-model", "ablate-padding", "ablate-execution-numerics"]
+        "verify-1-1", "verify-1-2", "verify-1-3", "ablate-padding-model", "ablate-padding",
+        "ablate-execution-numerics", "ablate-precision-numerics", "verify-2-1", "verify-2-2", "verify-2-3",
+        "ablate-padding-model", "ablate-padding", "ablate-execution-numerics"]  # 3 fresh process pairs a verification
     assert verdicts == [best]
 
     text = report.markdown(_result(best, verdicts), {})
@@ -101,8 +102,10 @@ def _result(best, verdicts):
 
 
 def test_verification_leaves_out_pairs_in_which_the_candidate_compiled():
-    """A candidate still compiling in its first 4 timed steps (5x slower) is judged on its steady pairs."""
+    """A candidate still compiling in its first 4 timed steps (5x slower) is judged on its steady pairs: each of the
+    3 process pairs measures until it has 7 of them."""
     verdict = verify(Plan(actions=[Compile(mode="fused")]), FakeRunner(compiling=4), TuneSettings(seed=0), None)
     assert verdict.accepted and abs(verdict.speed.speedup - 1 / 0.9) < 0.03
-    assert verdict.speed.pairs == 16  # 20 pairs, 4 compiling
-    assert "4 of 20 pairs left out: a process compiled in them" in verdict.reason  # said, not hidden
+    assert verdict.speed.pairs == 21 and verdict.speed.processes == 3  # 3 x 11 pairs, 4 of each compiling
+    assert "12 of 33 pairs left out: a process compiled in them" in verdict.reason  # said, not hidden
+    assert "21 pairs in 3 process pairs" in verdict.reason

@@ -54,6 +54,7 @@ def tune(
     steps: Annotated[int | None, flag("steps")] = None,
     warmup: Annotated[int | None, flag("warmup")] = None,
     pairs: Annotated[int | None, flag("pairs")] = None,
+    processes: Annotated[int | None, flag("processes")] = None,
     verify: Annotated[int | None, flag("verify")] = None,
     target: Annotated[str | None, flag("target")] = None,
     objective: Annotated[str | None, flag("objective")] = None,

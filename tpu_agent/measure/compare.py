@@ -53,6 +53,28 @@ def steady(a: list[StepRecord], b: list[StepRecord], least: int = MIN_STEADY) ->
     return [x for x, _ in kept], [y for _, y in kept]
 
 
+def process_pairs(a: list[StepRecord], b: list[StepRecord]) -> list[int]:
+    """Which process pair each pair came from: a fresh process counts its steps from 1 again, so a step number
+    that does not follow its predecessor's on either side starts another process pair (a verification's rounds)."""
+    labels, group = [], 0
+    for i, (x, y) in enumerate(zip(a, b)):
+        if i and (x.step <= a[i - 1].step or y.step <= b[i - 1].step):
+            group += 1
+        labels.append(group)
+    return labels
+
+
+def steady_groups(a: list[StepRecord], b: list[StepRecord], least: int) -> tuple[list[StepRecord],
+                                                                                 list[StepRecord], list[int]]:
+    """steady(), with the process pair of each pair kept."""
+    labels = process_pairs(a, b)
+    kept_a, kept_b = steady(a, b, least)
+    if len(kept_a) == len(a):
+        return a, b, labels
+    keep = [i for i, (x, y) in enumerate(zip(a, b)) if not (x.compiled or y.compiled)]
+    return kept_a, kept_b, [labels[i] for i in keep]
+
+
 def steady_ratios(a: list[StepRecord], b: list[StepRecord], scale: float) -> list[float]:
     """A / B time of each pair in which neither process compiled (examples/mlp.py compiled in each of its first 8
     steps, at 4x the steady step time), times `scale` (B's batch over A's when the batch changes)."""
@@ -187,18 +209,20 @@ class Comparison:
 
     # --- the estimates a verification accepts on --------------------------------------------------------------
     def speedup(self) -> SpeedupEstimate:
-        """The speedup with its interval, on steady pairs (at least MIN_PAIRS of them), accepted on --min-gain."""
-        a, b = steady(self.a, self.b, least=MIN_PAIRS)
+        """The speedup with its interval, on steady pairs (at least MIN_PAIRS of them), accepted on --min-gain;
+        pairs from several process pairs (a verification's rounds) get the two-level interval."""
+        a, b, groups = steady_groups(self.a, self.b, MIN_PAIRS)
         before, after = self.batches
         return speedup([s.wall_s for s in a], [s.wall_s for s in b], min_gain=self.options.min_gain,
-                       seed=self.options.seed, baseline_batch=before, candidate_batch=after)
+                       seed=self.options.seed, baseline_batch=before, candidate_batch=after, groups=groups)
 
     def memory(self) -> MemoryEstimate | None:
         """The peak-memory saving with its interval; None when a step has no device figure."""
         if not all(s.device_bytes for s in self.a + self.b):
             return None
         return memory_saving([s.device_bytes for s in self.a], [s.device_bytes for s in self.b],
-                             min_gain=self.options.min_gain, seed=self.options.seed)
+                             min_gain=self.options.min_gain, seed=self.options.seed,
+                             groups=process_pairs(self.a, self.b))
 
     def compiling_notes(self) -> list[str]:
         """What a speedup leaves out or keeps in of compiles, said so that it is read as such."""

@@ -33,8 +33,9 @@ def finite(record: StepRecord, proc: TrialProcess, baseline: bool = False) -> St
 
 
 def interleave(step_a, step_b, pairs: int, report=None, ends_script=None) -> tuple[list[StepRecord], list[StepRecord]]:
-    """A B A B ... for `pairs` pairs; when the script's own end stops a side (its step count, or its own failure
-    after its steps: `ends_script`), the pairs so far (at least MIN_PAIRS_AT_END)."""
+    """A B A B ... for `pairs` pairs, or until `report` (called after each pair) returns True; when the script's
+    own end stops a side (its step count, or its own failure after its steps: `ends_script`), the pairs so far
+    (at least MIN_PAIRS_AT_END)."""
     a: list[StepRecord] = []
     b: list[StepRecord] = []
     for i in range(pairs):
@@ -49,9 +50,17 @@ def interleave(step_a, step_b, pairs: int, report=None, ends_script=None) -> tup
             break
         a.append(first)
         b.append(second)
-        if report is not None:
-            report(i, a, b)
+        if report is not None and report(i, a, b):  # True: enough pairs (a verification round's steady ones)
+            break
     return a, b
+
+
+def steady_enough(wanted: int):
+    """A pair report that says "enough" once `wanted` pairs without compilation are in: a verification round
+    measures that many steady pairs (up to --steps pairs), however long the script's first compiles last."""
+    def enough(i: int, a: list[StepRecord], b: list[StepRecord]) -> bool:
+        return sum(not (x.compiled or y.compiled) for x, y in zip(a, b)) >= wanted
+    return enough
 
 
 class Runner:
@@ -134,8 +143,9 @@ class Runner:
         return self.script_failure is not None and self.script_failure[0] == exc.steps
 
     def measure_plans(self, without: Plan, plan: Plan, name: str):
-        """Two fresh plan processes stepped in turns, in a verification's rounds of --steps pairs (each round fresh
-        processes, the trials' length): (steps of `without`, steps of `plan`)."""
+        """Two fresh plan processes stepped in turns, in a verification's rounds (each round a fresh process pair
+        of `round_pairs` pairs): (steps of `without`, steps of `plan`); a process's steps count from 1, so the
+        rounds can be told apart (compare.process_pairs)."""
         self.close()
         a: list[StepRecord] = []
         b: list[StepRecord] = []
@@ -145,7 +155,8 @@ class Runner:
                 self._warm(a_proc)
                 self._warm(b_proc)
                 ra, rb = interleave(lambda: finite(a_proc.step(), a_proc), lambda: finite(b_proc.step(), b_proc),
-                                    self.options.steps, ends_script=self._script_ends)
+                                    self.options.steps, steady_enough(self.options.round_pairs),
+                                    ends_script=self._script_ends)
             finally:
                 a_proc.stop()
                 b_proc.stop()

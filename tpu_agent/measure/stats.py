@@ -9,6 +9,14 @@ distribution-free order-statistic interval where that is wider), and a change
 is accepted only when the interval's lower end clears 1 + min_gain: an
 identical candidate (A/A) must essentially never pass.
 
+Step pairs inside one process pair share that pair's luck (memory layout,
+thread placement, what the machine did that minute): a verification measures
+several fresh process pairs, and its interval comes from a two-level
+bootstrap (the process pairs resampled, then the steps within each), so the
+spread between process pairs widens it. An interval over the steps of one
+process pair alone passes an A/A comparison whenever that pair's luck favoured
+the candidate by more than --min-gain.
+
 Everything here is pure arithmetic on numbers the runner measured: no
 processes, no clocks, so it is tested on synthetic data.
 """
@@ -32,6 +40,7 @@ class _Interval(BaseModel):
     """What a bootstrap verdict on paired measurements carries, whatever was measured."""
 
     pairs: int
+    processes: int = Field(1, description="fresh process pairs the pairs came from (the interval's replication unit)")
     ci_low: float
     ci_high: float
     confidence: float = CONFIDENCE
@@ -59,7 +68,8 @@ class SpeedupEstimate(_Interval):
     def text(self) -> str:
         """One line for people: `1.457x (95% CI 1.405-1.568, 18 pairs)`."""
         unit = " per sample" if self.per_sample else ""
-        return f"{self.speedup:.3f}x{unit} (95% CI {self.ci_low:.3f}-{self.ci_high:.3f}, {self.pairs} pairs)"
+        n = counted(self.pairs, self.processes)
+        return f"{self.speedup:.3f}x{unit} (95% CI {self.ci_low:.3f}-{self.ci_high:.3f}, {n})"
 
 
 class MemoryEstimate(_Interval):
@@ -70,6 +80,59 @@ class MemoryEstimate(_Interval):
     saving: float = Field(description="median of the pairwise 1 - candidate / baseline; > 0 is smaller")
     accepted: bool = Field(description="ci_low > min_gain")
 
+
+
+def counted(pairs: int, processes: int) -> str:
+    """`20 pairs`, or `21 pairs in 3 process pairs`."""
+    return f"{pairs} pairs" if processes <= 1 else f"{pairs} pairs in {processes} process pairs"
+
+
+def group_index(groups: Sequence[int] | None, n: int) -> list[np.ndarray]:
+    """The positions of each process pair's values (`groups[i]`: the process pair of value i); one group when
+    None."""
+    if groups is None:
+        return [np.arange(n)]
+    labels = np.asarray(list(groups))
+    if labels.shape != (n,):
+        raise ValueError(f"groups needs one label per pair: {len(labels)} labels for {n} pairs")
+    return [np.flatnonzero(labels == g) for g in dict.fromkeys(labels.tolist())]
+
+
+def two_level_median_ci(values: np.ndarray, groups: list[np.ndarray], *, confidence: float = CONFIDENCE,
+                        resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, float]:
+    """Percentile interval of the pooled median from a two-level bootstrap: each resample draws the process pairs
+    with replacement, then, within each drawn pair, its steps with replacement (seeded).
+
+    The spread between process pairs enters through the first level: three process pairs whose ratios sit at
+    0.96, 1.00 and 1.05 give an interval about that wide, however tight each pair's own steps are.
+    """
+    if not 0 < confidence < 1:
+        raise ValueError("confidence must be between 0 and 1")
+    rng = np.random.default_rng(seed)
+    k = len(groups)
+    longest = max(len(g) for g in groups)
+    table = np.full((k, longest), np.nan)  # row g: group g's values, NaN-padded
+    for row, idx in enumerate(groups):
+        table[row, :len(idx)] = values[idx]
+    sizes = np.array([len(g) for g in groups])
+    drawn = rng.integers(0, k, size=(resamples, k))  # level 1: process pairs
+    within = (rng.random((resamples, k, longest)) * sizes[drawn][:, :, None]).astype(int)  # level 2: steps
+    picked = table[drawn[:, :, None], within]
+    picked[np.arange(longest)[None, None, :] >= sizes[drawn][:, :, None]] = np.nan  # a shorter pair's padding
+    medians = np.nanmedian(picked.reshape(resamples, -1), axis=1)
+    alpha = (1.0 - confidence) / 2.0
+    low, high = np.quantile(medians, [alpha, 1.0 - alpha])
+    return float(low), float(high)
+
+
+def interval(values: np.ndarray, groups: Sequence[int] | None, *, confidence: float = CONFIDENCE,
+             resamples: int = RESAMPLES, seed: int = 0) -> tuple[tuple[float, float], int]:
+    """(the interval of the median, the process pairs it counted): two-level over several process pairs, else the
+    one-pair interval (median_ci)."""
+    parts = group_index(groups, len(values))
+    if len(parts) > 1:
+        return two_level_median_ci(values, parts, confidence=confidence, resamples=resamples, seed=seed), len(parts)
+    return median_ci(values, confidence=confidence, resamples=resamples, seed=seed), 1
 
 
 def _times(values: Sequence[float], what: str) -> np.ndarray:
@@ -156,12 +219,14 @@ def speedup(
     resamples: int = RESAMPLES,
     seed: int = 0,
     min_pairs: int = MIN_PAIRS,
+    groups: Sequence[int] | None = None,
 ) -> SpeedupEstimate:
     """Compare interleaved step times (pair i = baseline_s[i], candidate_s[i], measured back to back after warm-up).
 
     Give both batch sizes when the candidate changes the batch: the times are
     then compared per sample, since a bigger step that carries more samples is
-    not slower per sample.
+    not slower per sample. `groups` labels each pair with its process pair: with two or more, the interval is
+    the two-level bootstrap's (the spread between process pairs counted).
     """
     a, b = _paired(baseline_s, candidate_s, min_pairs, "step times")
     per_sample = baseline_batch is not None or candidate_batch is not None
@@ -174,20 +239,22 @@ def speedup(
         raise ValueError("min_gain must be >= 0")
     ratios = a / b
     median = float(np.median(ratios))
-    low, high = median_ci(ratios, confidence=confidence, resamples=resamples, seed=seed)
+    (low, high), processes = interval(ratios, groups, confidence=confidence, resamples=resamples, seed=seed)
     threshold = 1.0 + min_gain
     accepted = low > threshold
     unit = "per sample" if per_sample else "per step"
     ci = f"{confidence:.0%} CI {low:.3f}-{high:.3f}"
+    n = counted(len(a), processes)
     if accepted:
-        reason = f"{median:.3f}x faster {unit} ({ci}, {len(a)} pairs): the lower bound clears {threshold:.3f}"
+        reason = f"{median:.3f}x faster {unit} ({ci}, {n}): the lower bound clears {threshold:.3f}"
     elif median <= 1.0:
-        reason = f"not faster {unit}: {median:.3f}x ({ci}, {len(a)} pairs)"
+        reason = f"not faster {unit}: {median:.3f}x ({ci}, {n})"
     else:
         reason = (f"gain not shown {unit}: {median:.3f}x, but the {ci} reaches below {threshold:.3f} "
-                  f"({len(a)} pairs; noise or a gain under {min_gain:.0%})")
+                  f"({n}; noise or a gain under {min_gain:.0%})")
     return SpeedupEstimate(
-        pairs=len(a), per_sample=per_sample, baseline_median_s=float(np.median(a)), candidate_median_s=float(np.median(b)),
+        pairs=len(a), processes=processes, per_sample=per_sample, baseline_median_s=float(np.median(a)),
+        candidate_median_s=float(np.median(b)),
         speedup=median, ci_low=low, ci_high=high, confidence=confidence, min_gain=min_gain, accepted=accepted,
         reason=reason, resamples=resamples, seed=seed, ratios=[float(r) for r in ratios],
     )
@@ -202,6 +269,7 @@ def memory_saving(
     resamples: int = RESAMPLES,
     seed: int = 0,
     min_pairs: int = MIN_PAIRS,
+    groups: Sequence[int] | None = None,
 ) -> MemoryEstimate:
     """Compare measured peak bytes (per device) of paired runs; accepted when the saving's lower bound > min_gain."""
     a, b = _paired(baseline_bytes, candidate_bytes, min_pairs, "peak bytes")
@@ -209,17 +277,19 @@ def memory_saving(
         raise ValueError("min_gain must be >= 0")
     savings = 1.0 - b / a
     median = float(np.median(savings))
-    low, high = median_ci(savings, confidence=confidence, resamples=resamples, seed=seed)
+    (low, high), processes = interval(savings, groups, confidence=confidence, resamples=resamples, seed=seed)
     accepted = low > min_gain
     ci = f"{confidence:.0%} CI {low:.1%} to {high:.1%}"
+    n = counted(len(a), processes)
     if accepted:
-        reason = f"peak memory {median:.1%} smaller ({ci}, {len(a)} pairs): the lower bound clears {min_gain:.0%}"
+        reason = f"peak memory {median:.1%} smaller ({ci}, {n}): the lower bound clears {min_gain:.0%}"
     elif median <= 0:
-        reason = f"peak memory not smaller: {median:+.1%} saving ({ci}, {len(a)} pairs)"
+        reason = f"peak memory not smaller: {median:+.1%} saving ({ci}, {n})"
     else:
-        reason = f"saving not shown: {median:.1%}, but the {ci} reaches below {min_gain:.0%} ({len(a)} pairs)"
+        reason = f"saving not shown: {median:.1%}, but the {ci} reaches below {min_gain:.0%} ({n})"
     return MemoryEstimate(
-        pairs=len(a), baseline_median_bytes=float(np.median(a)), candidate_median_bytes=float(np.median(b)),
+        pairs=len(a), processes=processes, baseline_median_bytes=float(np.median(a)),
+        candidate_median_bytes=float(np.median(b)),
         saving=median, ci_low=low, ci_high=high, confidence=confidence, min_gain=min_gain, accepted=accepted,
         reason=reason, resamples=resamples, seed=seed,
     )

@@ -7,7 +7,7 @@ from pydantic import BaseModel, Field, computed_field
 from tpu_agent.config import TuneOptions
 from tpu_agent.measure.compare import Comparison, aligned_losses, losses_by_step, rank_memory, rank_memory_line
 from tpu_agent.measure.numerics import NumericsCheck
-from tpu_agent.measure.runner import Runner
+from tpu_agent.measure.runner import Runner, steady_enough
 from tpu_agent.measure.stats import MemoryEstimate, SpeedupEstimate
 from tpu_agent.measure.trials import TrialFailed
 from tpu_agent.plan.actions import Effect, Group, Plan
@@ -95,15 +95,16 @@ def verify(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: int
         estimate = sharding_estimate(profile, plan, options.generation)
         estimate_note = ("time on simulated CPU devices is not a TPU's: the speed figure is measured here but "
                          "not claimed" + (f"; {estimate}" if estimate else ""))
-    # Rounds of `steps` pairs, each in a fresh baseline and candidate process: the length a trial measured,
-    # stopped the same way, as often as the verification's pairs need.
+    # Rounds of `round_pairs` pairs, each in a fresh baseline and candidate process (--processes of them at
+    # least): the interval counts the spread between process pairs, not only the steps inside one.
     rounds = options.verify_rounds
     runner.verifications += 1
     a, b, losses = [], [], []
     for r in range(rounds):
         name = f"verify-{runner.verifications}" + (f"-{r + 1}" if rounds > 1 else "")
         try:
-            ra, rb, cand = runner.measure(plan, name, options.steps, fresh_baseline=True)
+            ra, rb, cand = runner.measure(plan, name, options.steps, report=steady_enough(options.round_pairs),
+                                          fresh_baseline=True)
         except TrialFailed as exc:
             return Verdict(plan=plan, accepted=False, reason=f"verification run failed: {exc.kind}: {exc.message[:200]}")
         finally:
