@@ -168,6 +168,18 @@ class ModuleProgram:
     def capture(cls, module, call, state, args, kwargs):
         """(program, None), or (None, why the forward cannot be one program)."""
         RECORDER.flush("before capture")
+        # The forward's writes into its state (BatchNorm's running statistics) are undone once captured: the
+        # program's run (or, if it cannot be one, the forward as written) makes them, once.
+        before = [(t._storage_box, t._storage_box.array) for t in state.values() if isinstance(t, TpuTensor)]
+        try:
+            return cls._capture(call, state, args, kwargs)
+        finally:
+            for box, array in before:
+                if box.array is not array:
+                    box.write(array)
+
+    @classmethod
+    def _capture(cls, call, state, args, kwargs):
         rng = RNG.get_state()  # the program's own run draws these again: the same masks as eager mode
         owned = {id(t._storage_box): ("state", name) for name, t in state.items() if isinstance(t, TpuTensor)}
         rebased = RebasedViews((args, kwargs)).__enter__()
