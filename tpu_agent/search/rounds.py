@@ -9,6 +9,7 @@ from typing import Protocol
 from rich.console import Console
 
 from tpu_agent.config import TuneOptions
+from tpu_agent.measure.noop import no_change
 from tpu_agent.measure.runner import Runner
 from tpu_agent.propose.base import ProposalRound, Proposer
 from tpu_agent.propose.playbook import load_playbooks
@@ -32,11 +33,35 @@ class Watcher(Protocol):
     def script_failure(self, failure: tuple[int, str] | None) -> None: ...
 
 
+def without_no_ops(space: Space, profile, said: set[str]) -> list[str]:
+    """Leave out of the space every option that changes nothing in the baseline's run (measure.noop), so that no
+    trial is spent on one; a candidate with no option left goes too. The lines to say, each once."""
+    lines = []
+    for cand in list(space.candidates):
+        kept = []
+        for option in space.options[cand.id]:
+            real = tuple(a for a in option if no_change(a, profile) is None)
+            for action in option:
+                why = no_change(action, profile)
+                if why is not None and action.describe() not in said:
+                    said.add(action.describe())
+                    lines.append(f"no change: {action.describe()}: {why} (not searched)")
+            if real and real not in kept:
+                kept.append(real)
+        if kept:
+            space.options[cand.id] = kept
+        else:
+            space.candidates.remove(cand)
+            del space.options[cand.id]
+    return lines
+
+
 def search_rounds(study, runner: Runner, proposer: Proposer, profile, knobs: list, options: TuneOptions,
                   baseline_batch: int | None, watcher: Watcher, *, done: int = 0) -> None:
     """`done`: trials an earlier run of the study recorded (the progress bar counts them; the proposer sees only
     this run's, so a resumed study keeps its search space)."""
     playbooks, space, baseline_losses, this_run = load_playbooks(options.playbooks), Space(candidates=[]), {}, []
+    said: set[str] = set()
     runner.fresh_baselines = profile.recompiling is not None  # each trial's baseline sees the batches anew
     bar = TrialProgress(watcher.console, options.trials, done=done)
 
@@ -52,6 +77,8 @@ def search_rounds(study, runner: Runner, proposer: Proposer, profile, knobs: lis
             round_ = proposer.propose(profile, knobs, playbooks, [r.outcome() for r in this_run], number)
             round_, out_of_scope = candidates_in_scope(round_, options.allow)
             space = build_space(round_, options.candidates, space)
+            for line in without_no_ops(space, profile, said):
+                watcher.console.print(line, markup=False)
             budget = options.trials * number // options.rounds
             watcher.round(number, round_, out_of_scope, space, budget)
             if not space.candidates:

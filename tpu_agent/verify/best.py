@@ -8,6 +8,7 @@ from typing import Protocol
 from rich.console import Console
 
 from tpu_agent.config import TuneOptions
+from tpu_agent.measure.noop import effective
 from tpu_agent.measure.runner import Runner
 from tpu_agent.plan.actions import Plan
 from tpu_agent.verify.ablation import settle
@@ -32,8 +33,18 @@ class Watcher(Protocol):
 
 def verify_best(plans: list[Plan], runner: Runner, options: TuneOptions, baseline_batch: int | None, profile,
                 watcher: Watcher) -> None:
-    """A verified plan stands from the moment it is verified, so an interrupted ablation keeps it."""
+    """A verified plan stands from the moment it is verified, so an interrupted ablation keeps it. A plan's no-op
+    actions (measure.noop) are left out before it is measured; a plan of no-ops alone is said in one line and
+    neither measured nor kept."""
+    seen: set[str] = set()
     for plan in plans[:options.verify]:
+        plan, no_ops = effective(plan, profile)
+        for line in no_ops:
+            watcher.console.print(line + (" (not measured)" if not plan.actions else " (left out of the plan)"),
+                                  markup=False)
+        if not plan.actions or plan.key() in seen:
+            continue
+        seen.add(plan.key())
         watcher.verifying(plan)
         verdict = verify(plan, runner, options, baseline_batch, profile)
         watcher.script_failure(runner.script_failure)
