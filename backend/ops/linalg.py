@@ -188,10 +188,13 @@ def linalg_cholesky_ex(self, *, upper=False, check_errors=False):
     return (_mH(L) if upper else L), info
 
 
-@lower(aten.cholesky.default)
 def cholesky(self, upper=False):
     L = _cholesky_lower(self, upper)
     return _mH(L) if upper else L
+
+
+if hasattr(aten, "cholesky"):  # torch.cholesky's op: PyTorch 2.14 removed it (torch.linalg.cholesky stays)
+    lower(aten.cholesky.default)(cholesky)
 
 
 @lower(aten.cholesky_solve.default)
