@@ -9,7 +9,7 @@ import torch
 
 # Loaded at `import torch` (the torch.backends entry point): only modules that do not
 # import JAX come in here; the rest arrive with the first op.
-from . import attention, auto_compile, autocast, checkpoints, memory, module, pinned, recurrent
+from . import attention, auto_compile, autocast, checkpoints, memory, module, pinned, recurrent, transformer
 from .distributed import process_group
 from .steps import install_optimizer_hook
 
@@ -91,6 +91,7 @@ def register() -> bool:
     autocast.register()
     attention.register()
     recurrent.register()
+    transformer.register()
     checkpoints.register()
     install_optimizer_hook()
     auto_compile.enable_from_environment()
