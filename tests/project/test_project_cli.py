@@ -42,8 +42,8 @@ def test_a_plan_rule_whose_dim_does_not_divide_names_it(tmp_path, capsys):
 
 def test_a_projection_prints_labelled_figures_and_collectives_per_axis(tmp_path, capsys):
     out = tmp_path / "projection.json"
-    code = run_cli(["project", TINY, "--target", "v5p-16", "--mesh", "data=2,fsdp=4", "--json", str(out), "--",
-                    "--steps", "4"])
+    code = run_cli(["project", TINY, "--target", "v5p-16", "--mesh", "data=2,fsdp=4", "--offload-block-inputs",
+                    "--json", str(out), "--", "--steps", "4"])
     text = capsys.readouterr().out
     assert code == 0, text
     for label in ("memory per chip", "step time", "MFU", "communication", "assumptions:"):
@@ -52,6 +52,11 @@ def test_a_projection_prints_labelled_figures_and_collectives_per_axis(tmp_path,
     assert "traced with 2 and 1 of the 3 repeated blocks (model.layers)" in text
     projection = json.loads(out.read_text())
     assert projection["chips"] == 8 and projection["fits"] is True
+    # machine-readable: an estimate, with its assumptions, as the console says
+    assert projection["estimate"] is True and projection["label"] == "projected for v5p-16"
+    assert projection["assumptions"] and "generation's name, counting TensorCores" in projection["read_as"]
+    # the 3 decoder layers' inputs (f32 hidden states, 8 x 32 tokens split over 8 chips) held in host memory
+    assert projection["host_offload_bytes_per_chip"] == 3 * (8 * 32 // 8) * 64 * 4
     axes = {tuple(c["axes"]) for c in projection["collectives"] if c["kind"] != "collective-permute"}
     assert axes and axes <= {("data",), ("fsdp",), ("data", "fsdp")}
     # the model FLOPs: 3 x the forward matmuls, here the analytic 6 x matmul params x tokens + attention

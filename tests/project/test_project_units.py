@@ -213,3 +213,80 @@ def test_a_step_under_its_fsdp_collectives_is_a_floor_the_batch_does_not_move_un
     assert {p.bound for p in above} == {"compute"}
     part, p = step(1)
     assert "a floor, a larger per-chip batch adds no step time" in report.render(part, p)
+
+
+@pytest.mark.parametrize("target, chips, how", [
+    ("v7x-128", None, "the generation's name, counting TensorCores"),
+    ("tpu7x-4x4x4", None, "a chip topology"),
+    ("v7x", 64, "a chip count"),
+])
+def test_a_v7x_slice_is_read_three_ways_and_says_how(target, chips, how):
+    """2 TensorCores per chip, each a JAX device: v7x-128 = tpu7x-4x4x4 = 64 chips."""
+    sl = slices.read(target, chips)
+    assert (sl.name, sl.chips, sl.cores, sl.torus) == ("v7x-128", 64, 128, (4, 4, 4))
+    assert how in sl.read_as and "64 chips, 128 TensorCores (2 per chip, each a JAX device)" in sl.read_as
+
+
+def test_a_topology_keeps_its_shape_and_conflicting_sizes_are_refused():
+    assert slices.read("tpu7x-4x8x8").torus == (4, 8, 8) and slices.read("tpu7x-4x8x8").chips == 256
+    assert slices.read("v6e-16x16").chips == 256
+    with pytest.raises(InputError, match="v7x slices are 3-D"):
+        slices.read("tpu7x-8x8")
+    with pytest.raises(InputError, match="has 64 chips, --chips says 32"):
+        slices.read("tpu7x-4x4x4", 32)
+
+
+def test_across_slices_only_the_data_axis_runs_and_the_gradients_cross_dcn():
+    sl = slices.multislice(slices.read("tpu7x-2x2x2"), 4)
+    assert (sl.chips, sl.slices, sl.total_chips) == (8, 4, 32)
+    assert slices.in_slice_mesh({"data": 8, "fsdp": 4}, sl) == {"data": 2, "fsdp": 4}
+    with pytest.raises(InputError, match="only the data axis runs over DCN"):
+        slices.in_slice_mesh({"data": 2, "fsdp": 16}, sl)
+    program = _program(1, 0.0).model_copy(update={"param_bytes": 2**30, "model_flops": 1.0})
+    part = Partitioned(slice=sl.name, generation="v7x", chips=8, mesh={"fsdp": 8}, blocks_total=None,
+                       blocks_name=None, programs=[program], placements={})
+    p = cost.project(part, sl, {"data": 4, "fsdp": 8})
+    dcn = 2 * 2**30 * 3 / 4 / 1.25e10 + 3 * cost.DCN_LATENCY_S  # a ring over 4 slices at DCN bandwidth per chip
+    assert p.step_s == pytest.approx(dcn) and p.bound == "overlapped collectives"
+    assert p.chips == 32 and p.mesh == {"data": 4, "fsdp": 8} and p.model_flops == 4.0
+
+
+def test_offloaded_block_inputs_leave_hbm_and_their_copies_hide_under_compute():
+    sl = slices.read("v7x-128")
+    peak = 2307e12 * cost.MXU_EFFICIENCY["v7x"]
+    host = 64 * 2**30  # 4 s over a 32 GB/s host link, both ways
+
+    def projected(compute_s):
+        program = _program(1, peak * compute_s).model_copy(update={"host_saved_bytes": host})
+        part = Partitioned(slice=sl.name, generation="v7x", chips=64, mesh={"fsdp": 64}, blocks_total=None,
+                           blocks_name=None, programs=[program], placements={}, offload_block_inputs=True)
+        return cost.project(part, sl)
+
+    hidden, exposed = projected(10.0), projected(1.0)
+    assert hidden.host_transfer_s == pytest.approx(2 * host / 3.2e10)
+    assert hidden.step_s == pytest.approx(10.0) and hidden.host_offload_bytes_per_chip == host
+    assert hidden.hbm_bytes_per_chip == pytest.approx(2 * 2**30)  # arguments + the saved that stayed in HBM
+    assert exposed.step_s == pytest.approx(hidden.host_transfer_s) and exposed.bound == "host offload"
+    assert hidden.estimate is True and any("host memory" in a for a in hidden.assumptions)
+    assert hidden.memory_margin_bytes == pytest.approx(192 * 2**30 - 2 * 2**30)
+
+
+def test_a_plan_left_out_for_memory_says_by_how_much():
+    from tpu_agent.project import rank
+
+    plans = {}
+
+    def project(plan):
+        fits = plan.checkpoint
+        projected = rank.ProjectedPlan(plan=plan, global_batch=64, step_s=1.0 if fits else 0.8,
+                                       time_per_sample_s=(1.0 if fits else 0.8) / 64, mfu=0.5,
+                                       memory_per_chip_bytes=(20 if fits else 40) * 2**30, hbm_bytes=32 * 2**30,
+                                       fits=fits, assumptions=["an assumption"])
+        plans[plan.key()] = projected
+        return projected, 4
+
+    ranking = rank.rank(slices.read("v6e-64"), project, script_batch=64 * 64, budget=3)
+    assert ranking.estimate is True and ranking.after.plan.checkpoint
+    assert ranking.after.estimate is True and ranking.after.assumptions == ["an assumption"]
+    assert rank.fit_text(ranking.after) == "fits, 12 GiB free"
+    assert any("left out for memory: does not fit: 8 GiB over of 32 GiB" in n for n in ranking.notes), ranking.notes

@@ -34,6 +34,9 @@ def project(
                                              "(tpu7x-4x4x4), or a generation with --chips.")] = ...,
     chips: Annotated[int | None, typer.Option("--chips", metavar="N",
                                               help="Chips in the slice (with --target v7x: --chips 64 is v7x-128).")] = None,
+    num_slices: Annotated[int, typer.Option("--slices", metavar="N",
+                                            help="N such slices joined by DCN (multislice): the data axis spans them; "
+                                                 "--mesh's product is N x the slice's chips.")] = 1,
     mesh: Annotated[str | None, typer.Option("--mesh", metavar="AXIS=N,...",
                                              help="Mesh axes (data, fsdp, tensor, expert); product = chips. "
                                                   "Default: fsdp over every chip.")] = None,
@@ -54,18 +57,19 @@ def project(
     from tpu_agent.project import run, slices
     from tpu_agent.project.report import render
 
-    sl = slices.read(target, chips)
+    sl = slices.multislice(slices.read(target, chips), num_slices)
     path = check_script(script)
     if mesh and plan:
         raise InputError("give --mesh or --plan, not both")
     rules, batch = [], None
     if plan:
-        axes, rules, batch = _plan_sharding(plan, sl.chips)
-        slices.check_mesh(axes, sl.chips, f"--plan {plan}")
+        axes, rules, batch = _plan_sharding(plan, sl.total_chips)
+        slices.check_mesh(axes, sl.total_chips, f"--plan {plan}")
     elif mesh:
-        axes = slices.parse_mesh(mesh, sl.chips)
+        axes = slices.parse_mesh(mesh, sl.total_chips)
     else:
-        axes = {"fsdp": sl.chips}
+        axes = {"data": sl.slices, "fsdp": sl.chips} if sl.slices > 1 else {"fsdp": sl.chips}
+    slices.in_slice_mesh(axes, sl)  # refused before any work: a mesh whose data axis does not span the slices
     if per_chip_batch is not None and per_chip_batch < 1:
         raise InputError(f"--per-chip-batch {per_chip_batch}: give 1 or more sequences per chip")
     t0 = time.perf_counter()

@@ -37,6 +37,7 @@ MXU_EFFICIENCY = {"v4": 0.80, "v5e": 0.941, "v5p": 0.934, "v6e": 0.743, "v7x": 0
 FITTED = {"v5e": "fitted on MaxText 32B, v5e-256", "v5p": "fitted on MaxText 32B, v5p-128",
           "v6e": "fitted on MaxText Llama 3.1 8B, v6e-256"}
 HOP_LATENCY_S = 1e-6
+DCN_LATENCY_S = 1e-5  # per slice hop of a ring over the data-center network (assumed)
 OVERLAPPED_AXES = ("data", "fsdp")
 
 
@@ -59,6 +60,8 @@ def collective_seconds(c: Collective, sl: Slice, mesh: dict[str, int]) -> float:
     n = c.group_size
     if n <= 1 or c.result_bytes == 0:
         return 0.0
+    if c.dcn:  # a ring over the slices, each chip's share over its own DCN bandwidth
+        return 2 * c.result_bytes * (n - 1) / n / ic.dcn_bandwidth + (n - 1) * DCN_LATENCY_S
     if c.kind == "collective-permute":
         return c.result_bytes / ic.ici_link_bandwidth + HOP_LATENCY_S
     dims = _axis_dims(mesh, c.axes, sl.torus) if c.axes else list(range(len(sl.torus)))
@@ -117,16 +120,34 @@ def assumptions(sl: Slice, partitioned: Partitioned) -> list[str]:
                    f"({ic.host_note})")
     if sl.read_as:
         out.append(sl.read_as)
+    if sl.slices > 1:
+        out.append(f"{sl.slices} slices: one slice traced (the data axis divided by {sl.slices}); across slices each "
+                   f"chip all-reduces its gradient shard (its parameters' bytes as placed) over DCN at "
+                   f"{ic.dcn_bandwidth / 1e9:.1f} GB/s per chip (profilers/topology.py; assumed for v4 and v7x), "
+                   f"{DCN_LATENCY_S * 1e6:.0f} us per slice hop, overlapping compute as data-parallel collectives do")
     if partitioned.blocks_total:
         out.append(f"traced with 2 and 1 of the {partitioned.blocks_total} repeated blocks "
                    f"({partitioned.blocks_name}); every figure scaled linearly to {partitioned.blocks_total}")
     return out
 
 
-def project(partitioned: Partitioned, sl: Slice) -> Projection:
+def _with_dcn(programs: list[Traced], sl: Slice) -> list[Traced]:
+    """Across slices (multislice, data parallel over DCN) each chip all-reduces its share of the gradients with its
+    counterparts in the other slices: one all-reduce of the parameters' bytes per chip as placed, beside the
+    traced slice's own collectives (it overlaps backward as the data axis does)."""
+    if sl.slices <= 1:
+        return programs
+    return [p.model_copy(update={"collectives": [*p.collectives, Collective(
+        kind="all-reduce", result_bytes=int(p.param_bytes), group_size=sl.slices, groups=sl.chips, axes=["data"],
+        name="gradients across slices (DCN, modelled)", dcn=True)]}) for p in programs]
+
+
+def project(partitioned: Partitioned, sl: Slice, mesh: dict[str, int] | None = None) -> Projection:
+    """`mesh`: the whole mesh across slices (multislice); the partitioned step is one slice's."""
     gen = GENERATIONS[sl.generation]
+    full_mesh = dict(mesh or partitioned.mesh)
     mesh = partitioned.mesh
-    programs, total = partitioned.programs, partitioned.blocks_total
+    programs, total = _with_dcn(partitioned.programs, sl), partitioned.blocks_total
     for p in programs:
         for c in p.collectives:
             c.seconds = collective_seconds(c, sl, mesh)
@@ -153,7 +174,7 @@ def project(partitioned: Partitioned, sl: Slice) -> Projection:
     parts = {"compute": compute, "memory": memory, "critical collectives": critical}
     bound = ("overlapped collectives" if overlapped > local else "host offload" if host_s > local
              else max(parts, key=parts.get) if step > 0 else "")
-    model_flops = _scaled(programs, total, lambda p: p.model_flops)
+    model_flops = _scaled(programs, total, lambda p: p.model_flops) * sl.slices
     hbm = _scaled(programs, total, lambda p: p.argument_bytes + p.output_bytes - p.alias_bytes + p.saved_bytes)
     xla_cpu = _scaled(programs, total, lambda p: p.argument_bytes + p.output_bytes - p.alias_bytes + p.temp_bytes)
     by_axis: dict[str, float] = {}
@@ -167,12 +188,12 @@ def project(partitioned: Partitioned, sl: Slice) -> Projection:
     return Projection(
         label=f"projected for {sl.name}", read_as=sl.read_as, memory_margin_bytes=gen.hbm_bytes - hbm,
         host_offload_bytes_per_chip=host, host_transfer_s=host_s,
-        slice=sl.name, generation=sl.generation, chips=sl.chips, mesh=mesh, step_s=step, compute_s=compute,
+        slice=sl.name, generation=sl.generation, chips=sl.total_chips, mesh=full_mesh, step_s=step, compute_s=compute,
         memory_s=memory, collective_s=overlapped + critical, exposed_collective_s=exposed, bound=bound,
         collective_by_axis=by_axis, collective_bytes_by_kind=by_kind,
         flops_per_chip=_scaled(programs, total, lambda p: p.flops),
         dot_flops_per_chip=_scaled(programs, total, lambda p: p.dot_flops), model_flops=model_flops,
-        mfu=model_flops / (step * gen.peak_bf16_flops * sl.chips) if step > 0 else 0.0,
+        mfu=model_flops / (step * gen.peak_bf16_flops * sl.total_chips) if step > 0 else 0.0,
         hbm_bytes_per_chip=hbm, xla_cpu_bytes_per_chip=xla_cpu, hbm_capacity=float(gen.hbm_bytes), fits=hbm <= gen.hbm_bytes,
         collectives=widest.collectives, assumptions=assumptions(sl, partitioned),
         sources=[gen.source, INTERCONNECTS[sl.generation].source])

@@ -326,7 +326,7 @@ def for_tune(script: str, args: list[str], target: str, profile, script_batch: i
     the tune measures; nothing is projected)."""
     from . import slices
 
-    sl = slices.parse(target)
+    sl = slices.read(target)
     device = getattr(profile, "device", None)
     if device is not None and device.platform == "tpu" and not device.emulated:
         say(f"projection: not run, this host is a TPU ({device.device_kind}): the tune measures on it")

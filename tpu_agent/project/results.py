@@ -16,6 +16,7 @@ class Collective(BaseModel):
     name: str = ""
     example_group: list[int] = Field(default_factory=list)
     seconds: float = 0.0  # costed over the torus (cost.py)
+    dcn: bool = False  # across slices over the data-center network (modelled by cost.py, not traced)
 
 
 class Traced(BaseModel):

@@ -64,5 +64,9 @@ def data_parallel(mesh: dict[str, int], batch_axis: str | None = None) -> int:
 
 
 def project(script: str, args: list[str], sl: Slice, mesh: dict[str, int], **kw) -> tuple[Partitioned, Projection]:
-    partitioned = partition(script, args, sl, mesh, **kw)
-    return partitioned, cost.project(partitioned, sl)
+    """`mesh` over every chip; across several slices (sl.slices) one slice is traced with the data axis divided by
+    the slice count, and the cost model adds the gradients' all-reduce over DCN."""
+    from .slices import in_slice_mesh
+
+    partitioned = partition(script, args, sl, in_slice_mesh(mesh, sl), **kw)
+    return partitioned, cost.project(partitioned, sl, mesh)

@@ -22,6 +22,11 @@ class Slice(BaseModel):
     wraparound: tuple[bool, ...]
     cores: int = 0  # TensorCores (JAX devices on v4/v5p/v7x: 2 per chip); 0 when not read
     read_as: str = ""  # how the input was read, in words (the tool says it)
+    slices: int = 1  # slices of `chips` each, joined by the data-center network (multislice); chips: one slice's
+
+    @property
+    def total_chips(self) -> int:
+        return self.chips * self.slices
 
 
 def _three_d(chips: int) -> tuple[int, ...] | None:
@@ -81,6 +86,29 @@ def from_chips(generation: str, chips: int) -> Slice:
     ic = INTERCONNECTS[kind]
     sl = parse(f"{kind}-{chips * ic.cores_per_chip if ic.name_counts_cores else chips}")
     return _described(sl, f"{generation} --chips {chips}", "a chip count")
+
+
+def multislice(sl: Slice, count: int) -> Slice:
+    """`--slices N`: N copies of the slice, joined by DCN (data parallel across them, as MaxText's
+    dcn_data_parallelism)."""
+    if count < 1:
+        raise InputError(f"--slices {count}: give 1 or more slices")
+    if count == 1:
+        return sl
+    return sl.model_copy(update={"slices": count, "name": f"{count}x{sl.name}",
+                                 "read_as": f"{sl.read_as}; {count} such slices joined by DCN: {count * sl.chips} chips"})
+
+
+def in_slice_mesh(mesh: dict[str, int], sl: Slice) -> dict[str, int]:
+    """The mesh of one slice: across slices only the `data` axis runs (DCN data parallelism), so `data` must divide
+    by the slice count; one slice is traced and the gradients' all-reduce across slices added by the cost model."""
+    if sl.slices == 1:
+        return dict(mesh)
+    if mesh.get("data", 1) % sl.slices:
+        raise InputError(f"--mesh {','.join(f'{k}={v}' for k, v in mesh.items())}: across {sl.slices} slices only the "
+                         f"data axis runs over DCN; give data as a multiple of {sl.slices}")
+    inner = {k: (v // sl.slices if k == "data" else v) for k, v in mesh.items()}
+    return {k: v for k, v in inner.items() if v > 1} or {"fsdp": 1}
 
 
 def read(target: str, chips: int | None = None) -> Slice:
