@@ -178,6 +178,9 @@ def build_profile(d: "Collected", run: "RunInfo", exit_code: int, error: str | N
                       lambda: _graph_breaks(RECORDER, d, start, end, window_steps), GraphBreaks())
     window_stats = (start.stats if start else (0, 0, 0, 0), end.stats if end else (0, 0, 0, 0))
     transfers = _transfers(STATS, window_stats, window_steps)
+    if STATS.ops and not any(e.calls for e in ran):
+        notes.append(f"{STATS.ops} op(s) reached the tpu device but no program ran them: fused execution defers ops "
+                     "until a value is needed (.item(), a print, a copy to the CPU), and the script read none back")
     if STATS.fallbacks:
         notes.append(f"{sum(STATS.fallbacks.values())} op call(s) fell back to the CPU: "
                      + ", ".join(f"{op} x{n}" for op, n in STATS.fallbacks.most_common(5)))
@@ -202,7 +205,7 @@ def build_profile(d: "Collected", run: "RunInfo", exit_code: int, error: str | N
         parameters=sum(trained.values()) if trained else None,
         executables=sorted(exe_rows, key=lambda r: -(r.flops * r.calls_per_step)),
         hot_ops=hot, padding=pad, recompilations=recompiles, recompiling=recompiling, graph_breaks=breaks, transfers=transfers,
-        fallbacks=dict(STATS.fallbacks), target=target,
+        fallbacks=dict(STATS.fallbacks), device_ops=STATS.ops, target=target,
         files=Files(hlo_dir=str(hlo_dir) if hlo_dir else None,
                     xla_dump_dir=str(run.run_dir / "xla_dump") if s.xla_dump else None,
                     trace_dir=d.trace_dir),

@@ -551,6 +551,8 @@ class Profile(BaseModel):
     graph_breaks: GraphBreaks = Field(default_factory=GraphBreaks)
     transfers: Transfers | None = None
     fallbacks: dict[str, int] = Field(default_factory=dict, description="aten ops run on the CPU, with counts")
+    device_ops: int | None = Field(None, description="aten ops dispatched to the tpu device over the whole run, "
+                                   "whether or not a program ran them (None: not counted)")
     target: Target | None = None
     files: Files = Field(default_factory=Files)
     notes: list[str] = Field(default_factory=list)

@@ -29,8 +29,15 @@ def trained_off_the_device() -> bool:
 
 
 def profile_touched(profile) -> bool:
-    """Did the profiled run put work on the device: an executable ran, or it counted device FLOPs? (Else every
-    device figure is an empty zero.)"""
+    """Did the profiled run put work on the device? Told by the ops dispatched to it (the device's own counter),
+    not by training steps or by the programs that ran: a script that moves two tensors to tpu and multiplies them,
+    with no optimizer and no value read back, used the device even though fused execution never ran a program.
+    A profile written before the counter existed: an executable ran, or it counted device FLOPs."""
+    if getattr(profile, "device_ops", None):
+        return True
+    transfers = getattr(profile, "transfers", None)
+    if transfers is not None and transfers.h2d_count > 0:
+        return True
     flops = profile.flops.per_step if profile.flops is not None else 0.0
     return any(e.calls > 0 for e in profile.executables) or flops > 0
 
