@@ -9,6 +9,7 @@ renamed, so nothing half-written is left behind looking complete.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import time
@@ -79,10 +80,45 @@ class CannotWriteBefore(InputError):
     """The environment refuses our files before any work began (exit 2)."""
 
 
+REFUSED_FILE = "profile.refused"  # a child whose profile was refused writes why here, if the disk takes that much
+
+_CAUSES = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
+           errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
+           errno.EPERM: "permission denied", errno.EFBIG: "the file is larger than allowed"}
+
+
+def cause(exc: OSError) -> str:
+    """Why the environment refused a write, said as its cause: `the disk is full (ENOSPC: No space left on
+    device)`, not only that it was refused."""
+    code = exc.errno
+    name = errno.errorcode.get(code) if code is not None else None
+    text = exc.strerror or exc.__class__.__name__
+    said = _CAUSES.get(code)
+    if said is None:
+        return f"{name}: {text}" if name else text
+    return f"{said} ({name}: {text})"
+
+
+def record_refusal(run_dir: Path | str, exc: OSError) -> None:
+    """In a run's child: why its profile was refused, for the parent's one line (best effort: a full disk may not
+    take even this)."""
+    with contextlib.suppress(OSError):
+        (Path(run_dir) / REFUSED_FILE).write_text(cause(exc) + "\n")
+
+
+def refusal_of_run(run_dir: Path | str) -> str:
+    """Why a run's profile was refused: what its child recorded, else what the folder refuses now, else said
+    unknown."""
+    with contextlib.suppress(OSError):
+        recorded = (Path(run_dir) / REFUSED_FILE).read_text().strip()
+        if recorded:
+            return recorded
+    return probe_refusal(run_dir) or "refused while the run wrote it (the cause was not recorded)"
+
+
 def refused(exc: OSError, path: Path | str, what: str) -> str:
     """The one line: what, where, why."""
-    reason = exc.strerror or exc.__class__.__name__
-    return f"cannot write {what} {path}: {reason}"
+    return f"cannot write {what} {path}: {cause(exc)}"
 
 
 @contextlib.contextmanager
@@ -150,7 +186,7 @@ def probe_refusal(directory: Path | str) -> str | None:
     try:
         probe.write_bytes(b"0" * 4096)
     except OSError as exc:
-        return exc.strerror or exc.__class__.__name__
+        return cause(exc)
     finally:
         with contextlib.suppress(OSError):
             probe.unlink()

@@ -53,6 +53,7 @@ def test_a_full_disk_while_the_profile_is_written_is_one_line_and_exit_1(tmp_pat
     line = _one_error(proc)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "cannot write the profile" in line and "the script ran to its end" in line
+    assert "the disk is full (ENOSPC: No space left on device)" in line  # its cause, not only that it was refused
     assert "could not start the run" not in proc.stderr
     assert not list(tmp_path.rglob("profile.json*"))  # nothing half-written looks complete
 

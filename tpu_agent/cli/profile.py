@@ -28,7 +28,7 @@ from tpu_agent.cli.options import (NPROC_WITH_DEVICES, DeviceMapOption, ScriptAr
                                     stderr_console, stdout_console)
 from tpu_agent.errors import InputError, TpuAgentError
 from tpu_agent.cli.format import ms
-from tpu_agent.paths import CANNOT_WRITE_EXIT, RUNS_SUBDIR, CannotWrite, probe_refusal, shown_path, writable_dir
+from tpu_agent.paths import CANNOT_WRITE_EXIT, RUNS_SUBDIR, CannotWrite, refusal_of_run, shown_path, writable_dir
 from tpu_agent.profilers.schema import Settings
 
 TIMED_OUT = 124  # as timeout(1) exits
@@ -162,7 +162,7 @@ def profile_script(
         prof = read_profile(path)
     except FileNotFoundError:
         if result.exit_code == CANNOT_WRITE_EXIT:  # the script finished; the environment refused its profile
-            reason = probe_refusal(result.run_dir) or "refused while the run wrote it"
+            reason = refusal_of_run(result.run_dir)
             raise CannotWrite(f"cannot write the profile {shown_path(path)}: {reason} (the script ran to its end)")
         why = f"killed by signal {result.signal_number}" if result.signal_number else f"exit {result.exit_code}"
         sys.stdout.flush()

@@ -208,8 +208,9 @@ def _exit_if_not_written(session) -> None:
     """The script ran to its end but the environment refused its profile: the parent, told by this exit code,
     says why in its one line (no traceback of ours)."""
     if session.write_failed is not None:
-        from tpu_agent.paths import CANNOT_WRITE_EXIT
+        from tpu_agent.paths import CANNOT_WRITE_EXIT, record_refusal
 
+        record_refusal(session.run_dir, session.write_failed)
         raise SystemExit(CANNOT_WRITE_EXIT)
 
 

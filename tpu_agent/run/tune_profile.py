@@ -10,7 +10,7 @@ from pathlib import Path
 from tpu_agent import envvars
 from tpu_agent.config import TuneOptions
 from tpu_agent.errors import TpuAgentError
-from tpu_agent.paths import CANNOT_WRITE_EXIT, CannotWrite, probe_refusal, shown_path
+from tpu_agent.paths import CANNOT_WRITE_EXIT, CannotWrite, refusal_of_run, shown_path
 from tpu_agent.plan.actions import PadDim, Plan
 from tpu_agent.profilers.schema import Profile, Settings
 from tpu_agent.run.device_use import profile_touched, refusal
@@ -64,7 +64,7 @@ def profile_for_tune(script: Path, args: list[str], run_dir: Path, options: Tune
         raise BaselineFailed(f"the {what} run timed out: no progress to {watch.waiting_for or watch.timed_out_waiting} "
                              f"within {options.trial_timeout:.0f} s (--trial-timeout); its output is in {shown}")
     if result.exit_code == CANNOT_WRITE_EXIT and not path.exists():  # the run finished; its profile was refused
-        reason = probe_refusal(result.run_dir) or "refused while the run wrote it"
+        reason = refusal_of_run(result.run_dir)
         raise CannotWrite(f"cannot write the {what}'s profile {shown_path(path)}: {reason}")
     if not result.ok:
         if plan is None:
