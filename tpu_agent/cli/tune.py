@@ -96,6 +96,7 @@ def tune(
     from tpu_agent import interrupts, pipeline
     from tpu_agent.plan.patch import apply_patch
     from tpu_agent.propose import choose_proposer
+    from tpu_agent.report.console import TuneLines
     from tpu_agent.search.study import dashboard_command
 
     check_script(script)
@@ -130,6 +131,7 @@ def tune(
                           "study, --resume continues")
         else:
             console.print("[bold]no change verified[/bold]: the baseline stays")
+        TuneLines(console).host(result)
         if result.projection is not None:  # --target SLICE: an estimate, apart from what was verified
             from tpu_agent.report.projection import console_line
 

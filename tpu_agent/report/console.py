@@ -91,6 +91,16 @@ class TuneLines:
     def plan_profile_failed(self, error: str) -> None:
         self._warn(f"the verified plan's profile failed: {error}; the summary has its verified step time only")
 
+    def host(self, result: TuneResult) -> None:
+        """Under the verdict: where its figures were measured, and what is only estimated for --target."""
+        from tpu_agent.report.result import target_split
+
+        if result.host:
+            self.console.print(f"  measured on {result.host}", markup=False)
+        split = target_split(result)
+        if split:
+            self.console.print(f"  {split}", markup=False)
+
     def interrupted(self, result: TuneResult) -> None:
         """The one line an interrupt (Ctrl-C, SIGTERM, SIGHUP) prints, in any phase: what was kept."""
         phase = result.interrupted_during

@@ -12,7 +12,7 @@ from pathlib import Path
 from tpu_agent.paths import save_figure, write_atomic
 from tpu_agent.plan.actions import PadDim
 from tpu_agent.report.effects import effect_lines
-from tpu_agent.report.result import TuneResult
+from tpu_agent.report.result import TuneResult, target_split
 from tpu_agent.verify.verdict import Verdict
 
 
@@ -40,6 +40,11 @@ def _fmt_speed(verdict: Verdict) -> str:
 
 def markdown(result: TuneResult, files: dict[str, Path]) -> str:
     lines = [f"## tpu-agent: {Path(result.script).name}", ""]
+    if result.host:  # the first thing a reader needs: where the gains were measured
+        lines += [f"*Measured on:* {result.host}.", ""]
+    split = target_split(result)
+    if split:
+        lines += [f"*Measured here, estimated for {result.settings.target}:* {split}.", ""]
     best = result.best
     if best is not None:
         s = best.speed
@@ -95,7 +100,9 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
                       "(no change to the script; the same math in another order, so class numerics) are searched "
                       "and credited like the others (see where the gain comes from)."]
         lines += ["", f"Measured on {_measured_on(result)}: "
-                      f"baseline and candidate ran in fresh processes, steps interleaved (A B A B ...) after "
+                      f"baseline and candidate ran in {result.settings.verify_rounds} fresh process pairs (the "
+                      f"interval, a two-level bootstrap, counts the spread between them), steps interleaved "
+                      f"(A B A B ...) after "
                       f"{result.settings.warmup} warm-up steps each, device synchronized around every step; "
                       f"accepted only if the interval's lower end clears {1 + result.settings.min_gain:.2f}x."]
         if "patch.diff" in files:

@@ -12,7 +12,7 @@ from tpu_agent.plan.actions import Plan
 from tpu_agent.propose.base import ProposalRound
 from tpu_agent.propose.knobs import Knob
 from tpu_agent.report.console import TuneLines
-from tpu_agent.report.result import TuneResult, summary_of
+from tpu_agent.report.result import TuneResult, measured_on, summary_of
 from tpu_agent.search.records import TrialRecord
 from tpu_agent.search.space import Space
 from tpu_agent.verify.verdict import Verdict
@@ -65,6 +65,7 @@ class TuneProgress:
         result, self.profile = self.result, profile
         result.baseline_profile, result.summary = str(path), summary_of(profile, None)
         result.parameters, result.baseline_mode = [profile.parameters, None], profile.mode_used
+        result.host = measured_on(profile)
         self.say.baseline_done(seconds, profile)
 
     def left_out(self, knobs: list[tuple[Knob, str]]) -> None:

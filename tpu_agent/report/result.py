@@ -18,6 +18,46 @@ from tpu_agent.search.records import TrialRecord
 from tpu_agent.verify.verdict import Verdict
 
 
+def cpu_model() -> str:
+    """This host's CPU model (`/proc/cpuinfo`'s model name on Linux), else what the platform module says."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def measured_on(profile) -> str:
+    """Where a tune's gains are measured, in one phrase: the host's CPU model and core count, the JAX platform the
+    device ran on and its device count (`AMD EPYC 7B13 (2 cores), JAX platform cpu, 1 device`)."""
+    import os
+
+    device = getattr(profile, "device", None)
+    env = getattr(profile, "environment", None)
+    platform = device.platform if device is not None else (env.jax_default_backend if env is not None else None)
+    count = device.count if device is not None else (len(env.jax_devices) if env is not None else None)
+    cores = (env.cpu_count if env is not None else None) or os.cpu_count()
+    devices = "" if count is None else f", {count} device{'s' if count != 1 else ''}"
+    simulated = " (simulated on the CPU)" if platform == "cpu" and (count or 1) > 1 else ""
+    return f"{cpu_model()} ({cores} cores), JAX platform {platform or 'unknown'}{devices}{simulated}"
+
+
+def target_split(result: "TuneResult") -> str | None:
+    """With --target naming a TPU generation (or slice) while this host is not a TPU: the line that separates what
+    this host measured from what is only estimated for the target; None otherwise."""
+    target = result.settings.target
+    if target == "cpu" or (result.host or "").find("JAX platform tpu") >= 0:
+        return None
+    return (f"what this host measured (times, intervals, verified changes) is this host's; figures for "
+            f"{target} (rooflines, projections, padding waste) are estimates, never verified here, and a change "
+            f"whose benefit is only {target}'s is not called verified")
+
+
 class TuneResult(BaseModel):
     script: str
     args: list[str]
@@ -26,6 +66,8 @@ class TuneResult(BaseModel):
     storage: str
     run_dir: str
     baseline_profile: str | None = None
+    host: str | None = Field(None, description="where the gains were measured: host CPU model and cores, JAX "
+                             "platform, device count (result.measured_on)")
     baseline_mode: str | None = Field(None, description="how the unchanged script executed: eager, fused, compiled")
     plan_profile: str | None = Field(None, description="the verified plan's profile.json (the summary's figures)")
     parameters: list[int | None] = Field(default_factory=lambda: [None, None], description=(
