@@ -33,7 +33,9 @@ def from_cpu(t: torch.Tensor):
         host = t.view(torch.int16).numpy().view(jnp.bfloat16)
     else:
         host = t.numpy()
-    array = jnp.asarray(host, dtype=dtypes.to_jax_dtype(t.dtype))
+    # A copy, as `.to()` is: jnp.asarray may alias the CPU tensor's memory (JAX's CPU client does, zero-copy),
+    # and a later in-place write to the CPU tensor would then change the device value.
+    array = jnp.array(host, dtype=dtypes.to_jax_dtype(t.dtype), copy=True)
     if RECORDER.capture is not None:
         RECORDER.capture.note_host(array, t)
     return array

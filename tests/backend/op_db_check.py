@@ -3,6 +3,10 @@
 Forward: for each OpInfo, every float32 sample is run on CPU and on tpu and the
 results compared (torch.testing tolerances for float32).
 
+Arguments: after each forward sample, every tensor argument on tpu is compared with the CPU's after its run, so
+that an op which writes into its inputs (in-place variants, batch norm's running statistics, which
+`native_batch_norm`'s schema does not even mark as written) is held to the CPU's writes, not only its outputs.
+
 Gradients: for each OpInfo that supports autograd, every float32 sample with
 requires_grad=True is run forward on both devices, the sum of the `.sum()` of
 every floating-point output is differentiated, and the gradient of each input
@@ -42,6 +46,10 @@ class OpResult:
     error: str = ""
     # Samples compared by shape and dtype alone: their CPU result changes with the seed.
     seeded: int = 0
+    # Samples whose CPU run wrote into one of its tensor arguments (compared after the call on both devices),
+    # and those whose arguments after the tpu call differ from the CPU's.
+    writes: int = 0
+    write_errors: int = 0
 
     @property
     def ok(self) -> bool:
@@ -150,6 +158,7 @@ def check_op(opinfo, max_samples: int = MAX_SAMPLES, seconds: int = 20) -> OpRes
         for sample in list(opinfo.sample_inputs("cpu", torch.float32, requires_grad=False))[:max_samples]:
             result.samples += 1
             args, post, (targs, tkwargs, _), (cargs, ckwargs, _) = _prepared(opinfo, sample)
+            before = _snapshot((args, sample.kwargs))
             try:
                 torch.manual_seed(0)
                 expected = post(opinfo.op(*args, **sample.kwargs))
@@ -158,16 +167,19 @@ def check_op(opinfo, max_samples: int = MAX_SAMPLES, seconds: int = 20) -> OpRes
                 result.samples -= 1  # the CPU itself rejects this sample
                 continue
             result.seeded += random and not _is_random(opinfo)
+            result.writes += _changed(before, (args, sample.kwargs))
             try:
                 actual = post(tree_map(_to_cpu, opinfo.op(*targs, **tkwargs)))
                 if random:
                     _compare_meta(actual, expected)
                 else:
+                    _compare_arguments((targs, tkwargs), (args, sample.kwargs))
                     _close(actual, expected)
                 result.passed += 1
             except _Timeout:
                 raise
             except Exception as exc:  # noqa: BLE001 - recorded, reported
+                result.write_errors += isinstance(exc, WrittenArgumentMismatch)
                 _record(result, exc)
     return result
 
@@ -199,6 +211,37 @@ def _prepared(opinfo, sample):
     targs, tkwargs, pairs = _moved(args, _device_kwarg(sample.kwargs), _to_tpu)
     return (args, sample.output_process_fn_grad, (_host_args(opinfo, args, targs), tkwargs, pairs),
             _moved(args, sample.kwargs, _cpu_copy))
+
+
+class WrittenArgumentMismatch(AssertionError):
+    """An argument after the tpu call differs from the same argument after the CPU's."""
+
+
+def _compare_arguments(actual, expected) -> None:
+    """Every tensor argument after the tpu call against the same argument after the CPU's: what an op writes
+    into its inputs is part of its result."""
+    a, a_spec = tree_flatten(actual)
+    e, e_spec = tree_flatten(expected)
+    assert a_spec == e_spec
+    for i, (x, y) in enumerate(zip(a, e)):
+        if isinstance(y, torch.Tensor) and x is not y:
+            try:
+                _close(_to_cpu(x.detach()), y.detach())
+            except AssertionError as exc:
+                raise WrittenArgumentMismatch(f"argument {i} after the call (written in place): {exc}") from None
+
+
+def _snapshot(tree) -> list:
+    return [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in tree_flatten(tree)[0]]
+
+
+def _changed(before: list, tree) -> bool:
+    """Whether a run changed one of the tensor arguments snapshotted before it."""
+    for x, y in zip(tree_flatten(tree)[0], before):
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            if x.shape != y.shape or not torch.equal(x.detach().nan_to_num(), y.nan_to_num()):
+                return True
+    return False
 
 
 def _cpu_copy(x):

@@ -40,3 +40,21 @@ def test_op_db_float32_floor(part: str, shard: int):
     rate = summary.pass_rate if part == "forward" else summary.grad_pass_rate
     print(op_db_check.report(part, results))
     assert rate >= floor, f"{part} {rate:.1%} < {floor:.0%}; failing: {sorted(r.name for r in tested if not r.ok)}"
+
+
+# The OpInfos whose CPU run writes into a tensor argument (found by running every float32 sample of op_db on the
+# CPU; the random in-place ops, cauchy_ and the like, are compared by shape only). The outputs-only check let batch
+# norm drop its running statistics on tpu; every argument is now compared after the call.
+WRITERS = ["native_batch_norm", "_native_batch_norm_legit", "_batch_norm_with_update", "nn.functional.batch_norm",
+           "nn.functional.instance_norm", "nn.functional.embedding", "nn.functional.embedding_bag"]
+
+
+def test_ops_that_write_their_arguments_write_what_the_cpu_writes():
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    infos = [o for o in op_db if op_db_check._name(o) in WRITERS]
+    assert sorted({op_db_check._name(o) for o in infos}) == sorted(WRITERS), "op_db renamed one of these OpInfos"
+    results = [op_db_check.check_op(o) for o in infos]
+    for r in results:
+        assert r.writes > 0, f"{r.name}: no sample wrote into an argument on the CPU: this check would say nothing"
+        assert r.write_errors == 0, f"{r.name}: {r.write_errors} of {r.samples} samples wrote otherwise on tpu: {r.error}"
