@@ -47,6 +47,27 @@ def test_what_counts_as_no_change(tmp_path):
     own = profile(tmp_path, source="torch.tpu.set_precision(torch.tpu.Precision.HIGHEST)\n")
     assert no_change(MatmulPrecision(precision="default"), own) is None
     assert no_change(MatmulPrecision(precision="default"), None) is None  # no profile: nothing is claimed
+    # A CPU host computes f32 matmuls the same at every precision: a TPU's change, never measured here.
+    cpu = profile(tmp_path)
+    cpu.device = SimpleNamespace(platform="cpu")
+    assert "JAX platform cpu" in no_change(MatmulPrecision(precision="highest"), cpu)
+    cpu.device = SimpleNamespace(platform="gpu")
+    assert no_change(MatmulPrecision(precision="highest"), cpu) is None
+
+
+def test_precision_is_bit_identical_on_a_cpu_host():
+    """What the CPU rule rests on: the device's matmul at each precision gives the same bits on this host."""
+    import torch
+
+    if torch.tpu.get_device_name() and __import__("jax").default_backend() != "cpu":
+        pytest.skip("a host whose matmuls depend on the precision")
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(127, 255, generator=gen), torch.randn(255, 63, generator=gen)
+    outs = []
+    for mode in (torch.tpu.Precision.DEFAULT, torch.tpu.Precision.HIGH, torch.tpu.Precision.HIGHEST):
+        with torch.tpu.precision(mode):
+            outs.append(torch.tanh(x.to("tpu") @ w.to("tpu")).cpu())
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
 def test_effective_plan_and_its_lines(tmp_path):

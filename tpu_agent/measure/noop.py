@@ -7,7 +7,8 @@ one on a lucky draw would credit the tool with a gain it did not make. What is c
 profile (what the unchanged script ran):
 
 - matmul precision: the precision the baseline's device already runs (DEFAULT, the device's own, unless the
-  script sets one itself);
+  script sets one itself); any precision on a CPU host, whose XLA backend compiles the same f32 kernel at every
+  precision (its effect is a TPU's: never verified here);
 - operand padding (`pad_ops`): a multiple that every matmul and convolution dim it would pad already has (or, for
   targeted sizes, sizes that are already multiples of it, or that no op of the step has);
 - execution mode: the mode the baseline already ran in;
@@ -60,6 +61,12 @@ def no_change(action, profile) -> str | None:
     if isinstance(action, MatmulPrecision):
         if action.precision == "default" and not _script_sets_precision(profile):
             return "matmul precision default is the precision the device already runs"
+        device = getattr(profile, "device", None)
+        if getattr(device, "platform", None) == "cpu":
+            # XLA's CPU backend compiles the same f32 matmul kernel at every precision (only the dot's
+            # operand_precision attribute differs; results bit-identical): a TPU's gain, estimated, never verified
+            return (f"matmul precision {action.precision}: this host (JAX platform cpu) runs f32 matmuls the same at "
+                    "every precision; what it changes is a TPU's (an estimate, never verified here)")
     elif isinstance(action, PadOps):
         dims = padded_dims(profile)
         if dims is None:
