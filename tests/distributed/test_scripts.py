@@ -34,6 +34,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from support import float32_noise
 from support.paths import EXAMPLES
 from support.processes import clean_env, run_tool
 from support.rank_runs import (CASES, MODES, SAVE_AT, STEPS, check, model_error, parameter_errors, run_case, run_ranks,
@@ -85,10 +86,11 @@ def test_fsdp2_per_block_and_root_matches_gloo_and_a_dcp_checkpoint_resumes_it(t
     save = ["--steps", str(STEPS), "--checkpoint", str(tmp_path / "ckpt"), "--save-at", str(SAVE_AT)]
     gloo = run_ranks("fsdp2.py", save[:2], tmp_path / "gloo", on="cpu")
     tpu = run_ranks("fsdp2.py", save, tmp_path / "tpu", on="tpu")
+    bounds = float32_noise.bounds(2, STEPS, 1e-5)
     for rank in (0, 1):
         assert worst_loss_error(tpu[rank], gloo[rank]) < 1e-5, (rank, tpu[rank]["losses"], gloo[rank]["losses"])
         errors = parameter_errors(tpu[rank], gloo[rank])
-        assert max(errors.values()) < 1e-5, (rank, errors)
+        assert all(e < bounds[n] for n, e in errors.items()), (rank, errors, bounds)
     # Each rank trained on its own batches, and the gradients were averaged: one model on both ranks.
     assert tpu[0]["losses"] != tpu[1]["losses"] and tpu[0]["params"] == tpu[1]["params"]
     assert (tmp_path / "ckpt" / ".metadata").exists()
@@ -115,7 +117,8 @@ MATRIX = [(case, mode, nproc) for nproc in (2, 4) for case in CASES for mode in 
     ids=[f"{c}-{m}-{n}" for c, m, n in [*COMBINATIONS, *MATRIX]])
 def test_script_matches_gloo_rank_by_rank(case, mode, nproc, tmp_path):
     """Each rank's per-step losses and all its final parameters together within the case's tolerance of
-    gloo's (1e-5 relative, bf16 1e-2), each parameter within 1e-5 of its norm (fsdp_tp: 1e-4, one weight
+    gloo's (1e-5 relative, bf16 1e-2), each parameter within 1e-5 of its norm or, for fsdp2.py in float32, twice
+    PyTorch's own float32 error there (the test below; at 4 ranks blocks.2.up.weight's is 1.26e-5) (fsdp_tp: 1e-4, one weight
     element whose AdamW steps nearly cancel; bf16: not checked one by one, a zero-initialised layer-norm bias
     ends 5e-2 of its norm away, as PyTorch's CPU kernel sums its gradient row by row in bf16); every rank ends
     with the same model; dcp: a fresh job resumes the checkpoint saved after step 3 with the uninterrupted
@@ -173,13 +176,30 @@ def test_fsdp2_with_compiled_steps_replays_its_adamw_program_and_matches_gloo(tm
                     env=clean_env(TPU_AGENT_COMPILE_STEPS="1"), timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     gloo = run_ranks("fsdp2.py", ["--steps", str(STEPS)], tmp_path / "gloo", on="cpu")
+    bounds = float32_noise.bounds(2, STEPS, 1e-5)
     for rank in (0, 1):
         tpu = json.loads((out / f"rank{rank}.json").read_text())
         assert worst_loss_error(tpu, gloo[rank]) < 1e-5, (rank, tpu["losses"], gloo[rank]["losses"])
         errors = parameter_errors(tpu, gloo[rank])
-        assert max(errors.values()) < 1e-5, (rank, errors)
+        assert all(e < bounds[n] for n, e in errors.items()), (rank, errors, bounds)
         # step 1 creates the state as written, 2 and 3 are captured, 4-6 replay
         assert json.loads((out / f"replays{rank}.json").read_text()) == {"replays": STEPS - 3, "reason": None}
+
+
+def test_the_device_trains_fsdp2s_model_as_close_to_the_exact_result_as_pytorchs_cpu_does():
+    """The bound the float32 FSDP2 and DCP cases are held to (support/float32_noise.py): against the float64
+    result of the same training (4 ranks' batches, gradients averaged, AdamW, 6 steps, in this process), each
+    parameter of the tpu run is within 1.5 times PyTorch's own CPU float32 error (measured 2026-12-07: 0.99-1.2
+    times; blocks.2.up.weight 1.38e-5 where the CPU's is 1.26e-5), so twice PyTorch's error bounds the distance
+    between the two float32 runs. Before, the 4-rank compiled DCP case was held to 1e-5 per parameter, below
+    PyTorch's own error on that parameter, and failed or passed with the rounding of one gradient (issue: 1e-05
+    with tolerance 1e-05 on all ranks; 2.25e-6 here with XLA's default flags, eager and compiled alike)."""
+    exact = float32_noise.train(4, STEPS, torch.float64)
+    pytorch = float32_noise.relative(float32_noise.train(4, STEPS, torch.float32), exact)
+    device = float32_noise.relative(float32_noise.train(4, STEPS, torch.float32, "tpu"), exact)
+    assert max(pytorch.values()) > 1e-5  # the case this is about: the CPU's own error over the old tolerance
+    worse = {n: (device[n], pytorch[n]) for n in exact if device[n] > 1.5 * pytorch[n] + 1e-8}
+    assert not worse, worse
 
 
 def test_the_check_against_gloo_flags_a_loss_a_parameter_and_ranks_that_disagree():
