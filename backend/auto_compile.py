@@ -69,8 +69,30 @@ def compile_module(module: torch.nn.Module, whole_step: bool = False):
     compiled = CompiledModule(module, call=type(module).forward.__get__(module))
     compiled.whole_step = whole_step
     module.forward = compiled.forward
+    _leave_compiled_forwards_out_of_pickles()
     STATE.modules.append(compiled)
     return compiled
+
+
+def _leave_compiled_forwards_out_of_pickles() -> None:
+    """`torch.save(model)` and `copy.deepcopy(model)` of a model compiled here give the model as written: the
+    compiled forward in its `__dict__` is left out, as `nn.Module.__getstate__` leaves out what `module.compile()`
+    sets. (Before, the pickle held the compiled programs, and the copy's forward ran the original's.)"""
+    original = torch.nn.Module.__getstate__
+    if getattr(original, "_tpu_agent", False):
+        return
+    from .module_program import CompiledModule
+
+    def getstate(self):
+        state = original(self)
+        forward = state.get("forward")
+        if isinstance(getattr(forward, "__self__", None), CompiledModule):
+            state = dict(state)
+            del state["forward"]
+        return state
+
+    getstate._tpu_agent = True
+    torch.nn.Module.__getstate__ = getstate
 
 
 def _first_forward(module, args):

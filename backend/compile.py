@@ -20,7 +20,10 @@ def compile(fn=None, **options):  # noqa: A001 - mirrors torch.compile
     if fn is None:
         return lambda f: compile(f, **options)
     if isinstance(fn, torch.nn.Module):
-        return CompiledModule(fn)
+        # The module is called through its bound `__call__` (its hooks included), not held as a second child:
+        # the compiled model's tree, state_dict and named_parameters read as PyTorch's OptimizedModule's, the
+        # module under `_orig_mod.` only (checkpoints of a compiled model keep PyTorch's keys).
+        return CompiledModule(fn, call=fn.__call__)
     return CompiledStep(fn)
 
 

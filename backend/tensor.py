@@ -189,6 +189,22 @@ class TpuTensor(torch.Tensor):
             return torch._utils._rebuild_parameter, (value.detach(), self.requires_grad, {})
         return value.__reduce_ex__(protocol)
 
+    def __deepcopy__(self, memo):
+        """`copy.deepcopy` (a model's copy for EMA or the best checkpoint): a clone on tpu. torch.Tensor's own would
+        copy the PyTorch storage, which a tpu tensor only imitates (the process crashed)."""
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            new = self.clone()
+        if isinstance(self, torch.nn.Parameter):
+            new = torch.nn.Parameter(new, requires_grad=self.requires_grad)
+        elif self.requires_grad and self.is_leaf:
+            new.requires_grad_(True)
+        memo[id(self)] = new
+        if self.grad is not None:
+            new.grad = self.grad.__deepcopy__(memo)
+        return new
+
     # Declaring the subclass "traceable" makes `Module.to("tpu")` swap parameters in
     # place (torch.utils.swap_tensors) instead of replacing them, which keeps tied
     # weights tied. Its data is not a torch tensor, so there is nothing to flatten.
