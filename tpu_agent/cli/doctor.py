@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Annotated
 
@@ -57,19 +58,70 @@ def _show_environment(env: Environment) -> None:
 
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def _show_check(report) -> None:
+    """One table per device: each check's result, its first run (compiles) and a warm run, in ms."""
+    from rich.table import Table
+
+    console = stdout_console()
+    header = report.header
+    if header:
+        console.print(Text.assemble(("device check", "bold"), f"  {len(header['local_devices'])} local "
+                                    f"{header['platform']} device(s) ({header['device_kind']}), process "
+                                    f"{header['process_index']} of {header['process_count']}; timings measured "
+                                    "here, on this host"))
+    devices = list(dict.fromkeys(row["device"] for row in report.rows))
+    for device in devices:
+        table = Table(title=device, title_justify="left", show_edge=False)
+        for name, justify in (("check", "left"), ("result", "left"), ("first ms", "right"), ("warm ms", "right"),
+                              ("", "left")):
+            table.add_column(name, justify=justify)
+        for row in report.rows:
+            if row["device"] == device:
+                result = Text("pass", style="green") if row["ok"] else Text("FAIL", style="red")
+                table.add_row(row["check"], result, _ms(row["first_ms"]), _ms(row["warm_ms"]), row["detail"])
+        console.print(table)
+
+
 def doctor(
     json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     calibrate: Annotated[bool, typer.Option("--calibrate", help="Measure the CPU/GPU peak FLOP/s now (a few seconds) and cache it.")] = False,
+    check: Annotated[bool, typer.Option("--check", help="Exercise the tpu device on every local device JAX sees "
+                                        "(eager op, fused and compiled steps, copies both ways, all-reduces), "
+                                        "each result checked against the CPU and timed; exit 1 on any failure.")] = False,
+    devices: Annotated[int | None, typer.Option("--devices", min=1, help="With --check on a CPU host: simulate N "
+                                                "devices (TPU_AGENT_DEVICES).")] = None,
 ) -> int:
-    """Report the environment: versions, JAX devices, TorchTPU, API key (yes/no), directories, peak FLOP/s."""
+    """Report the environment: versions, JAX devices, TorchTPU, API key (yes/no), directories, peak FLOP/s.
+    With --check, also prove the device works on this host's chips: the first command on a new TPU VM."""
     from tpu_agent.run.environment import collect_environment
 
     env = collect_environment(calibrate=calibrate)
-    if json_output:
+    if json_output and not check:
         sys.stdout.write(env.model_dump_json(indent=2) + "\n")
-    else:
+        return 1 if env.problems else 0
+    if not json_output:
         _show_environment(env)
-    return 1 if env.problems else 0
+    if not check:
+        return 1 if env.problems else 0
+    from tpu_agent.run.device_check import run
+
+    report = run(devices)
+    if json_output:
+        payload = {"environment": env.model_dump(mode="json"), "check": {"header": report.header,
+                                                                        "rows": report.rows,
+                                                                        "failures": report.failures}}
+        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+    else:
+        _show_check(report)
+    for failure in report.failures:
+        print(f"error: {failure}", file=sys.stderr)
+    if not report.failures and not json_output:
+        stdout_console().print(Text(f"all {len(report.rows)} checks passed", style="green"))
+    return 1 if report.failures or env.problems else 0
 
 
 
