@@ -290,3 +290,26 @@ def test_a_plan_left_out_for_memory_says_by_how_much():
     assert ranking.after.estimate is True and ranking.after.assumptions == ["an assumption"]
     assert rank.fit_text(ranking.after) == "fits, 12 GiB free"
     assert any("left out for memory: does not fit: 8 GiB over of 32 GiB" in n for n in ranking.notes), ranking.notes
+
+
+def test_a_value_saved_under_two_names_is_one_buffer():
+    """An attention output saved by the attention and, detached or viewed, by activation checkpointing is one
+    buffer on a device: counted once in the activations saved for backward."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    from tpu_agent.project import lower
+    from tpu_agent.project.record import Graph, Node, Ref
+
+    aten = torch.ops.aten
+    nodes = [Node(aten.relu.default, (Ref(1),), {}, [2], [], [(4, 8)]),
+             Node(aten.detach.default, (Ref(2),), {}, [3], [], [(4, 8)]),
+             Node(aten.t.default, (Ref(3),), {}, [4], [], [(8, 4)]),
+             Node(aten.exp.default, (Ref(1),), {}, [5], [], [(4, 8)]),
+             Node(aten.mul.Tensor, (Ref(2), Ref(5)), {}, [6], [], [(4, 8)], backward=True),
+             Node(aten.mm.default, (Ref(4), Ref(6)), {}, [7], [], [(8, 8)], backward=True)]
+    graph = Graph(nodes, {1: ((4, 8), torch.float32, "data", None)}, [7], block_inputs={2})
+    fn = lower.Lowered(graph)
+    jax.eval_shape(fn, jax.ShapeDtypeStruct((4, 8), jnp.float32))
+    assert sorted((shape, block) for shape, _size, _dim, block in fn.saved) == [((4, 8), False), ((4, 8), True)]

@@ -16,6 +16,12 @@ from .record import Graph, Node, Ref
 aten = torch.ops.aten
 IDENTITY = {aten.detach.default, aten.alias.default, aten.lift_fresh.default, aten.clone.default}
 TRANSPOSES = {aten.t.default, aten.transpose.int, aten.permute.default}
+# ops whose output is the whole of their input under another name or shape (PyTorch: the same storage); a value
+# saved for backward through two of them (an attention output saved by the attention and, detached, by activation
+# checkpointing) is one buffer on a device, counted once
+ALIASES = IDENTITY - {aten.clone.default} | TRANSPOSES | {aten.view.default, aten._unsafe_view.default,
+                                                           aten.unsqueeze.default, aten.squeeze.dim,
+                                                           aten.squeeze.default, aten.expand.default}
 
 
 class Unsupported(Exception):
@@ -244,6 +250,14 @@ class Lowered:
             return own[0] if len(own) == 1 else tuple(own)
         return [env[new] for _, _, new in node.written][: max(1, len(node.outs))]
 
+    def _alias_roots(self) -> dict:
+        """Value id -> the value it aliases whole (through detach, views, transposes), followed to the first."""
+        roots: dict = {}
+        for n in self.graph.nodes:
+            if n.func in ALIASES and n.args and isinstance(n.args[0], Ref) and n.outs and n.outs[0] is not None:
+                roots[n.outs[0]] = roots.get(n.args[0].vid, n.args[0].vid)
+        return roots
+
     def _saved(self) -> tuple[int, set]:
         """The first backward node, and the values defined before it that backward nodes read."""
         nodes = self.graph.nodes
@@ -271,8 +285,16 @@ class Lowered:
                 keys = sorted(v for v in saved if v in env and v not in inputs and hasattr(env[v], "shape")
                               and tuple(env[v].shape) not in params)
                 blocks = getattr(self.graph, "block_inputs", set())
-                self.saved = [(tuple(env[k].shape), env[k].dtype.itemsize, self.batch_dim.get(k), k in blocks)
-                              for k in keys]
+                roots = self._alias_roots()
+                counted: set = set()
+                self.saved = []
+                for k in sorted(keys, key=lambda v: -env[v].size):
+                    root = roots.get(k, k)
+                    if root in counted:
+                        continue
+                    counted.add(root)
+                    self.saved.append((tuple(env[k].shape), env[k].dtype.itemsize, self.batch_dim.get(k),
+                                       k in blocks or root in blocks))
                 for key, value in zip(keys, jax.lax.optimization_barrier([env[k] for k in keys])):
                     env[key] = value
             try:
