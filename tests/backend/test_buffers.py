@@ -233,3 +233,13 @@ def test_a_batchnorm_resnet_evaluates_as_on_the_cpu(mode):
     torch.testing.assert_close(logits, cpu_logits, rtol=1e-4, atol=1e-4)
     assert val_loss == pytest.approx(cpu_val_loss, rel=1e-5)
     assert accuracy == cpu_accuracy
+
+
+def test_a_cpu_tensor_written_after_it_was_moved_leaves_the_device_copy_alone():
+    """`.to("tpu")` copies, as on any device: JAX's CPU client could alias the CPU tensor's memory, and then a
+    running statistic updated on the CPU after the move changed the tpu tensor too."""
+    for dtype in (torch.float32, torch.bfloat16):
+        cpu = torch.zeros(5, dtype=dtype)
+        moved = cpu.to("tpu")
+        cpu.add_(1)
+        assert torch.equal(moved.cpu(), torch.zeros(5, dtype=dtype))
