@@ -261,10 +261,17 @@ def rank_share(environ=os.environ) -> RankShare | None:
         return None
     kind = platform(environ)
     if kind == "tpu":
-        host = tpu_host_from_machine(environ)
-        if host is None:
+        try:
+            host = tpu_host_from_machine(environ)
+            if host is None:
+                return RankShare(kind, {}, None)
+            return RankShare(kind, tpu_environment(host, local_rank, local_world), None)
+        except ValueError as exc:  # a host shape this does not know, or chips that do not split evenly
+            import warnings
+
+            warnings.warn(f"tpu-agent: {exc}; local rank {local_rank} is left to open the chips libtpu gives it",
+                          stacklevel=2)
             return RankShare(kind, {}, None)
-        return RankShare(kind, tpu_environment(host, local_rank, local_world), None)
     if kind == "gpu":
         ids, env = gpu_share(local_rank, local_world, gpus_on_machine(environ))
         return RankShare(kind, env, ids or None)

@@ -138,3 +138,10 @@ def test_rank_share_from_the_launcher(monkeypatch):
     assert topology.rank_share({"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}) is None  # one process, all chips
     cpu = topology.rank_share({"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "JAX_PLATFORMS": "cpu"})
     assert cpu.platform == "cpu" and cpu.environment == {} and cpu.local_device_ids is None
+
+
+def test_a_host_this_cannot_split_warns_and_sets_nothing():
+    env = {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "3", "JAX_PLATFORMS": "tpu", "TPU_ACCELERATOR_TYPE": "v6e-8"}
+    with pytest.warns(UserWarning, match="cannot share the 8 chips"):
+        share = topology.rank_share(env)
+    assert share.environment == {}
