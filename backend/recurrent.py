@@ -56,9 +56,20 @@ def _run(mode, input, batch_sizes, hx, cx, params, has_biases, num_layers, dropo
          batch_first):
     if batch_sizes is not None:
         batch_sizes = [int(n) for n in batch_sizes.tolist()]
+    if torch.is_autocast_enabled("tpu"):  # as CUDA's autocast runs cuDNN's RNN: in the autocast dtype
+        input, hx, cx, params = _autocast(input, hx, cx, params)
     statics = (mode, int(num_layers), bool(has_biases), float(dropout), bool(train), bool(bidirectional),
                bool(batch_first), batch_sizes)
     return _Sequence.apply(statics, input, hx, cx, *params)
+
+
+def _autocast(input, hx, cx, params):
+    dtype = torch.get_autocast_dtype("tpu")
+
+    def cast(t):
+        return t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
+
+    return cast(input), cast(hx), cast(cx), [cast(p) for p in params]
 
 
 def _lstm_input(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):

@@ -307,3 +307,18 @@ def test_compiled_steps_train_a_recurrent_model_with_the_cpus_losses():
     assert not [w for w in caught if "cannot be one program" in str(w.message)]
     assert "forward" in model.__dict__, "the model's forward was not compiled"
     assert tpu == pytest.approx(cpu, rel=1e-5)
+
+
+def test_autocast_runs_the_sequence_in_the_autocast_dtype_with_float32_gradients():
+    # as CUDA's autocast runs cuDNN's RNN (and as the cells run under autocast): bfloat16 in, bfloat16 out
+    module = _module(nn.LSTM, num_layers=2)
+    x = _input(False)
+    expected, _ = _run(module, "cpu", x, None)
+    tpu = module.to("tpu")
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        out, (h, c) = tpu(x.to("tpu"))
+    assert out.dtype == h.dtype == c.dtype == torch.bfloat16
+    ((out.float() ** 2).sum() + (h.float() ** 2 * 0.5).sum() + (c.float() ** 2 * 0.5).sum()).backward()
+    assert tpu.weight_ih_l0.grad.dtype == torch.float32
+    assert _rel(out.float().cpu(), expected[0]) < 3e-2
+    assert _rel(tpu.weight_hh_l1.grad.cpu(), expected[-3]) < 5e-2  # weight_hh_l1 (parameters last, in order)
