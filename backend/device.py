@@ -9,7 +9,7 @@ import torch
 
 # Loaded at `import torch` (the torch.backends entry point): only modules that do not
 # import JAX come in here; the rest arrive with the first op.
-from . import attention, auto_compile, autocast, checkpoints, memory, module, pinned, recurrent, transformer
+from . import attention, auto_compile, autocast, checkpoints, lazy_modules, memory, module, pinned, recurrent, transformer
 from .distributed import process_group
 from .steps import install_optimizer_hook
 
@@ -93,6 +93,7 @@ def register() -> bool:
     recurrent.register()
     transformer.register()
     checkpoints.register()
+    lazy_modules.register()
     install_optimizer_hook()
     auto_compile.enable_from_environment()
     _patch_torch_compile()

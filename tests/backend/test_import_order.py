@@ -13,7 +13,8 @@ ORDER = [
     "mesh", "memory", "launch", "lazy", "programs", "views", "tensor", "transfer", "ops",
     "opinfo", "arguments", "fallback", "execute", "writes", "view_ops", "handlers", "dispatch",
     "steps", "sharding", "capture", "whole_step", "step_program", "module_program", "optimizer_program", "compile",
-    "auto_compile", "pinned", "autocast", "attention", "recurrent", "transformer", "checkpoints", "module", "device",
+    "auto_compile", "pinned", "autocast", "attention", "recurrent", "transformer", "checkpoints", "lazy_modules", "module",
+    "device",
     "autoload", "__init__",
 ]
 
