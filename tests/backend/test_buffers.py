@@ -243,3 +243,31 @@ def test_a_cpu_tensor_written_after_it_was_moved_leaves_the_device_copy_alone():
         moved = cpu.to("tpu")
         cpu.add_(1)
         assert torch.equal(moved.cpu(), torch.zeros(5, dtype=dtype))
+
+
+def _small_steps(device: str, mode: str):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, momentum=None), nn.Flatten(),
+                          nn.Linear(4 * 6 * 6, 3)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    with _mode(mode, device):
+        for _ in range(5):
+            x, y = torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 3, (4,), generator=g)
+            loss = F.cross_entropy(model(x.to(device)), y.to(device))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+    return losses, _buffers(model)
+
+
+def test_the_cumulative_average_under_compiled_steps():
+    """momentum=None reads num_batches_tracked on the host each step (1 / n); the steps that capture the module's
+    forward run it twice (capture, then the program), and its running statistics must move once."""
+    cpu_losses, cpu_buffers = _small_steps("cpu", "eager")
+    losses, buffers = _small_steps("tpu", "steps")
+    assert losses == pytest.approx(cpu_losses, rel=1e-5)
+    assert int(cpu_buffers["1.num_batches_tracked"]) == 5
+    _assert_buffers(buffers, cpu_buffers, "momentum=None, compiled steps", rtol=1e-5, atol=1e-6)
