@@ -23,11 +23,11 @@ def losses(name: str, device: str, *extra: str) -> list[float]:
     """The example's per-step losses; the CPU's are run once per test run and shared by every test and worker
     (the examples seed everything: a CPU rerun gives the same losses)."""
     if device != "cpu":
-        return _run(name, device, *extra)
+        return _run(name, device, *extra)[0]
     cached = _cpu_cache() / f"{name}-{'-'.join(extra) or 'plain'}.json"
     if cached.exists():
         return json.loads(cached.read_text())
-    values = _run(name, device, *extra)
+    values = _run(name, device, *extra)[0]
     partial = cached.with_suffix(f".{os.getpid()}.partial")
     partial.write_text(json.dumps(values))
     partial.replace(cached)  # whole or not at all: another worker may be reading
@@ -41,13 +41,33 @@ def _cpu_cache() -> Path:
     return path
 
 
-def _run(name: str, device: str, *extra: str) -> list[float]:
+# The fused programs a run compiled and ran, printed after the script (`fused_programs`).
+_REPORT_PROGRAMS = """\
+import json, runpy, sys
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+from tpu_agent.backend import executables, lazy
+print("PROGRAMS " + json.dumps({"calls": [e.calls for e in executables.all() if e.kind == "fused"],
+                                "flushes": lazy.RECORDER.flushes, "recompiles": len(lazy.RECORDER.recompiles)}))
+"""
+
+
+def fused_programs(name: str, *extra: str) -> tuple[list[float], dict]:
+    """The example's per-step losses on tpu, and its fused programs: each one's calls, the flushes (programs
+    run) and the recompilations."""
+    values, printed = _run(name, "tpu", *extra, programs=True)
+    return values, json.loads(printed)
+
+
+def _run(name: str, device: str, *extra: str, programs: bool = False) -> tuple[list[float], str]:
     steps = STEPS_FOR.get(name, STEPS)
+    head = [sys.executable, "-c", _REPORT_PROGRAMS] if programs else [sys.executable]
     out = subprocess.run(
-        [sys.executable, str(EXAMPLES / f"{name}.py"), "--device", device, "--steps", str(steps), *EXTRA.get(name, []), *extra],
+        [*head, str(EXAMPLES / f"{name}.py"), "--device", device, "--steps", str(steps), *EXTRA.get(name, []), *extra],
         capture_output=True, text=True, timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     values = [float(v) for v in re.findall(r"^step=\d+ loss=(\S+)$", out.stdout, re.M)]
     assert len(values) == steps, out.stdout
-    return values
+    printed = next((line[9:] for line in out.stdout.splitlines() if line.startswith("PROGRAMS ")), "")
+    return values, printed
