@@ -65,9 +65,18 @@ ONE_ALL_REDUCE = textwrap.dedent("""
 
 # Rank 0 ends first and waits at JAX's exit barrier (in C++, where Python never sees Ctrl-C); rank 1 runs on.
 UNEVEN = READY.replace("**TIMEOUT", "") + textwrap.dedent("""
+    import atexit
+    atexit.register(print, f"rank {rank} at exit", flush=True)  # runs first at exit: then JAX's exit barrier
     while rank == 1:
         time.sleep(0.1)
 """)
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 class Job:
@@ -120,8 +129,8 @@ class Job:
         return self.err.read()
 
     def left_behind(self) -> list[int]:
-        time.sleep(0.5)  # a dead child's reaping
-        alive = [p for p in self.seen.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        _, alive = psutil.wait_procs(list(self.seen.values()), timeout=5)  # each one's end, or 5 s
+        alive = [p for p in alive if _running(p)]
         for p in alive:
             p.kill()
         return [p.pid for p in alive]
@@ -274,7 +283,7 @@ def test_a_job_without_torchruns_store_takes_the_port_next_to_master_port():
 def test_ctrl_c_ends_every_rank_promptly_one_waiting_at_the_exit_barrier_included(tmp_path):
     job = _tool_job(tmp_path, UNEVEN)
     job.wait_for("ready", 2, timeout=120)
-    time.sleep(1)  # rank 0 is at the exit barrier
+    job.wait_for("rank 0 at exit", 1, timeout=120)  # its script is done: next, JAX's exit barrier
     job.look()
     start = time.monotonic()
     os.killpg(job.proc.pid, signal.SIGINT)  # as a terminal sends it: to the whole foreground job
