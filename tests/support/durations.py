@@ -1,21 +1,25 @@
-"""The order xdist's work-stealing scheduler deals tests in, so that two workers finish together; and every test
-measured to take SLOW_S or more is marked `slow`, so that `-m "not slow"` stays a quick pass.
+"""The order xdist's work-stealing scheduler deals tests in, so that two workers finish together; every test
+measured to take SLOW_S or more is marked `slow`, so that `-m "not slow"` stays a quick pass; and the suite's
+budget (tests/test_budget.py): the default pass, dealt onto the two workers, within BUDGET_S.
 
-tests/durations.json holds each test's call time from an earlier run when it took KEEP_OVER_S or more
-(`bash scripts/test.sh --store-durations` updates the tests it ran); tests missing from it keep their collection order,
-after the known ones.
+tests/durations.json holds every test's time from an earlier run (set-up, call and tear-down together, so a
+module fixture's work counts where it runs; `bash scripts/test.sh --store-durations` updates the tests it ran
+and keeps the others'). Tests missing from it keep their collection order, after the known ones.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 FILE = Path(__file__).resolve().parents[1] / "durations.json"
-KEEP_OVER_S = 2.0  # shorter tests change nothing in the balance
 SLOW_S = 6.0  # a test measured this long (or marked by hand) is left out of the quick pass
+WORKERS = 2  # scripts/test.sh: -n 2
+BUDGET_S = 17 * 60.0  # the default pass's recorded durations dealt onto WORKERS workers (tests/test_budget.py)
 
 
 def load() -> dict[str, float]:
@@ -33,7 +37,7 @@ def mark_slow(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
-def longest_first(items: list[pytest.Item], workers: int = 2) -> None:
+def longest_first(items: list[pytest.Item], workers: int = WORKERS) -> None:
     """After every reordering of the collection (pytest groups tests by their module-scoped fixtures), before
     xdist reads the order. `--dist worksteal` gives each worker one contiguous share of the list and lets an
     idle worker take the tail of the other's, so the tests are dealt in turn, longest first, into `workers`
@@ -45,20 +49,28 @@ def longest_first(items: list[pytest.Item], workers: int = 2) -> None:
     items[:] = [item for share in range(workers) for item in ranked[share::workers]]
 
 
+def dealt(seconds: list[float], workers: int = WORKERS) -> list[float]:
+    """Each worker's total when the tests are taken longest first, each by the worker that is free first (what
+    longest-first shares with work stealing come to at best): the last to finish is the pass's length."""
+    finish = [0.0] * workers
+    for s in sorted(seconds, reverse=True):
+        heapq.heappush(finish, heapq.heappop(finish) + s)
+    return sorted(finish)
+
+
 class Recorder:
-    """Collects each test's call time (on the controller under xdist) and writes the file at the end."""
+    """Collects each test's time, its set-up, call and tear-down together (on the controller under xdist; a
+    skipped test's too), and writes the file at the end."""
 
     def __init__(self) -> None:
-        self.seen: dict[str, float] = {}
+        self.seen: dict[str, float] = defaultdict(float)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when == "call":
-            self.seen[report.nodeid] = round(report.duration, 1)
+        self.seen[report.nodeid] += report.duration
 
     def pytest_sessionfinish(self) -> None:
         # A run of some tests updates theirs and keeps the others' (of test files that still exist).
         root = FILE.parent.parent
         merged = {k: v for k, v in load().items() if k not in self.seen and (root / k.split("::")[0]).exists()}
-        merged.update(self.seen)
-        slow = {k: v for k, v in sorted(merged.items(), key=lambda kv: -kv[1]) if v >= KEEP_OVER_S}
-        FILE.write_text(json.dumps(slow, indent=1) + "\n")
+        merged.update((k, round(v, 1)) for k, v in self.seen.items())
+        FILE.write_text(json.dumps(dict(sorted(merged.items(), key=lambda kv: (-kv[1], kv[0]))), indent=1) + "\n")
