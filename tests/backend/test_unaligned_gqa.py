@@ -122,3 +122,65 @@ def test_embedding_lookup_differentiated_by_jax_gives_pytorchs_gradient(padding_
     rows, vjp = jax.vjp(lambda x: lookup(x, ids.numpy(), padding_idx, scale_grad_by_freq), weight.numpy())
     np.testing.assert_array_equal(np.asarray(rows), weight[ids].numpy())
     np.testing.assert_allclose(np.asarray(vjp(grad_out.numpy())[0]), w.grad.numpy(), rtol=1e-6, atol=1e-7)
+
+
+
+# Issue #46's size: hidden 200, intermediate 3000 (a 3000-long reduction in the MLP's down projection), vocabulary
+# 32001 (a 32001-way log-softmax), 5 query heads over 1 key/value head (head_dim 40), float32, AdamW. It was reported
+# 1.35e-4 relative off the CPU's loss by step 15 in eager mode. Measured at this commit: 20 steps within 5e-7 of the
+# CPU's losses in eager, fused and compiled-steps modes (this batch, HF's sdpa and eager attention, and
+# benchmarks/unaligned_gqa_drift.py's 4 x 48 batch), no larger than the CPU's own float32 error: against a float64
+# CPU run the first step's gradients are 1.1e-6 off on the CPU in float32 and 1.4e-6 on tpu (the worst parameter,
+# the q projection's). Checked here, where it is cheap: three steps' losses, and every parameter's gradient of the
+# first step (each op of the forward and backward at these sizes, before AdamW's sign-like first updates amplify
+# rounding of near-zero gradients).
+LARGE_STEPS = 3
+
+
+def _large(device: str):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=32001, hidden_size=200, intermediate_size=3000, num_hidden_layers=2,
+                      num_attention_heads=5, num_key_value_heads=1, max_position_embeddings=64, pad_token_id=0)
+    cfg._attn_implementation = "sdpa"
+    inputs = hf_models._right_padded(32001)
+    ids = inputs["input_ids"].clone()
+    ids[0, 5] = cfg.pad_token_id  # a real token with the pad token's id, as in _build
+    inputs = {**inputs, "input_ids": ids, "labels": torch.where(inputs["labels"] == -100, -100, ids)}
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).train().to(device)
+    return model, torch.optim.AdamW(model.parameters(), lr=hf_models.LR), {k: v.to(device) for k, v in inputs.items()}
+
+
+def _large_run(device: str, mode: str) -> tuple[list[float], dict]:
+    """Each step's loss, and the first step's gradients (read before its update)."""
+    model, optimizer, inputs = _large(device)
+    losses, grads = [], {}
+    with _mode(mode, device), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for step in range(LARGE_STEPS):
+            loss = model(**inputs).loss
+            loss.backward()
+            if step == 0:
+                grads = {n: p.grad.detach().to("cpu").clone() for n, p in model.named_parameters()}
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+    return losses, grads
+
+
+@functools.lru_cache(maxsize=None)
+def _large_cpu():
+    return _large_run("cpu", "eager")
+
+
+@pytest.mark.parametrize("mode", ["eager", "fused", hf_models.STEPS_MODE], ids=["eager", "fused", "compiled-steps"])
+def test_issue_size_unaligned_gqa_llama_matches_cpu(mode):
+    expected, expected_grads = _large_cpu()
+    losses, grads = _large_run("tpu", mode)
+    for step, (a, b) in enumerate(zip(expected, losses)):
+        assert b == pytest.approx(a, rel=1e-5), f"step {step}: cpu {a} tpu {b} ({mode})"
+    assert grads.keys() == expected_grads.keys()
+    for name, grad in expected_grads.items():
+        error = ((grads[name] - grad).norm() / grad.norm()).item()
+        assert error < 1e-5, f"{name}: the first step's gradient is {error:.2e} relative from the CPU's ({mode})"
