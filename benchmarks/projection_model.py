@@ -75,10 +75,13 @@ class DenseMoE(nn.Module):
 
 
 class SortedMoE(nn.Module):
-    """Top-k routing computed as MaxText's sparse_matmul runs it: each sequence's (token, choice) pairs sorted by
-    expert, every expert's rows one matmul, the outputs scattered back and weighted. Shapes must not depend on the
-    data, so routing is taken as balanced (MaxText's use_random_routing, which the Ironwood MoE recipes set):
-    every expert gets seq x top_k / experts rows of each sequence; the FLOPs are the active experts' only."""
+    """Top-k routing computed as MaxText's sparse_matmul runs it when routing is balanced (use_random_routing, which
+    the Ironwood MoE recipes set): each (token, choice) row of a sequence goes to one expert, every expert gets
+    seq x top_k / experts rows of each sequence and runs them as one matmul; the FLOPs are the active experts'
+    only. Shapes must not depend on the data, and a data-dependent sort (gather/scatter by index) is partitioned
+    by XLA:CPU's SPMD partitioner as a replicated batch (all-reduces of the whole global batch), so the rows are
+    laid out by position instead: the same shapes, FLOPs and bytes moved as a balanced sort-and-gather, without the
+    sort's own cost (an argsort of seq x top_k ids per sequence)."""
 
     def __init__(self, hidden, mlp, experts, top_k):
         super().__init__()
@@ -94,14 +97,11 @@ class SortedMoE(nn.Module):
         if rows % self.experts:
             raise SystemExit(f"sorted MoE: seq x top_k = {rows} does not divide by {self.experts} experts")
         probs = self.router(x).softmax(-1)
-        weights, chosen = probs.topk(self.top_k, dim=-1)  # [b, s, k]
-        order = chosen.reshape(b, rows).argsort(dim=-1)  # (token, choice) pairs sorted by expert
-        token = torch.div(order, self.top_k, rounding_mode="floor")
-        xs = torch.gather(x, 1, token[..., None].expand(b, rows, h)).view(b, self.experts, rows // self.experts, h)
+        weights, _chosen = probs.topk(self.top_k, dim=-1)  # [b, s, k]
+        xs = x[:, :, None, :].expand(b, s, self.top_k, h).reshape(b, self.experts, rows // self.experts, h)
         act = nn.functional.silu(torch.einsum("bech,ehm->becm", xs, self.w1)) * torch.einsum("bech,ehm->becm", xs, self.w3)
-        out = torch.einsum("becm,emh->bech", act, self.w2).reshape(b, rows, h)
-        out = out * torch.gather(weights.reshape(b, rows), 1, order)[..., None].to(out.dtype)
-        return torch.zeros_like(x).scatter_add(1, token[..., None].expand(b, rows, h), out)
+        out = torch.einsum("becm,emh->bech", act, self.w2).reshape(b, s, self.top_k, h)
+        return (out * weights[..., None].to(out.dtype)).sum(2)
 
 
 def _rms(x, weight, eps):
