@@ -224,6 +224,14 @@ def roofline(infos: list[ExeInfo], generation: str, step_flops: float) -> Target
         bound="compute" if compute >= memory else "memory",
         mfu=Estimate(value=mfu, unit="fraction", basis="step FLOPs / (estimated step time x peak); "
                      "no launch, host or communication overhead modelled"),
+        assumptions=[
+            f"one TPU {gen.name} chip: {gen.peak_bf16_flops / 1e12:.0f} TFLOP/s bf16 peak, HBM "
+            f"{gen.hbm_bandwidth / 1e12:.2f} TB/s ({gen.source})",
+            f"each executable at max(FLOPs with K and N padded to the {tiling.mxu}-wide MXU, M to the sublanes / peak, "
+            "bytes accessed / HBM bandwidth), summed over the step",
+            "FLOPs and bytes from XLA's compile of the step for this host, not a TPU compile",
+            "no launch, host, input-pipeline or interconnect time",
+        ],
     )
 
 

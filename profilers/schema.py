@@ -410,6 +410,8 @@ class Target(BaseModel):
     memory_s: Estimate
     bound: str = Field(description="compute | memory: which side of the roofline the step sits on")
     mfu: Estimate
+    assumptions: list[str] = Field(default_factory=list, description="what the estimate assumes, as the console "
+                                   "labels it")
 
 
 class Files(BaseModel):

@@ -95,6 +95,9 @@ def test_roofline_by_hand():
     assert t.bound == "compute"
     assert t.mfu.value == pytest.approx(1.0)
     assert all(e.estimate for e in (t.step_s, t.compute_s, t.memory_s, t.mfu))
+    # profile.json's roofline says it is an estimate and what it assumes, as the console does
+    dumped = t.model_dump()
+    assert dumped["estimate"] is True and any("128-wide MXU" in a for a in dumped["assumptions"])
     # Padding costs MXU time: K = 1000 runs as 1024.
     odd = _dot((1024, 1000), (1000, 512), (1,), (0,), (1024, 512))
     t = analysis.roofline([_info("g", [odd])], "v5e", step_flops=odd.flops)
