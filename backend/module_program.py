@@ -55,6 +55,7 @@ class CompiledModule(torch.nn.Module):
         self.replays = 0
         self._state: tuple[int, dict] | None = None  # (registrations seen, the module's named state)
         self.whole_step = False  # compiled steps: a call with gradients opens a step window (whole_step.py)
+        self._lazy = True  # it may hold lazy modules not yet materialized (checked until it holds none)
 
     def state(self) -> dict:
         cached = self._state
@@ -68,6 +69,11 @@ class CompiledModule(torch.nn.Module):
             # Inside a compiled step (a torch.compile'd step under compiled steps), captured or traced: its ops are
             # that step's program's; programs of its own would be launches of their own beside it.
             return self._call(*args, **kwargs)
+        if self._lazy:
+            self._lazy = _uninitialized(module)
+            if self._lazy:  # as torch.compile does: the lazy modules' first forward materializes them, as written
+                self._state = None  # their buffers become new tensors
+                return self._call(*args, **kwargs)
         if self.whole_step and torch.is_grad_enabled():
             WINDOW.begin()
         state = self.state()
@@ -108,6 +114,11 @@ class CompiledModule(torch.nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             return getattr(self._modules["_orig_mod"], name)
+
+
+def _uninitialized(module) -> bool:
+    return any(isinstance(m, torch.nn.modules.lazy.LazyModuleMixin) and m.has_uninitialized_params()
+               for m in module.modules())
 
 
 def _open_window(module, args) -> None:

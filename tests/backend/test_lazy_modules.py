@@ -4,6 +4,8 @@ tpu as ordinary parameters; outputs, gradients and a training step match the CPU
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -93,3 +95,29 @@ def test_a_lazy_module_moved_to_tpu_in_double_materializes_in_double():
     lazy = nn.LazyLinear(2).to("tpu", torch.float64)
     out = lazy(torch.randn(3, 4, dtype=torch.float64).to("tpu"))
     assert lazy.weight.dtype == torch.float64 and lazy.weight.device.type == "tpu" and out.dtype == torch.float64
+
+
+@pytest.mark.parametrize("how", ["fused", "torch.compile"])
+def test_lazy_modules_in_fused_mode_and_under_torch_compile(how):
+    """torch.compile of a model whose lazy layers have no shapes yet: as PyTorch's own compile does, their first
+    forward runs as written (it materializes them), and the module is compiled from the next call."""
+
+    def run(device):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.LazyConv2d(4, 3), nn.LazyBatchNorm2d(), nn.Flatten(), nn.LazyLinear(3)).to(device)
+        call = torch.compile(model) if device == "tpu" and how == "torch.compile" else model
+        g = torch.Generator().manual_seed(1)
+        fused = device == "tpu" and how == "fused"
+        mode = torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE) if fused else contextlib.nullcontext()
+        with mode:
+            outs = [call(torch.randn(2, 3, 6, 6, generator=g).to(device)).detach().cpu() for _ in range(4)]
+        return outs, {k: v.cpu() for k, v in model.state_dict().items()}, call
+
+    cpu_outs, cpu_state, _ = run("cpu")
+    outs, state, call = run("tpu")
+    for a, e in zip(outs, cpu_outs):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+    for key, value in cpu_state.items():
+        torch.testing.assert_close(state[key], value, rtol=1e-5, atol=1e-6, msg=lambda m: f"{key}: {m}")
+    if how == "torch.compile":
+        assert call.reason_not_compiled is None and call.replays >= 1
