@@ -271,3 +271,51 @@ def test_the_cumulative_average_under_compiled_steps():
     assert losses == pytest.approx(cpu_losses, rel=1e-5)
     assert int(cpu_buffers["1.num_batches_tracked"]) == 5
     _assert_buffers(buffers, cpu_buffers, "momentum=None, compiled steps", rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("with_counts", [True, False], ids=["gather_stats_with_counts", "gather_stats"])
+def test_sync_batchnorm_ops_over_two_simulated_ranks_match_batchnorm_over_the_whole_batch(with_counts):
+    """SyncBatchNorm's op chain (PyTorch has it for CUDA only), two ranks' halves of one batch in one process:
+    the gathered statistics, the running statistics' update and the normalisation, then the backward's reduce and
+    elementwise halves, against F.batch_norm over the whole batch on the CPU and its autograd gradients."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(8, 3, 5, generator=g) * 2 + 1
+    weight, bias = torch.rand(3, generator=g) + 0.5, torch.randn(3, generator=g)
+    dy = torch.randn(8, 3, 5, generator=g)
+    eps, momentum = 1e-5, 0.3
+    rm, rv = torch.zeros(3), torch.ones(3)
+    xc = x.clone().requires_grad_()
+    out = F.batch_norm(xc, rm, rv, weight, bias, training=True, momentum=momentum, eps=eps)
+    out.backward(dy)
+
+    t = lambda v: v.to("tpu")  # noqa: E731
+    halves = [t(h) for h in x.chunk(2)]
+    stats = [torch.batch_norm_stats(h, eps) for h in halves]
+    mean_all, invstd_all = torch.stack([s[0] for s in stats]), torch.stack([s[1] for s in stats])
+    trm, trv = t(torch.zeros(3)), t(torch.ones(3))
+    if with_counts:
+        mean, invstd = torch.batch_norm_gather_stats_with_counts(halves[0], mean_all, invstd_all, trm, trv, momentum,
+                                                                 eps, t(torch.tensor([20.0, 20.0])))
+    else:
+        mean, invstd = torch.batch_norm_gather_stats(halves[0], mean_all, invstd_all, trm, trv, momentum, eps, 4 * 5)
+    outs = [torch.batch_norm_elemt(h, t(weight), t(bias), mean, invstd, eps) for h in halves]
+    torch.testing.assert_close(torch.cat([o.cpu() for o in outs]), out.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(trm.cpu(), rm, rtol=1.3e-6, atol=1e-6)
+    torch.testing.assert_close(trv.cpu(), rv, rtol=1.3e-6, atol=1e-6)
+
+    dys = [t(d) for d in dy.chunk(2)]
+    reduced = [torch.batch_norm_backward_reduce(d, h, mean, invstd, t(weight), True, True, True)
+               for d, h in zip(dys, halves)]
+    sum_dy = reduced[0][0] + reduced[1][0]  # what the all-reduce sums
+    sum_dy_xmu = reduced[0][1] + reduced[1][1]
+    count = t(torch.tensor([20, 20], dtype=torch.int32))
+    grads = [torch.batch_norm_backward_elemt(d, h, mean, invstd, t(weight), sum_dy, sum_dy_xmu, count)
+             for d, h in zip(dys, halves)]
+    torch.testing.assert_close(torch.cat([gr.cpu() for gr in grads]), xc.grad, rtol=1e-5, atol=1e-5)
+    # DDP all-reduces the parameters' gradients: their sum over the ranks is the whole batch's.
+    dw = reduced[0][2].cpu() + reduced[1][2].cpu()
+    db = reduced[0][3].cpu() + reduced[1][3].cpu()
+    w, b = weight.clone().requires_grad_(), bias.clone().requires_grad_()
+    F.batch_norm(x, None, None, w, b, training=True, eps=eps).backward(dy)
+    torch.testing.assert_close(dw, w.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(db, b.grad, rtol=1e-5, atol=1e-5)
