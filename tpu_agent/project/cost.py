@@ -33,11 +33,12 @@ from .slices import Slice
 # Fitted by benchmarks/projection_table.py on its fit rows (2026-12-04; docs/benchmarks.md): v5e 0.941 (MaxText
 # 32B, v5e-256), v5p 0.934 (MaxText 32B, v5p-128), v6e 0.743 (Llama 3.1 8B, v6e-256; it absorbs what the model
 # misses there, host offloading among it). v4 has no published row: an assumed 0.80.
-# v7x 0.720 (2026-12-07): fitted on the Ironwood recipe Llama 3.1 70B on tpu7x-4x4x4 (docs/benchmarks.md).
-MXU_EFFICIENCY = {"v4": 0.80, "v5e": 0.941, "v5p": 0.934, "v6e": 0.743, "v7x": 0.720}
+# v7x 0.717 (2026-12-07): fitted on the Ironwood recipes of Llama 3.1 70B on tpu7x-4x4x4 and tpu7x-4x8x8 (mean
+# step-time error zero; docs/benchmarks.md).
+MXU_EFFICIENCY = {"v4": 0.80, "v5e": 0.941, "v5p": 0.934, "v6e": 0.743, "v7x": 0.717}
 FITTED = {"v5e": "fitted on MaxText 32B, v5e-256", "v5p": "fitted on MaxText 32B, v5p-128",
           "v6e": "fitted on MaxText Llama 3.1 8B, v6e-256",
-          "v7x": "fitted on the Ironwood recipe of Llama 3.1 70B, tpu7x-4x4x4"}
+          "v7x": "fitted on the Ironwood recipes of Llama 3.1 70B, tpu7x-4x4x4 and 4x8x8"}
 HOP_LATENCY_S = 1e-6
 DCN_LATENCY_S = 1e-5  # per slice hop of a ring over the data-center network (assumed)
 OVERLAPPED_AXES = ("data", "fsdp")
