@@ -279,6 +279,7 @@ def _fractional_max_pool(self, kernel_size, output_size, random_samples, order):
     batched = self.ndim == nd + 2
     x = self if batched else self[None]
     n, c = x.shape[:2]
+    random_samples = random_samples[:n]  # PyTorch reads plane b's samples by batch index: an unbatched input, the first
     spatial = x.shape[2:]
     flat = jnp.zeros((n, c), jnp.int64)
     valid_shape = (n, c)
