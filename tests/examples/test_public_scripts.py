@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import pickle
+from concurrent.futures import ThreadPoolExecutor
 import re
 import shutil
 from pathlib import Path
@@ -50,6 +51,13 @@ def _cpu_env() -> dict[str, str]:
 def _ok(proc, what: str) -> str:
     assert proc.returncode == 0, f"{what} failed:\n{proc.stderr[-6000:]}"
     return proc.stdout
+
+
+def _both(first, second):
+    """Two independent runs (the tool's and the CPU reference) at the same time: each mostly waits on one core."""
+    with ThreadPoolExecutor(2) as pool:
+        a, b = pool.submit(first), pool.submit(second)
+        return a.result(), b.result()
 
 
 def _readme_text() -> str:
@@ -109,9 +117,13 @@ def test_word_language_model_lstm_trains_evaluates_and_reloads_on_tpu_as_on_cpu(
     """`main.py --accel --model LSTM`: each batch's loss, the validation loss, and the test loss of the model
     saved with torch.save(model) and loaded back with torch.load (no map_location) within 1e-3 of the CPU's."""
     work = _word_lm_dir(tmp_path)
-    cpu = _ok(run_python("main.py", *_word_lm_args("LSTM"), cwd=work, env=_cpu_env(), timeout=TIMEOUT), "cpu")
+    (cpu_dir := tmp_path / "cpu").mkdir()
+    shutil.copytree(work, cpu_dir, dirs_exist_ok=True)  # each run saves its own model.pt
+    cpu, ours = _both(
+        lambda: _ok(run_python("main.py", *_word_lm_args("LSTM"), cwd=cpu_dir, env=_cpu_env(), timeout=TIMEOUT), "cpu"),
+        lambda: _ok(run_tool("run", "main.py", "--", *_word_lm_args("LSTM"), cwd=work, timeout=TIMEOUT),
+                    "tpu-agent run"))
     assert "Using device: cpu" in cpu
-    ours = _ok(run_tool("run", "main.py", "--", *_word_lm_args("LSTM"), cwd=work, timeout=TIMEOUT), "tpu-agent run")
     assert "Using device: tpu" in ours
     expected, got = _word_lm_losses(cpu), _word_lm_losses(ours)
     assert len(expected["train"]) == 13 and expected["train"][-2] < expected["train"][0] - 1
@@ -196,15 +208,15 @@ def test_ddp_tutorial_trains_and_resumes_its_snapshot_on_tpu_as_on_cpu(tmp_path)
     The tutorial's loss is `F.cross_entropy` of one logit against float targets: log_softmax over one class is 0, so
     the loss and every gradient are exactly 0 on any device and the parameters keep their seeded initial values.
     The snapshots therefore check the initial broadcast, the saved and resumed state, not training arithmetic."""
-    runs = {}
-    for on in ("tpu", "cpu"):
+    def both_jobs(on: str):
         work = tmp_path / on
         work.mkdir()
         first = _tutorial(work, 2, on=on)
         saved = _snapshot(work / "snapshot.pt")
         second = _tutorial(work, 3, on=on)
-        runs[on] = (_printed(first), saved, _printed(second), _snapshot(work / "snapshot.pt"))
-    tpu, cpu = runs["tpu"], runs["cpu"]
+        return _printed(first), saved, _printed(second), _snapshot(work / "snapshot.pt")
+
+    tpu, cpu = _both(lambda: both_jobs("tpu"), lambda: both_jobs("cpu"))
     assert tpu[0] == cpu[0] and "[GPU1] Epoch 1 | Batchsize: 512 | Steps: 2" in tpu[0]
     assert tpu[2] == cpu[2] and tpu[2].count("Resuming training from snapshot at Epoch 1") == 2
     for ours, reference in ((tpu[1], cpu[1]), (tpu[3], cpu[3])):
@@ -279,18 +291,20 @@ def test_nanogpt_compiled_float32_one_rank_and_its_checkpoint_resumed(tmp_path):
     and evaluation's loss within 1e-3. Then `--init_from=resume` from the checkpoint the tpu run wrote from its
     compiled model (train.py strips PyTorch's `_orig_mod.` prefix), on tpu and in plain PyTorch on the CPU."""
     work = _nanogpt_dir(tmp_path)
-    cpu = _ok(run_python("train.py", *TINY, "--dtype=float32", "--device=cpu", "--compile=False", "--out_dir=cpu",
-                         cwd=work, env=_cpu_env(), timeout=TIMEOUT), "nanoGPT on the CPU")
-    ours = _nanogpt_tpu(work, "--dtype=float32", "--out_dir=tpu")
+    cpu, ours = _both(
+        lambda: _ok(run_python("train.py", *TINY, "--dtype=float32", "--device=cpu", "--compile=False",
+                               "--out_dir=cpu", cwd=work, env=_cpu_env(), timeout=TIMEOUT), "nanoGPT on the CPU"),
+        lambda: _nanogpt_tpu(work, "--dtype=float32", "--out_dir=tpu"))
     assert "compiling the model" in ours
     _check_nanogpt(ours, cpu, F32, relative=False, iterations=5)
     keys = list(torch.load(work / "tpu" / "ckpt.pt", map_location="cpu", weights_only=False)["model"])
     assert keys and all(k.startswith("_orig_mod.") for k in keys), keys[:3]
     shutil.copytree(work / "tpu", work / "resume_cpu")
-    resumed_cpu = _ok(run_python("train.py", *TINY, "--dtype=float32", "--device=cpu", "--compile=False",
-                                 "--init_from=resume", "--max_iters=6", "--out_dir=resume_cpu", cwd=work,
-                                 env=_cpu_env(), timeout=TIMEOUT), "nanoGPT resumed on the CPU")
-    resumed = _nanogpt_tpu(work, "--dtype=float32", "--init_from=resume", "--max_iters=6", "--out_dir=tpu")
+    resumed_cpu, resumed = _both(
+        lambda: _ok(run_python("train.py", *TINY, "--dtype=float32", "--device=cpu", "--compile=False",
+                               "--init_from=resume", "--max_iters=6", "--out_dir=resume_cpu", cwd=work,
+                               env=_cpu_env(), timeout=TIMEOUT), "nanoGPT resumed on the CPU"),
+        lambda: _nanogpt_tpu(work, "--dtype=float32", "--init_from=resume", "--max_iters=6", "--out_dir=tpu"))
     assert "Resuming training from tpu" in resumed
     _check_nanogpt(resumed, resumed_cpu, F32, relative=False, iterations=3)
 
@@ -300,8 +314,10 @@ def test_nanogpt_bf16_autocast_ddp_two_ranks(tmp_path):
     per micro-batch, bf16 autocast, torch.compile. Against the same at 2 ranks on CPU gloo under CPU bf16 autocast:
     every iteration's and evaluation's loss within bf16's tolerance."""
     work = _nanogpt_dir(tmp_path)
-    cpu = _ok(run_python("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(LAUNCH),
-                         "--cuda-on-cpu", "train.py", *TINY, "--dtype=bfloat16", "--compile=False", "--out_dir=cpu",
-                         cwd=work, env=_cpu_env(), timeout=TIMEOUT), "nanoGPT at 2 ranks on CPU gloo")
-    ours = _nanogpt_tpu(work, "--dtype=bfloat16", "--out_dir=tpu", nproc=2)
+    cpu, ours = _both(
+        lambda: _ok(run_python("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(LAUNCH),
+                               "--cuda-on-cpu", "train.py", *TINY, "--dtype=bfloat16", "--compile=False",
+                               "--out_dir=cpu", cwd=work, env=_cpu_env(), timeout=TIMEOUT),
+                    "nanoGPT at 2 ranks on CPU gloo"),
+        lambda: _nanogpt_tpu(work, "--dtype=bfloat16", "--out_dir=tpu", nproc=2))
     _check_nanogpt(ours, cpu, BF16, relative=True, iterations=5)
