@@ -183,7 +183,25 @@ def check_case(info, module_input, training: bool, mode: str) -> CaseResult:
     except Exception as exc:  # noqa: BLE001 - recorded, reported
         text = str(exc).strip().splitlines()
         result.error = f"{type(exc).__name__}: {text[0][:300] if text else ''}"
+    finally:
+        if mode == "compiled":
+            _end_step()
     return result
+
+
+def _end_step() -> None:
+    """A case that failed inside its step leaves no step window open (the next case would run fused), and the
+    compiled module is forgotten (compiled steps keep the models they found)."""
+    from tpu_agent.backend import auto_compile
+    from tpu_agent.backend.whole_step import WINDOW
+
+    if WINDOW.open:
+        try:
+            torch.tpu.mark_step()
+        except Exception:  # noqa: BLE001 - the case has its error already
+            pass
+        WINDOW.end("module_db case")
+    auto_compile.STATE.modules.clear()
 
 
 def _check_case(info, module_input, training: bool, mode: str) -> None:
