@@ -96,7 +96,7 @@ class Case:
     tol: float
     each: float
     checkpoint: bool = False  # save after SAVE_AT steps, then a fresh job resumes from there
-    # fsdp2.py in float32: each parameter within `each` or twice float32's own error there (support.float32_noise)
+    # fsdp2.py in float32: each parameter within `each` or float32's own error there (support.float32_noise.bounds)
     float32_noise: bool = False
 
     def arguments(self, nproc: int) -> list[str]:
