@@ -38,6 +38,7 @@ class _Sequence(torch.autograd.Function):
         return output, hy, cy
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # a second derivative says so, as PyTorch's own such ops do
     def backward(ctx, grad_output, grad_hy, grad_cy):
         input, hx, cx, seed, *params = ctx.saved_tensors
         grad_input, grad_params, grad_hx, grad_cx = _ops().rnn_backward(
