@@ -45,8 +45,11 @@ _library = None
 def _factory_kernel(op):
     def kernel(*args, **kwargs):
         from .dispatch import dispatch
+        from .tensor import STATE, device_index, on_device
 
-        return dispatch(op, args, kwargs)
+        if STATE.device_count == 1:
+            return dispatch(op, args, kwargs)
+        return on_device(device_index(kwargs.get("device")), dispatch, op, args, kwargs)
 
     return kernel
 
@@ -58,8 +61,12 @@ COPY_OPS = ("_copy_from", "_copy_from_and_resize")
 
 def _copy_kernel(src, dst, *args):
     from .dispatch import copy_into
+    from .tensor import STATE, TpuTensor, on_device
 
-    return copy_into(dst, src)
+    if STATE.device_count == 1:
+        return copy_into(dst, src)
+    where = dst if isinstance(dst, TpuTensor) else src
+    return on_device(where.device.index, copy_into, dst, src)
 
 
 def _overload(name: str):
@@ -98,6 +105,7 @@ def register() -> bool:
     auto_compile.enable_from_environment()
     _patch_torch_compile()
     _route_accelerator_synchronize()
+    _route_accelerator_device_index()
     _accelerator_only_when_used()
     process_group.register()
     memory.route_accelerator_memory()
@@ -142,6 +150,37 @@ def _accelerator_only_when_used() -> None:
 
     get_accelerator._tpu_agent = True
     torch._C._get_accelerator = get_accelerator
+
+
+def _route_accelerator_device_index() -> None:
+    """`torch.accelerator.set_device_index` / `current_device_index` ask the C++ device guard, which a Python
+    backend cannot implement (it answers 0 and ignores a change): send them to `torch.tpu` while tpu is the
+    accelerator."""
+    import torch.accelerator as accelerator
+
+    if getattr(accelerator.set_device_index, "_tpu_agent", False):
+        return
+    original_set, original_current = accelerator.set_device_index, accelerator.current_device_index
+
+    def on_tpu():
+        return torch._C._get_accelerator().type == "tpu"
+
+    def set_device_index(device, /):
+        if not on_tpu():
+            return original_set(device)
+        return module.set_device(device)
+
+    def current_device_index():
+        return module.current_device() if on_tpu() else original_current()
+
+    for name, fn, original in (("set_device_index", set_device_index, original_set),
+                               ("set_device_idx", set_device_index, original_set),
+                               ("current_device_index", current_device_index, original_current),
+                               ("current_device_idx", current_device_index, original_current)):
+        if hasattr(accelerator, name):
+            fn._tpu_agent = True
+            fn.__doc__ = original.__doc__
+            setattr(accelerator, name, fn)
 
 
 def _route_accelerator_synchronize() -> None:

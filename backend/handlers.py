@@ -13,9 +13,9 @@ import torch
 
 from . import dtypes
 from .opinfo import handler
-from .state import STATS
-from .tensor import DEVICE, TpuTensor
-from .transfer import from_cpu, materialize, to_cpu
+from .state import STATE, STATS
+from .tensor import DEVICE, TpuTensor, device_index
+from .transfer import from_cpu, materialize, to_cpu, to_device
 from .writes import broadcast_cast, cast, write
 
 aten = torch.ops.aten
@@ -23,7 +23,7 @@ aten = torch.ops.aten
 
 @handler(torch.ops.prim.device.default)
 def _device(x):
-    return DEVICE
+    return x.device
 
 
 @handler(aten._local_scalar_dense.default, aten.item.default)  # item: bool(t)'s decomposition (DTensor's RNG check)
@@ -59,6 +59,9 @@ def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_bl
         x = TpuTensor(from_cpu(x))
         if dtype is None or dtype == x.dtype:
             return x
+    elif STATE.device_count > 1 and device_index(target) != x.device.index:  # tpu:j -> tpu:k
+        moved = TpuTensor(to_device(x, device_index(target)))
+        return moved if dtype is None or dtype == x.dtype else TpuTensor(cast(moved.jax(), dtypes.to_jax_dtype(dtype)))
     want = dtypes.to_jax_dtype(dtype) if dtype is not None else x.jax().dtype
     return TpuTensor(cast(x.jax(), want))
 
@@ -71,7 +74,12 @@ def _copy_(dst, src, non_blocking=False):
 def copy_into(dst, src):
     """`dst.copy_(src)` where either side is on the device."""
     if isinstance(dst, TpuTensor):
-        value = src.jax() if isinstance(src, TpuTensor) else from_cpu(src)
+        if not isinstance(src, TpuTensor):
+            value = from_cpu(src)
+        elif src.device != dst.device:  # tpu:j -> tpu:k
+            value = to_device(src, dst.device.index)
+        else:
+            value = src.jax()
         if tuple(value.shape) != tuple(dst.shape):  # copy_ broadcasts src to dst, an empty dst included
             value = broadcast_cast(value, tuple(dst.shape), dtypes.to_jax_dtype(dst.dtype))
         write(aten.copy_.default, dst, value)

@@ -47,7 +47,14 @@ def compilation_cache_dir() -> str | None:
     return str(envvars.cache_dir() / "xla")
 
 
+_configured = False
+
+
 def configure() -> None:
+    global _configured
+    if _configured:
+        return
+    _configured = True
     configure_environment()
     import jax
 
@@ -61,3 +68,11 @@ def configure() -> None:
     from .distributed import runtime
 
     runtime.join()  # a rank of a torchrun job joins the job's JAX runtime before its first computation
+
+
+def local_devices() -> tuple:
+    """This process's JAX devices, in the order `tpu:0`, `tpu:1`... name them (JAX configured first)."""
+    configure()
+    import jax
+
+    return tuple(jax.local_devices())

@@ -11,7 +11,7 @@ import torch
 
 from .generations import current_generation
 from .modes import EagerMode, Precision, get_eager_mode, precision, set_eager_mode  # noqa: F401
-from .state import RNG
+from .state import RNG, STATE
 
 _DeviceProperties = namedtuple("_DeviceProperties", "name total_memory generation platform mxu peak_bf16_flops")
 
@@ -49,24 +49,29 @@ def _lazy_init() -> None:
 
 
 def device_count() -> int:
-    """One device per process: a mesh over several goes through sharding, as on TorchTPU."""
-    return 1
+    """This process's local devices: the host's chips (or simulated CPU devices, `TPU_AGENT_DEVICES=N`), one
+    per process under a launcher that gives each rank its chip (torchrun with one process per chip)."""
+    from .tensor import STATE  # starts JAX: the count is JAX's
+
+    return STATE.device_count
 
 
 def current_device() -> int:
-    return 0
+    return STATE.device
 
 
 def set_device(device) -> None:
+    """Make `device` the current one: `torch.device("tpu")`, factories and `.to("tpu")` name it."""
     index = torch.device(device).index if not isinstance(device, int) else device
-    if index is not None and index < 0:  # torch.cuda.device(-1) and device_of(cpu tensor): no change
+    if index is None or index < 0:  # torch.cuda.device(-1) and device_of(cpu tensor): no change
         return
-    if index not in (None, 0):
-        raise RuntimeError(f"tpu device index {index} is out of range (device_count() is 1)")
+    from .tensor import check_index
+
+    STATE.set_device(check_index(index))
 
 
 class device:  # noqa: N801 - torch.cuda.device's name
-    """Context manager selecting a tpu device, as `torch.cuda.device` (one device per process)."""
+    """Context manager selecting a tpu device, as `torch.cuda.device`."""
 
     def __init__(self, device):
         self.idx = _index(device)

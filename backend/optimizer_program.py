@@ -27,7 +27,7 @@ import torch.optim.optimizer as optimizer_module
 
 from . import modes
 from .step_program import CompiledStep, make_capturable
-from .tensor import TpuTensor
+from .tensor import TpuTensor, on_device
 
 
 def _fused_adam_meta(*args, **kwargs) -> None:
@@ -62,11 +62,12 @@ class OptimizerProgram:
         out = []
         for group in optimizer.param_groups:
             lr = float(group["lr"])  # a scheduler may set an int
-            t = self._lrs.get(lr)
+            index = (group["params"][0].device.index or 0) if group["params"] else 0  # on the parameters' tpu:k
+            t = self._lrs.get((lr, index))
             if t is None:
                 if len(self._lrs) > 64:
                     self._lrs.clear()
-                t = self._lrs[lr] = TpuTensor(jnp.asarray(lr, jnp.float32))
+                t = self._lrs[lr, index] = on_device(index, TpuTensor, jnp.asarray(lr, jnp.float32))
             out.append(t)
         return out
 

@@ -106,6 +106,9 @@ class DeviceState:
         # inputs, each with its setter
         "mode", "eager_override", "precision", "pad_multiple", "pad_sizes", "mesh",
         "serialize_programs", "time_executables",
+        # the current device (torch.tpu.set_device), the local device count (tensor.py sets it when JAX starts),
+        # and the device of the op running now (tensor.on_device), which the tensors it makes are on
+        "device", "device_count", "op_device",
         # derived by _derive, read on the hot path
         "cache_key_extra", "fused", "blocking",
         # objects held
@@ -125,6 +128,9 @@ class DeviceState:
         # Wait for every executable so its recorded time is execution time, not dispatch time (the
         # profiler turns it on for its per-executable table; modes.py applies $TPU_AGENT_TIME_EXECUTABLES).
         self.time_executables = False
+        self.device = 0
+        self.device_count = 1
+        self.op_device = None
         self.rng = Rng()
         self.stats = Stats()
         self.recorder = None  # lazy.RECORDER, attached when lazy.py loads
@@ -165,6 +171,9 @@ class DeviceState:
     def set_time_executables(self, on: bool) -> None:
         self.time_executables = bool(on)
         self._derive()
+
+    def set_device(self, index: int) -> None:
+        self.device = int(index)
 
     def attach_recorder(self, recorder) -> None:
         self.recorder = recorder

@@ -1,6 +1,7 @@
 """The `tpu` tensor: a PyTorch wrapper subclass whose data is a `jax.Array`.
 
-The wrapper lives on the PrivateUse1 device `tpu:0` itself. PyTorch's C++ code
+The wrapper lives on the PrivateUse1 device `tpu:k` itself, k the local JAX device its array is on (one process
+owns all the host's local devices; see `on_device`). PyTorch's C++ code
 creates tensors "on self's device" (a Python scalar in `torch.where(m, x, 0.0)`,
 the mask of attention's math path, `new_zeros`); on `tpu:0` they reach our
 allocation kernels and hold data. (An earlier wrapper on `meta` lost them.)
@@ -12,13 +13,23 @@ since, and writes scatter back into the base (see `views.py`).
 
 from __future__ import annotations
 
+import os
+
+import jax
 import torch
 
+from . import jax_setup
 from .dtypes import to_torch_dtype
 from .lazy import RECORDER, Lazy
+from .state import STATE
 from .views import apply_chain, scatter_chain
 
 DEVICE = torch.device("tpu", 0)
+# `tpu:k` is this process's k-th local JAX device (a chip of the host; simulated CPU devices here).
+LOCAL_DEVICES = jax_setup.local_devices()
+STATE.device_count = len(LOCAL_DEVICES)
+_TORCH_DEVICES = tuple(torch.device("tpu", i) for i in range(len(LOCAL_DEVICES)))
+_POSITION = {d: i for i, d in enumerate(LOCAL_DEVICES)}
 # Called with the CPU copy a tpu tensor pickles as, and its device (set by checkpoints.py, which tags the copy's
 # storage with the device's location while torch.save runs).
 on_pickle = None
@@ -89,11 +100,16 @@ class TpuTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, array, requires_grad: bool = False, *, storage=None, chain=()):
         shape = tuple(array.shape)
+        index = 0
+        if STATE.device_count > 1:
+            index = _index_of(array)
+            if index and storage is None:
+                array = _commit(array, index)
         r = torch.Tensor._make_wrapper_subclass(
             cls,
             shape,
             dtype=to_torch_dtype(array.dtype),
-            device=DEVICE,
+            device=_TORCH_DEVICES[index],
             requires_grad=requires_grad,
         )
         if storage is None:
@@ -115,7 +131,7 @@ class TpuTensor(torch.Tensor):
     def numpy(self, *, force: bool = False):
         if not force:
             raise TypeError(
-                "can't convert tpu:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first."
+                f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first."
             )
         return self.detach().cpu().numpy()
 
@@ -155,7 +171,7 @@ class TpuTensor(torch.Tensor):
     def __repr__(self, *, tensor_contents=None):
         body = repr(self.detach().cpu())
         if body.endswith(")"):
-            extra = f", device='{DEVICE}'"
+            extra = f", device='{self.device}'"
             if self.requires_grad and "requires_grad" not in body and "grad_fn" not in body:
                 extra += ", requires_grad=True"
             if self.grad_fn is not None and "grad_fn" not in body:
@@ -219,7 +235,140 @@ class TpuTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return _dispatch(func, args, kwargs or {})
+        if STATE.device_count == 1:
+            return _dispatch(func, args, kwargs or {})
+        kwargs = kwargs or {}
+        return on_device(op_device(func, args, kwargs), _dispatch, func, args, kwargs)
+
+
+# --- several local devices ------------------------------------------------------------------------------------
+
+
+def _index_of(array) -> int:
+    """The device a new tensor is on: the running op's, else the one its array is committed to, else the
+    current device."""
+    if STATE.op_device is not None:
+        return STATE.op_device
+    if type(array) is Lazy:  # a pending value made outside an op (a compiled module's outputs): its inputs'
+        return _pending_index(array)
+    found = _committed_index(array)
+    return STATE.device if found is None else found
+
+
+def _committed_index(array):
+    if isinstance(array, jax.Array) and not isinstance(array, jax.core.Tracer) and array.committed:
+        devices = array.devices()
+        if len(devices) == 1:
+            return _POSITION.get(next(iter(devices)))
+    return None
+
+
+def _pending_index(lazy, limit: int = 256) -> int:
+    """The device of the first concrete input found behind a pending value (the graph runs where they are)."""
+    todo, seen = [lazy.node], set()
+    while todo and len(seen) < limit:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        for value in node.inputs:
+            if type(value) is Lazy:
+                if value.value is not None:
+                    value = value.value
+                else:
+                    todo.append(value.node)
+                    continue
+            found = _committed_index(value)
+            if found is not None:
+                return found
+    return STATE.device
+
+
+def _commit(array, index: int):
+    """A concrete one-device array committed to local device `index`, so that the programs it feeds run there
+    (jit follows committed inputs); pending and traced values and sharded arrays as they are."""
+    if isinstance(array, jax.Array) and not isinstance(array, jax.core.Tracer) and not array.committed:
+        if len(array.devices()) == 1:
+            return jax.device_put(array, LOCAL_DEVICES[index])
+    return array
+
+
+def _local_rank() -> int | None:
+    value = os.environ.get("LOCAL_RANK", "")
+    return int(value) if value.isdigit() else None
+
+
+def check_index(index: int) -> int:
+    """`index` if it names a local device. Under a launcher with one device per process (torchrun, one process
+    per chip), `tpu:LOCAL_RANK` names the process's own device, tpu:0, as `cuda:LOCAL_RANK` names a GPU rank's."""
+    count = STATE.device_count
+    if 0 <= index < count:
+        return index
+    if count == 1 and index == _local_rank():
+        return 0
+    last = "tpu:0" if count == 1 else f"tpu:0 to tpu:{count - 1}"
+    raise RuntimeError(f"tpu: invalid device ordinal {index}: this process has {count} tpu "
+                       f"device{'s' if count > 1 else ''} ({last})")
+
+
+def device_index(device) -> int:
+    """A tpu device (torch.device, 'tpu:k', an int, or None or 'tpu' for the current device) as a local index."""
+    if device is None:
+        return STATE.device
+    if not isinstance(device, int):
+        device = torch.device(device).index
+        if device is None:
+            return STATE.device
+    return check_index(device)
+
+
+_aten = torch.ops.aten
+_TO_COPY = _aten._to_copy.default
+_INTO_FIRST = {_aten.copy_.default, _aten.set_.source_Tensor}  # written into args[0] from another device
+_COPY_FROM = {_aten._copy_from.default, _aten._copy_from_and_resize.default}  # (src, dst)
+
+
+def _tpu_index(x):
+    return x.device.index if isinstance(x, TpuTensor) else None
+
+
+def op_device(func, args, kwargs) -> int:
+    """The device an op runs on: its tensors' (all on one device, else the error CUDA gives), a factory's
+    `device=`; copies run on their destination's device."""
+    target = kwargs.get("device")
+    if func is _TO_COPY:
+        if target is not None and torch.device(target).type == "tpu":
+            return device_index(target)
+        index = _tpu_index(args[0])
+        return STATE.device if index is None else index
+    if func in _INTO_FIRST or func in _COPY_FROM:
+        index = _tpu_index(args[1] if func in _COPY_FROM else args[0])
+        return STATE.device if index is None else index
+    found = None
+    for arg in (*args, *kwargs.values()):
+        for x in arg if isinstance(arg, (list, tuple)) else (arg,):
+            if isinstance(x, TpuTensor):
+                index = x.device.index
+                if found is None:
+                    found = index
+                elif index != found:
+                    raise RuntimeError(f"{func}: expected all tensors to be on the same device, but found at "
+                                       f"least two devices, tpu:{found} and tpu:{index}!")
+    if target is not None and not isinstance(target, int) and torch.device(target).type == "tpu":
+        return device_index(target)  # new_zeros(..., device="tpu:1")
+    return STATE.device if found is None else found
+
+
+def on_device(index: int, fn, *args):
+    """Run `fn(*args)` as an op on local device `index`: the tensors it makes are on `tpu:index`, and the arrays
+    JAX makes without committed inputs land there."""
+    previous = STATE.op_device
+    STATE.op_device = index
+    try:
+        with jax.default_device(LOCAL_DEVICES[index]):
+            return fn(*args)
+    finally:
+        STATE.op_device = previous
 
 
 def _dispatch(func, args, kwargs):

@@ -11,8 +11,8 @@ import torch
 from . import dtypes, lazy
 from .launch import out_of_memory_as_torch
 from .lazy import RECORDER
-from .state import STATS
-from .tensor import TpuTensor
+from .state import STATE, STATS
+from .tensor import LOCAL_DEVICES, TpuTensor
 
 h2d_watch = None  # the profiler's: called with each CPU tensor copied to the device (where batches arrive)
 
@@ -36,6 +36,8 @@ def from_cpu(t: torch.Tensor):
     # A copy, as `.to()` is: jnp.asarray may alias the CPU tensor's memory (JAX's CPU client does, zero-copy),
     # and a later in-place write to the CPU tensor would then change the device value.
     array = jnp.array(host, dtype=dtypes.to_jax_dtype(t.dtype), copy=True)
+    if STATE.op_device:  # copied to tpu:k, k > 0: its array committed to local device k
+        array = jax.device_put(array, LOCAL_DEVICES[STATE.op_device])
     if RECORDER.capture is not None:
         RECORDER.capture.note_host(array, t)
     return array
@@ -72,3 +74,10 @@ def synchronize() -> None:
     RECORDER.flush("synchronize")
     for array in jax.live_arrays():
         array.block_until_ready()
+
+
+def to_device(t: TpuTensor, index: int):
+    """A tpu tensor's value copied to local device `index` (a copy between tpu:j and tpu:k)."""
+    value = materialize(t, f"a copy to tpu:{index}")
+    with out_of_memory_as_torch(f"a copy to tpu:{index}"):
+        return jax.device_put(value, LOCAL_DEVICES[index])
