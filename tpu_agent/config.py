@@ -124,10 +124,10 @@ class TuneOptions(BaseModel):
         """A generation, or a slice as `tpu-agent project` parses it (one the generation offers)."""
         if value in get_args(Target):
             return value
-        from tpu_agent.project.slices import parse
+        from tpu_agent.project.slices import read
 
         try:
-            parse(value)
+            read(value)
         except InputError as exc:  # its message starts `--target 'v6e-7': `; resolve() names where it came from
             reason = str(exc).split(": ", 1)[-1]
             if reason.startswith("expected a slice"):
@@ -145,9 +145,9 @@ class TuneOptions(BaseModel):
         """The TPU generation the estimates model (`cpu`: this machine); a slice's generation for a slice."""
         if self.slice is None:
             return self.target
-        from tpu_agent.project.slices import parse
+        from tpu_agent.project.slices import read
 
-        return parse(self.target).generation
+        return read(self.target).generation
 
     @field_validator("allow", mode="before")
     @classmethod

@@ -104,7 +104,7 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
         runner.close()
         measured = measured.model_copy(update={"plans": [*alone, *measured.plans]})
         if out.result.projection is not None:  # --target on a host that is not the slice
-            sl = slices.parse(options.slice)
+            sl = slices.read(options.slice)
             measured = rank_for_slice(measured, out.result.projection, rank.projector(str(script), args, sl, batch),
                                       say)
         out.result.parallelism = measured

@@ -313,3 +313,10 @@ def test_a_value_saved_under_two_names_is_one_buffer():
     fn = lower.Lowered(graph)
     jax.eval_shape(fn, jax.ShapeDtypeStruct((4, 8), jnp.float32))
     assert sorted((shape, block) for shape, _size, _dim, block in fn.saved) == [((4, 8), False), ((4, 8), True)]
+
+
+def test_tune_takes_a_topology_as_its_target():
+    from tpu_agent.config import TuneOptions
+
+    options = TuneOptions(target="tpu7x-4x4x4")
+    assert (options.slice, options.generation) == ("tpu7x-4x4x4", "v7x")
