@@ -3,10 +3,13 @@ Llama config, meta init; benchmarks/projection_model.py) with the published slic
 
     .venv/bin/python benchmarks/projection_table.py [--cache DIR] [--rows NAME,...]
 
-Rows marked `fit` set the cost model's one fitted constant per generation (MXU efficiency, solved so the fit row's
-projected MFU equals the published one); `check` rows are projected with those constants and never move them;
-`blind` rows were added after the cost model was frozen (tpu_agent/project at 37f04f2, its costs those of 9fbb20f):
-their errors are recorded as they came out, and they are kept apart from the check rows' figures.
+Rows marked `fit` set the cost model's one fitted constant per generation (MXU efficiency, solved so the mean
+step-time error of the generation's fit rows is zero: one row's MFU then equals the published one); `check` rows
+are projected with those constants and never move them; `blind` rows were added after the constants were set
+(v5e/v5p/v6e: tpu_agent/project at 37f04f2, its costs those of 9fbb20f; v7x: fitted on its two Llama 3.1 70B
+rows): their errors are recorded as they came out, kept apart from the check rows' figures. Every row prints its
+error as % of the published step time beside the MFU points, and each generation's non-fit rows are summarised
+against the goal (blind rows: median step-time error <= 10%, none beyond 25%).
 Published MFU counts full (non-causal) attention FLOPs, as MaxText did before July 2025, which the projection does too.
 Partitioned programs are cached as JSON in --cache so a re-fit does not re-trace.
 """
