@@ -67,7 +67,11 @@ def _move_materialized(module, pending: dict[int, torch.device]) -> None:
 def register() -> None:
     if getattr(UninitializedTensorMixin.__torch_function__, "_tpu_agent", False):
         return
-    torch_function = UninitializedTensorMixin.__dict__["__torch_function__"].__func__
+    original = UninitializedTensorMixin.__dict__.get("__torch_function__")
+    if not isinstance(original, classmethod) or not all(
+            hasattr(LazyModuleMixin, name) for name in ("_infer_parameters", "_lazy_load_hook")):
+        return  # another PyTorch's lazy modules: left as they are rather than break the device's registration
+    torch_function = original.__func__
 
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
