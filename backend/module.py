@@ -68,6 +68,34 @@ def set_device(device) -> None:
     from .tensor import check_index
 
     STATE.set_device(check_index(index))
+    if STATE.device:
+        _current_device_in_to()
+
+
+def _current_device_in_to() -> None:
+    """`t.to("tpu")` after `set_device(k)`: PyTorch's C++ fills a device's missing index from its device guard,
+    which a Python backend cannot drive (it says 0), so `Tensor.to` names the current device first. Installed
+    only once a device other than tpu:0 is made current: every other process keeps PyTorch's own `Tensor.to`."""
+    original = torch.Tensor.to
+    if getattr(original, "_tpu_agent", False):
+        return
+
+    def indexed(value):
+        if value == "tpu" or (isinstance(value, torch.device) and value.type == "tpu" and value.index is None):
+            return torch.device("tpu", STATE.device)
+        return value
+
+    def to(self, *args, **kwargs):
+        if STATE.device:
+            if args:
+                args = (indexed(args[0]), *args[1:])
+            if "device" in kwargs:
+                kwargs["device"] = indexed(kwargs["device"])
+        return original(self, *args, **kwargs)
+
+    to._tpu_agent = True
+    to.__doc__ = original.__doc__
+    torch.Tensor.to = to
 
 
 class device:  # noqa: N801 - torch.cuda.device's name

@@ -175,6 +175,12 @@ class DeviceState:
     def set_device(self, index: int) -> None:
         self.device = int(index)
 
+    def set_device_count(self, count: int) -> None:
+        self.device_count = int(count)
+
+    def set_op_device(self, index) -> None:
+        self.op_device = index
+
     def attach_recorder(self, recorder) -> None:
         self.recorder = recorder
 

@@ -27,7 +27,7 @@ from .views import apply_chain, scatter_chain
 DEVICE = torch.device("tpu", 0)
 # `tpu:k` is this process's k-th local JAX device (a chip of the host; simulated CPU devices here).
 LOCAL_DEVICES = jax_setup.local_devices()
-STATE.device_count = len(LOCAL_DEVICES)
+STATE.set_device_count(len(LOCAL_DEVICES))
 _TORCH_DEVICES = tuple(torch.device("tpu", i) for i in range(len(LOCAL_DEVICES)))
 _POSITION = {d: i for i, d in enumerate(LOCAL_DEVICES)}
 # Called with the CPU copy a tpu tensor pickles as, and its device (set by checkpoints.py, which tags the copy's
@@ -363,12 +363,12 @@ def on_device(index: int, fn, *args):
     """Run `fn(*args)` as an op on local device `index`: the tensors it makes are on `tpu:index`, and the arrays
     JAX makes without committed inputs land there."""
     previous = STATE.op_device
-    STATE.op_device = index
+    STATE.set_op_device(index)
     try:
         with jax.default_device(LOCAL_DEVICES[index]):
             return fn(*args)
     finally:
-        STATE.op_device = previous
+        STATE.set_op_device(previous)
 
 
 def _dispatch(func, args, kwargs):

@@ -80,8 +80,9 @@ SCRIPT = textwrap.dedent(r"""
     out["factory"] = [str(z.device), devices(z), str(torch.ones(3, device="tpu:0").device)]
     torch.accelerator.set_device_index(1)
     current = torch.zeros(2, device="tpu")
+    moved, layer = torch.randn(2).to("tpu"), nn.Linear(2, 2).to(torch.device("tpu"))
     out["current"] = [torch.accelerator.current_device_index(), torch.tpu.current_device(), str(current.device),
-                      devices(current)]
+                      devices(current), str(moved.device), devices(moved), str(layer.weight.device)]
     torch.tpu.set_device(0)
     print("RESULT" + json.dumps(out))
 """)
@@ -127,4 +128,4 @@ def test_invalid_ordinal(result):
 
 def test_factories_and_current_device(result):
     assert result["factory"] == ["tpu:1", [1], "tpu:0"]
-    assert result["current"] == [1, 1, "tpu:1", [1]]
+    assert result["current"] == [1, 1, "tpu:1", [1], "tpu:1", [1], "tpu:1"]  # "tpu" is the current device
