@@ -238,10 +238,24 @@ class TpuTensor(torch.Tensor):
         if STATE.device_count == 1:
             return _dispatch(func, args, kwargs or {})
         kwargs = kwargs or {}
-        return on_device(op_device(func, args, kwargs), _dispatch, func, args, kwargs)
+        index = op_device(func, args, kwargs)
+        if STATE.fused:
+            _one_device_per_graph(index)
+        return on_device(index, _dispatch, func, args, kwargs)
 
 
 # --- several local devices ------------------------------------------------------------------------------------
+
+
+_fused_on = [None]  # the device of the ops recorded since the last flush (fused mode)
+
+
+def _one_device_per_graph(index: int) -> None:
+    """A fused graph runs on one device: what is pending on another runs first."""
+    if _fused_on[0] != index:
+        if _fused_on[0] is not None and RECORDER.capture is None:
+            RECORDER.flush(f"an op on tpu:{index} after ops on tpu:{_fused_on[0]}")
+        _fused_on[0] = index
 
 
 def _index_of(array) -> int:

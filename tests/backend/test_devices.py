@@ -76,6 +76,10 @@ SCRIPT = textwrap.dedent(r"""
         out["ordinal"] = None
     except RuntimeError as exc:
         out["ordinal"] = str(exc)
+    p0, p1 = torch.arange(4.0).to("tpu:0"), torch.arange(4.0).to("tpu:1")
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):  # work pending on both devices at once
+        q0, q1 = p0 * 2 + 1, p1 * 3 + 1
+        out["fused_two"] = [q0.cpu().tolist(), devices(q0), q1.cpu().tolist(), devices(q1)]
     z = torch.zeros(2, 2, device="tpu:1")
     out["factory"] = [str(z.device), devices(z), str(torch.ones(3, device="tpu:0").device)]
     torch.accelerator.set_device_index(1)
@@ -115,6 +119,10 @@ def test_cross_device_copies(result):
     assert copy["a"] == ["tpu:1", [1]]
     assert copy["b"] == ["tpu:0", [0], [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]]
     assert copy["c"] == ["tpu:1", [1], [[0.0, 2.0, 4.0], [6.0, 8.0, 10.0]]]
+
+
+def test_fused_work_on_two_devices_stays_on_each(result):
+    assert result["fused_two"] == [[1.0, 3.0, 5.0, 7.0], [0], [1.0, 4.0, 7.0, 10.0], [1]]
 
 
 def test_mixed_devices_is_an_error_naming_both(result):
