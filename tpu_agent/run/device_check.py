@@ -3,7 +3,7 @@ against PyTorch on the CPU.
 
     python -m tpu_agent.run.device_check          (TPU_AGENT_DEVICES=N for N simulated CPU devices)
 
-On each device (the torch `tpu` device's work placed there with `jax.default_device`): an eager op, a fused
+On each device (made the current tpu device, `tpu:k`): an eager op, a fused
 step (EagerMode.DEFER_AND_FUSE), a compiled step (torch.tpu.compile), a host-to-device and a device-to-host
 copy; then an all-reduce over the local devices, and under a launcher's job of two or more ranks one over the
 ranks (torch.distributed, the tpu backend). Each check is timed twice: its first run (compiles) and a warm one.
@@ -152,8 +152,10 @@ def _checks(device):
 
 def _check_device(device, label: str) -> bool:
     import jax
+    import torch
 
     ok_all = True
+    torch.tpu.set_device(jax.local_devices().index(device))  # "tpu" is this device: tpu:k
     with jax.default_device(device):
         for name, fn, detail in _checks(device):
             _emit(device=label, check=name, start=True)
@@ -164,6 +166,7 @@ def _check_device(device, label: str) -> bool:
                 ok_all = False
                 _emit(device=label, check=name, ok=False, first_ms=None, warm_ms=None, detail=_one_line(exc),
                       trace=traceback.format_exc(limit=-4))
+    torch.tpu.set_device(0)
     return ok_all
 
 
