@@ -321,8 +321,8 @@ def check_index(index: int) -> int:
     if count == 1 and index == _local_rank():
         return 0
     last = "tpu:0" if count == 1 else f"tpu:0 to tpu:{count - 1}"
-    raise RuntimeError(f"tpu: invalid device ordinal {index}: this process has {count} tpu "
-                       f"device{'s' if count > 1 else ''} ({last})")
+    raise RuntimeError(f"tpu: invalid device ordinal {index} (out of range: this process has {count} tpu "
+                       f"device{'s' if count > 1 else ''}, {last})")
 
 
 def device_index(device) -> int:
