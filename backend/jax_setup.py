@@ -1,6 +1,12 @@
 """JAX configuration, applied before JAX first initialises its backends.
 
-- 64-bit types on, so int64 and float64 keep PyTorch's semantics.
+- 64-bit types on, so int64 and float64 keep PyTorch's semantics. Process-wide: JAX code of the user's own in
+  the same process sees 64-bit defaults too. JAX's `jax.enable_x64(True)` context would scope it, but it is
+  thread-local and only holds while entered: an int64 array made inside stays int64, yet any JAX op run on it
+  outside the context gives int32 (with a warning). Scoping therefore means entering it wherever the device
+  calls JAX (each op, the device's kernels, fused flushes from synchronize/mark_step/hooks, compiled steps and
+  module programs, transfers, collectives, sharding placement, the profiler's cost analysis); one missed
+  entry silently truncates int64 values.
 - `TPU_AGENT_DEVICES=N` simulates N devices on a CPU host (XLA's
   `--xla_force_host_platform_device_count`), for sharding on one machine.
 - XLA's persistent compilation cache, on by default: every process (each tune
