@@ -238,7 +238,7 @@ def _snapshot(tree) -> list:
 def _changed(before: list, tree) -> bool:
     """Whether a run changed one of the tensor arguments snapshotted before it."""
     for x, y in zip(tree_flatten(tree)[0], before):
-        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.layout == y.layout == torch.strided:
             if x.shape != y.shape or not torch.equal(x.detach().nan_to_num(), y.nan_to_num()):
                 return True
     return False
