@@ -27,6 +27,15 @@ def compile(fn=None, **options):  # noqa: A001 - mirrors torch.compile
     return CompiledStep(fn)
 
 
+def _reduce(compiled: CompiledModule):
+    """`torch.save(compiled_model)`: as PyTorch's OptimizedModule, pickled as the module it compiles and compiled
+    again when loaded (its programs are this process's)."""
+    return compile, (compiled._orig_mod,)
+
+
+CompiledModule.__reduce__ = _reduce
+
+
 def _uses_tpu(fn) -> bool:
     if isinstance(fn, torch.nn.Module):
         return any(isinstance(p, TpuTensor) for p in fn.parameters()) or any(

@@ -290,3 +290,19 @@ def test_deepcopy_of_a_tpu_model_copies_its_values_on_tpu():
     tied["b"].weight = tied["a"].weight
     tied = copy.deepcopy(tied.to("tpu"))
     assert tied["a"].weight is tied["b"].weight
+
+
+def test_a_compiled_model_saves_whole_and_deep_copies_as_pytorchs_optimized_module_does():
+    """`torch.save(torch.compile(model))` pickles the model it compiles (its programs are this process's) and
+    loads compiled again, on tpu, with the same keys; `copy.deepcopy` likewise. (Pickling failed before.)"""
+    import copy
+
+    compiled = torch.compile(_model().to("tpu"))
+    _trained(compiled, steps=3)
+    x = torch.randn(3, 4).to("tpu")
+    compiled.eval()
+    for other in (torch.load(_saved(compiled), weights_only=False), copy.deepcopy(compiled)):
+        assert type(other) is type(compiled) and other._orig_mod is not compiled._orig_mod
+        assert list(other.state_dict()) == list(compiled.state_dict()) and _devices(other.state_dict()) == {"tpu"}
+        other.eval()
+        assert torch.equal(other(x).cpu(), compiled(x).cpu())
