@@ -112,8 +112,11 @@ def test_save_load_and_state_dict():
     buffer = io.BytesIO()
     torch.save(model.state_dict(), buffer)
     buffer.seek(0)
-    loaded = torch.load(buffer)
-    assert all(type(v) is torch.Tensor and v.device.type == "cpu" for v in loaded.values())
+    loaded = torch.load(buffer)  # no map_location: back on the device it was saved from, as on CUDA
+    assert all(v.device.type == "tpu" for v in loaded.values())
+    buffer.seek(0)
+    on_cpu = torch.load(buffer, map_location="cpu")  # map_location wins
+    assert all(type(v) is torch.Tensor and v.device.type == "cpu" for v in on_cpu.values())
     other = torch.nn.Linear(3, 2).to("tpu")
     other.load_state_dict(loaded)
     assert torch.equal(other.weight.cpu(), model.weight.cpu())
