@@ -64,7 +64,12 @@ def test_default_device_tpu_gives_values():
         lin = torch.nn.Linear(4, 4)
         z = torch.zeros(3, dtype=torch.long)
     finally:
-        torch.set_default_device(old)
+        # Back to no default device at all: set_default_device(cpu) would leave a DeviceContext torch-function
+        # mode on, and with one on PyTorch turns off nn.MultiheadAttention's and TransformerEncoderLayer's
+        # fast paths for every later test of this worker (test_transformer_fast_path.py's CPU runs then took
+        # the math path).
+        torch.set_default_device(None if old == torch.device("cpu") else old)
+    assert not torch._C._is_torch_function_mode_enabled()
     assert {t.device.type, r.device.type, f.device.type, lin.weight.device.type, z.device.type} == {"tpu"}
     assert t.cpu().tolist() == [1.5, -2.0, 3.0]
     assert r.cpu().tolist() == [0, 1, 2, 3, 4]
