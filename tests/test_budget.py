@@ -1,7 +1,7 @@
 """The suite's time budget: the default pass (`bash scripts/test.sh`, 2 workers) takes at most 20 minutes of pytest
 on this 2-core machine, so its recorded durations (tests/durations.json), dealt onto the 2 workers as they run,
-must stay within 17 minutes: a new slow test replaces, merges or shrinks another, or goes to the release matrix
-(`-m matrix`, docs/ci.md).
+must come to 17 minutes (durations.GOAL_S). The pass is not there yet: durations.BUDGET_S holds it where it is, so
+a new slow test replaces, merges or shrinks another, or goes to the release matrix (`-m matrix`, docs/ci.md).
 
 Every test of the default pass must have a recorded duration: a test missing from the file would count as
 nothing, and a new slow test would pass the budget unseen until the next recording. Record it with
@@ -32,7 +32,7 @@ def _default_pass(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
     return [line for line in proc.stdout.splitlines() if "::" in line and not line.startswith(" ")]
 
 
-def test_the_default_pass_fits_17_minutes_on_2_workers_by_its_recorded_durations(request):
+def test_the_default_pass_fits_its_budget_on_2_workers_by_its_recorded_durations(request):
     ids = _default_pass(request.config, request.session.items)
     assert len(ids) > 100, ids  # the whole pass was read
     known = durations.load()
@@ -46,7 +46,8 @@ def test_the_default_pass_fits_17_minutes_on_2_workers_by_its_recorded_durations
     workers = durations.dealt(seconds)
     longest = sorted(zip(seconds, ids), reverse=True)[:10]
     summary = (f"{len(ids)} tests, {sum(seconds) / 60:.1f} min recorded, dealt onto {durations.WORKERS} workers: "
-               + ", ".join(f"{w / 60:.1f}" for w in workers) + f" min (budget {durations.BUDGET_S / 60:.0f}); "
+               + ", ".join(f"{w / 60:.1f}" for w in workers) + f" min (budget {durations.BUDGET_S / 60:.0f}, "
+               + f"goal {durations.GOAL_S / 60:.0f}); "
                + "the longest: " + "; ".join(f"{i} {s:.0f} s" for s, i in longest))
     print(summary)
     assert workers[-1] <= durations.BUDGET_S, summary
