@@ -319,3 +319,34 @@ def test_sync_batchnorm_ops_over_two_simulated_ranks_match_batchnorm_over_the_wh
     F.batch_norm(x, None, None, w, b, training=True, eps=eps).backward(dy)
     torch.testing.assert_close(dw, w.grad, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(db, b.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_running_statistics_under_a_torch_compiled_training_step():
+    """torch.compile of a whole step (forward, backward, optimizer.step): replayed once captured, its running
+    statistics written by the step's one program each call, as the CPU's eager steps write them."""
+    results = {}
+    for device in ("cpu", "tpu"):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(144, 2))
+        model.to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        run = torch.compile(step) if device == "tpu" else step
+        g = torch.Generator().manual_seed(1)
+        losses = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in range(5):  # the capture, then replays
+                x, y = torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 2, (4,), generator=g)
+                losses.append(run(x.to(device), y.to(device)).item())
+        results[device] = (_buffers(model), losses)
+    assert results["cpu"][0]["1.num_batches_tracked"].item() == 5
+    _assert_buffers(results["tpu"][0], results["cpu"][0], "torch.compile(step)", rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(results["tpu"][1], results["cpu"][1], rtol=1e-5, atol=1e-6)
