@@ -13,6 +13,19 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 MHA = torch.ops.aten._native_multi_head_attention.default
+
+
+@pytest.fixture(autouse=True)
+def no_torch_function_mode_left_on():
+    """PyTorch takes these fast paths only with no torch-function mode on: a mode an earlier test of the worker left
+    on (set_default_device's DeviceContext) would send the CPU reference down the math path. Cleared here and put
+    back after."""
+    stack = []
+    while torch._C._len_torch_function_stack():
+        stack.append(torch._C._pop_torch_function_stack())
+    yield
+    for mode in reversed(stack):
+        torch._C._push_on_torch_function_stack(mode)
 LAYER = torch.ops.aten._transformer_encoder_layer_fwd.default
 B, S, D, HEADS = 3, 6, 8, 2
 
