@@ -9,20 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
+from support.dispatched import Ops
 
 ATTENTION = torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default
 ATTENTION_BACKWARD = torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward.default
-
-
-class Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.seen = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.seen.append(func)
-        return func(*args, **(kwargs or {}))
 
 
 def _run(device, tensors, **kwargs):

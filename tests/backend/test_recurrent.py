@@ -12,24 +12,14 @@ import pytest
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from tpu_agent.backend import executables
 from tpu_agent.backend.ops import recurrent  # noqa: F401  (defines the tpu_agent:: ops, as the first op does)
+from support.dispatched import Ops
 
 RNN = torch.ops.tpu_agent.rnn.default
 RNN_BACKWARD = torch.ops.tpu_agent.rnn_backward.default
 T, B, IN, HID = 5, 3, 4, 6
-
-
-class Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.seen = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.seen.append(func)
-        return func(*args, **(kwargs or {}))
 
 
 def _rel(a, b):

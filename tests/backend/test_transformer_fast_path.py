@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
+from support.dispatched import Ops
 
 MHA = torch.ops.aten._native_multi_head_attention.default
 
@@ -28,16 +28,6 @@ def no_torch_function_mode_left_on():
         torch._C._push_on_torch_function_stack(mode)
 LAYER = torch.ops.aten._transformer_encoder_layer_fwd.default
 B, S, D, HEADS = 3, 6, 8, 2
-
-
-class Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.seen = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.seen.append(func)
-        return func(*args, **(kwargs or {}))
 
 
 def _same(a, b, tol=1e-5):
