@@ -176,11 +176,13 @@ def main(argv: list[str] | None = None) -> None:
     except BaseException as exc:  # noqa: BLE001 - report it as python would, then exit 1
         if trial is not None and trial.is_stop(exc):
             trial.finish(0, None)
+            _leave_process_group()
             return
         if trial is not None:
             trial.finish(1, one_line(exc))
         if session is not None and session.is_stop(exc):
             session.finish(0, None)  # --steps reached: a clean stop at a step boundary
+            _leave_process_group()
             _exit_if_not_written(session)
             return
         tb = _script_traceback(exc.__traceback__, script)
@@ -202,6 +204,20 @@ def main(argv: list[str] | None = None) -> None:
         _exit_if_not_written(session)
     if trial is not None:
         trial.finish(0, None)
+
+
+def _leave_process_group() -> None:
+    """A script stopped at a step boundary (every rank told at the same step) leaves its process group as the
+    script's own end would: all ranks meet, then each destroys the group. Without it a rank still shutting down
+    after another had closed its sockets could abort in gloo (SIGABRT: the launcher's exit 134)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - a rank already gone: the launcher ends the job as it would have
+        pass
 
 
 def _exit_if_not_written(session) -> None:
