@@ -4,7 +4,8 @@ their users run them, each against the same script run by plain PyTorch on the C
 - PyTorch's word-language-model example (`main.py --accel`: the device is `torch.accelerator.current_accelerator()`),
   LSTM and Transformer, on word data made from this repository's README;
 - PyTorch's DDP tutorial (`multigpu_torchrun.py`: `torch.cuda.set_device`, `init_process_group("nccl")`, integer
-  device ids, `pin_memory`, a snapshot resumed with `map_location="cuda:N"`) under `--nproc 2 --device-map cuda=tpu`;
+  device ids, `pin_memory`, a snapshot resumed with `map_location="cuda:N"`) under `--nproc 2 --device-map cuda=tpu`
+  (in the release matrix, `-m matrix`);
 - nanoGPT's `train.py` (CUDA as written: `torch.compile`, fused AdamW, bf16 autocast, a GradScaler, DDP, a checkpoint
   written from the compiled model and resumed) on a character dataset made from the README, at 1 and 2 ranks under
   `--device-map cuda=tpu`.
@@ -201,6 +202,11 @@ def _snapshot(path: Path) -> dict:
     return {"epochs": snapshot["EPOCHS_RUN"], **{k: v.clone() for k, v in snapshot["MODEL_STATE"].items()}}
 
 
+# The release matrix (-m matrix, docs/ci.md): four 2-rank jobs whose GPU idioms the default pass runs elsewhere
+# (tests/distributed/test_device_map_nccl.py: set_device, cuda:LOCAL_RANK, DDP(device_ids=...); nanoGPT below:
+# init_process_group("nccl") through public_launch.py; tests/run/test_device_map.py: pin_memory, torch.load onto
+# cuda); what only this test runs is a snapshot loaded with map_location="cuda:N" on each rank of a job.
+@pytest.mark.matrix
 def test_ddp_tutorial_trains_and_resumes_its_snapshot_on_tpu_as_on_cpu(tmp_path):
     """Two epochs, then a second job that resumes from the snapshot (each rank loads it with map_location="cuda:N")
     and runs to three. What the tutorial prints, and each snapshot, as on CPU gloo.
