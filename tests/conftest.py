@@ -32,6 +32,12 @@ QUICK_COMPILE_FLAGS = ("--xla_backend_optimization_level=0 --xla_llvm_disable_ex
 if QUICK_COMPILE_FLAGS not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {QUICK_COMPILE_FLAGS}".strip()
 
+# PyTorch's CPU ops on one OpenMP thread, in this process and every one it starts (set before torch loads): the
+# suite runs 2 workers on 2 cores, and a thread per core in each worker oversubscribes them, where OpenMP's
+# spin-waiting turns a tiny model's CPU reference steps from milliseconds into seconds (a T5 test 49 s with the
+# default, 29 s with one thread, back to back under load). A value set by the caller stays.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 from support.paths import EXAMPLES, REPO, TPU_AGENT  # noqa: E402,F401 - re-exported
 from support.processes import clean_env, one_error_line, run_python, run_tool  # noqa: E402,F401 - re-exported
 
