@@ -11,7 +11,7 @@ from tpu_agent.config import MIN_PAIRS, TuneOptions
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.measure import slots
 from tpu_agent.measure.trials import StepRecord, TrialFailed, TrialProcess
-from tpu_agent.plan.actions import PadDim, Plan
+from tpu_agent.plan.actions import Compile, PadBatch, PadDim, Plan
 
 MIN_PAIRS_AT_END = MIN_PAIRS  # pairs a script that ends early must have given for them to count (an interval's)
 
@@ -125,7 +125,10 @@ class Runner:
 
         cand = self.process(plan, name)
         try:
-            self._warm(cand)
+            self._warm(cand, programs=self._may_be_no_op(plan))
+            same = self._same_programs(base, cand)
+            if same is not None:
+                raise TrialFailed("no_change", same)
             a, b = interleave(baseline_step, lambda: finite(cand.step(), cand), pairs, report,
                               ends_script=self._script_ends)
             return a, b, cand
@@ -152,8 +155,13 @@ class Runner:
         for _ in range(self.options.verify_rounds):
             a_proc, b_proc = self.process(without, f"{name}-without"), self.process(plan, f"{name}-with")
             try:
-                self._warm(a_proc)
-                self._warm(b_proc)
+                unit = Plan(actions=[x for x in plan.actions if x not in without.actions])
+                fingerprint = not a and self._may_be_no_op(unit)  # the first round tells
+                self._warm(a_proc, programs=fingerprint)
+                self._warm(b_proc, programs=fingerprint)
+                same = self._same_programs(a_proc, b_proc) if fingerprint else None
+                if same is not None:
+                    raise TrialFailed("no_change", same)
                 ra, rb = interleave(lambda: finite(a_proc.step(), a_proc), lambda: finite(b_proc.step(), b_proc),
                                     self.options.steps, steady_enough(self.options.round_pairs),
                                     ends_script=self._script_ends)
@@ -163,15 +171,44 @@ class Runner:
             a, b = a + ra, b + rb
         return a, b
 
-    def _warm(self, proc: TrialProcess, baseline: bool = False) -> None:
+    def _may_be_no_op(self, plan: Plan) -> bool:
+        """Whether the same programs would mean the same run (measure/noop.py's rules read the profile; this one
+        the programs): one process, a script whose shapes do not change from step to step (a padding could
+        leave one step's programs alone and change another's), no source edit, no other execution mode (the
+        same programs dispatched another way are not the same run)."""
+        return (self.options.nproc <= 1 and not self.fresh_baselines and not plan.of(PadDim)
+                and not plan.of(Compile) and not plan.of(PadBatch) and bool(plan.actions))
+
+    def _same_programs(self, base: TrialProcess, cand: TrialProcess) -> str | None:
+        """"no change" in one line when the candidate's last warm-up step ran exactly the programs of a steady
+        step of the baseline, as often (run/programs.py); None when they differ or that is not known."""
+        if getattr(cand, "programs", None) is None:
+            return None
+        if getattr(base, "programs", None) is None:
+            try:  # one step of the warm baseline, fingerprinted (not timed: no pair is measured from it)
+                with slots.held():
+                    record = base.step(programs=True)
+            except TrialFailed:
+                return None
+            base.programs = None if record.compiled else record.programs
+        if base.programs is None or base.programs != cand.programs:
+            return None
+        return ("no change: its step runs the baseline's XLA programs, each as often "
+                f"({cand.programs.split(':')[0]} programs, fingerprints equal): not measured")
+
+    def _warm(self, proc: TrialProcess, baseline: bool = False, programs: bool = False) -> None:
         """Start-up and warm-up (imports, compiles) hold a slot too: they would load another worker's pairs. An
-        N-rank job holds one slot, as one measurement: its ranks take none of their own."""
+        N-rank job holds one slot, as one measurement: its ranks take none of their own. With `programs`, the
+        last warm-up step says which programs it ran."""
         with slots.held():
             t0 = time.perf_counter()
             proc.start()
-            for _ in range(self.options.warmup):
-                finite(proc.step(), proc, baseline)
+            for i in range(self.options.warmup):
+                fingerprint = programs and i == self.options.warmup - 1
+                record = finite(proc.step(programs=True) if fingerprint else proc.step(), proc, baseline)
             proc.warm_s = time.perf_counter() - t0
+        if programs:  # a step that compiled is not yet the steady one: nothing is claimed from it
+            proc.programs = None if record.compiled else record.programs
 
     def close(self) -> None:
         if self.baseline is not None:

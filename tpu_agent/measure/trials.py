@@ -30,7 +30,7 @@ __all__ = ["RankedStep", "StepRecord", "TrialFailed", "TrialProcess", "rank_reco
 
 STOP_GRACE_S = 3.0  # a child of a tune that is stopping gets this long to leave before SIGKILL
 
-FailureKind = Literal["crashed", "out_of_memory", "timed_out", "too_few_steps", "not_finite"]
+FailureKind = Literal["crashed", "out_of_memory", "timed_out", "too_few_steps", "not_finite", "no_change"]
 
 
 class TrialFailed(Exception):
@@ -76,6 +76,7 @@ class TrialProcess:
         self.notes: list[str] = []
         self.steps: list[StepRecord] = []
         self.warm_s: float | None = None  # start-up and warm-up (imports, compiles), set by Runner._warm
+        self.programs: str | None = None  # a steady step's program fingerprint, where Runner asked for one
         self._gates: list[int] = []
         self._reports: list[int] = []
         self._buffers: list[bytes] = []
@@ -115,8 +116,9 @@ class TrialProcess:
             self._buffers.append(b"")
         return TrialRequest(plan=self.plan, channels=self._channels)
 
-    def step(self) -> StepRecord:
-        self._go(b"g")
+    def step(self, programs: bool = False) -> StepRecord:
+        """The next step; with `programs`, its record carries the fingerprint of the programs it ran."""
+        self._go(b"p" if programs else b"g")
         records = self._read_all(self.step_timeout)
         if not all(isinstance(r, StepRecord) for r in records):  # a rank ended: the one that says why
             self._fail_from_end(*(_first_end(records) or (0, records[0])))

@@ -49,6 +49,8 @@ class StepRecord(BaseModel):
     loss: float | None = None
     device_bytes: int = 0
     compiled: bool = Field(False, description="XLA compiled during the step: its time is not the steady state's")
+    programs: str | None = Field(None, description="asked for: a fingerprint of the XLA programs the step ran and "
+                                 "how often (run.programs); None when not asked or not known")
 
 
 class Ended(BaseModel):

@@ -40,6 +40,7 @@ class TrialSession:
         self.last = None
         self.loss = None
         self.compiled = False  # an XLA compile since the last step boundary
+        self.calls_before: dict | None = None  # asked to fingerprint this step: each program's calls at its start
 
     def start(self) -> None:
         from tpu_agent.backend.steps import add_step_listener
@@ -75,8 +76,13 @@ class TrialSession:
         self.step += 1
         loss = float(self.loss.item()) if self.loss is not None else None
         peak = max(_device_bytes(), self.peaks.end_step())  # after `now`: not in the step's time
+        programs = None
+        if self.calls_before is not None:
+            from tpu_agent.run.programs import fingerprint
+
+            programs, self.calls_before = fingerprint(self.calls_before), None
         self._send(StepRecord(step=self.step, wall_s=now - self.last, loss=loss, device_bytes=peak,
-                              compiled=self.compiled))
+                              compiled=self.compiled, programs=programs))
         self._wait_for_go()
         self.compiled = False
         self.last = time.perf_counter()
@@ -90,7 +96,11 @@ class TrialSession:
 
     def _wait_for_go(self) -> None:
         byte = self.gate.read(1)
-        if byte != b"g":  # b"q", or the parent went away
+        if byte == b"p":  # go, and say which programs the step runs
+            from tpu_agent.run.programs import calls
+
+            self.calls_before = calls()
+        elif byte != b"g":  # b"q", or the parent went away
             raise StopTrial()
 
     @staticmethod

@@ -225,6 +225,9 @@ class Objective:
             self._pruned(trial, TrialRecord(number=trial.number, plan=plan, state=TrialState.PRUNED, reason=str(exc),
                                             duration_s=time.perf_counter() - t0), report.reported)
         except TrialFailed as exc:
+            if exc.kind == "no_change":  # its programs are the baseline's: pruned after its warm-up, never timed
+                self._pruned(trial, TrialRecord(number=trial.number, plan=plan, state=TrialState.PRUNED,
+                                                reason=exc.message, duration_s=time.perf_counter() - t0), {})
             failed = TrialRecord(number=trial.number, plan=plan, state=TrialState.FAILED,
                                  reason=f"{exc.kind}: {exc.message.splitlines()[0][:300]}",
                                  duration_s=time.perf_counter() - t0)

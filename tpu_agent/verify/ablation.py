@@ -37,8 +37,10 @@ def attribute(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: 
             name = "ablate-" + unit.replace(" (", "-").rstrip(")")  # ablate-padding-model
             a, b = runner.measure_plans(without, plan, name)
         except TrialFailed as exc:
+            no_change = exc.kind == "no_change"
             out.append(Attribution(group=group, effect=effect, actions=text, without=without.describe(),
-                                   reason=f"not measured: {exc.kind}: {exc.message[:160]}"))
+                                   reason=exc.message if no_change else f"not measured: {exc.kind}: {exc.message[:160]}",
+                                   no_change=no_change))
             continue
         speed = Comparison(a, b, plan, options, baseline_batch, without=without).speedup()
         out.append(Attribution(group=group, effect=effect, actions=text, without=without.describe(), speed=speed,
@@ -48,6 +50,8 @@ def attribute(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: 
 
 def why_dropped(a: Attribution, min_gain: float) -> str | None:
     """Why a measured unit does not earn its place in the plan (None: it does)."""
+    if a.no_change:
+        return a.reason
     if a.speed is None:
         return None
     if a.speed.ci_high < 1.0:

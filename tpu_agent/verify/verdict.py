@@ -23,6 +23,7 @@ class Attribution(BaseModel):
     without: str = Field(description="the plan it was compared against: the verified plan minus the group")
     speed: SpeedupEstimate | None = Field(None, description="the full plan over the plan without the group")
     reason: str
+    no_change: bool = Field(False, description="the plan ran the same programs without the group: never measured")
 
     @computed_field
     @property
@@ -106,6 +107,8 @@ def verify(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: int
             ra, rb, cand = runner.measure(plan, name, options.steps, report=steady_enough(options.round_pairs),
                                           fresh_baseline=True)
         except TrialFailed as exc:
+            if exc.kind == "no_change":  # never verified, never kept
+                return Verdict(plan=plan, accepted=False, reason=exc.message)
             return Verdict(plan=plan, accepted=False, reason=f"verification run failed: {exc.kind}: {exc.message[:200]}")
         finally:
             runner.close()
