@@ -10,16 +10,13 @@ import os
 import re
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
 
 from tpu_agent.backend.generations import DEFAULT_GENERATION
 
 from . import analysis, flopcheck, hlo, peaks, shapes, warmup
+from .collected import Collected, RunInfo
 from .schema import (Device, Executable, Files, Flops, GraphBreaks, GraphBreakSite, Memory, Profile, Recompilation, Steps,
                      Transfers)
-
-if TYPE_CHECKING:
-    from .session import Collected, RunInfo
 
 HOT_OPS = 25
 
@@ -36,7 +33,7 @@ def _file_name(index: int, name: str) -> str:
     return f"{index:04d}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)[:80]}.hlo.txt"
 
 
-def build_profile(d: "Collected", run: "RunInfo", exit_code: int, error: str | None) -> Profile:
+def build_profile(d: Collected, run: RunInfo, exit_code: int, error: str | None) -> Profile:
     from tpu_agent.backend import executables
     from tpu_agent.backend.lazy import RECORDER
     from tpu_agent.backend.state import STATS

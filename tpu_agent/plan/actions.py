@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Callable, ClassVar, Literal, Union
+from typing import Annotated, Callable, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tpu_agent.paths import write_atomic
-
-if TYPE_CHECKING:
-    from tpu_agent.plan.runtime import Applied
+from tpu_agent.plan.applied import Applied
 
 SCHEMA_VERSION = 1
 MeshAxes = dict[str, int]
@@ -73,7 +71,7 @@ class _Action(BaseModel):
         """What its class means for the user's training, beyond the class's name (None: nothing more)."""
         return None
 
-    def apply(self, applied: "Applied") -> None:
+    def apply(self, applied: Applied) -> None:
         """Configure the backend in the child, before the script runs (source actions were applied to a copy)."""
 
 
@@ -129,7 +127,7 @@ class PadOps(_Action):
         target = f":{','.join(map(str, self.sizes))}" if self.sizes else ""
         return f"operand padding: `TPU_AGENT_PAD_OPS={self.multiple}{target}`"
 
-    def apply(self, applied: "Applied") -> None:
+    def apply(self, applied: Applied) -> None:
         from tpu_agent.backend import padding
 
         padding.set_multiple(self.multiple, self.sizes)
@@ -187,7 +185,7 @@ class PadBatch(_Action):
         return (f"bucketed batches: pad dim {self.dim} up to the next of {list(self.buckets)} in the collate "
                 "function (or `pad_to_multiple_of=` for even steps)")
 
-    def apply(self, applied: "Applied") -> None:
+    def apply(self, applied: Applied) -> None:
         from tpu_agent.plan.batches import pad_batches
 
         pad_batches(self)
@@ -220,8 +218,8 @@ class Mesh(_Action):
     def instruction(self) -> str:
         return f"mesh: `torch.tpu.sharding.set_mesh({dict(self.axes)})`"
 
-    def apply(self, applied: "Applied") -> None:
-        applied.mesh = self  # placed on the model the script builds, at its first forward
+    def apply(self, applied: Applied) -> None:
+        applied.mesh = dict(self.axes)  # placed on the model the script builds, at its first forward
 
 
 class ShardRule(_Action):
@@ -238,7 +236,7 @@ class ShardRule(_Action):
     def instruction(self) -> str:
         return f"sharding: `torch.tpu.sharding.shard_module(model, [({self.pattern!r}, {tuple(self.spec)})])`"
 
-    def apply(self, applied: "Applied") -> None:
+    def apply(self, applied: Applied) -> None:
         applied.rules.append((self.pattern, tuple(self.spec)))
 
 
@@ -254,7 +252,7 @@ class BatchSharding(_Action):
     def instruction(self) -> str:
         return f"batch split: `torch.tpu.sharding.shard_batches(model, {self.axis!r})`"
 
-    def apply(self, applied: "Applied") -> None:
+    def apply(self, applied: Applied) -> None:
         applied.batch_axis = self.axis
 
 
@@ -283,7 +281,7 @@ class Compile(_Action):
                     "(the model's forward and backward, and each optimizer's update, as XLA programs)")
         return None
 
-    def apply(self, applied: "Applied") -> None:
+    def apply(self, applied: Applied) -> None:
         from tpu_agent.backend import modes
 
         if self.mode in ("fused", "compiled"):
@@ -308,7 +306,7 @@ class MatmulPrecision(_Action):
     def instruction(self) -> str:
         return f"matmul precision: `with torch.tpu.precision(torch.tpu.Precision.{self.precision.upper()}):`"
 
-    def apply(self, applied: "Applied") -> None:
+    def apply(self, applied: Applied) -> None:
         from tpu_agent.backend import modes
 
         modes.set_precision(modes.Precision[self.precision.upper()])
@@ -335,7 +333,7 @@ class ExpertsImplementation(_Action):
         return (f"`model.set_experts_implementation(\"{self.implementation}\")` after building the model, or "
                 f"`experts_implementation=\"{self.implementation}\"` in its config or `from_pretrained`")
 
-    def apply(self, applied: "Applied") -> None:
+    def apply(self, applied: Applied) -> None:
         from tpu_agent.plan.experts import use_experts_implementation
 
         use_experts_implementation(self.implementation, applied)
@@ -375,7 +373,7 @@ class ExpertCapacity(_Action):
                 "and gather each token's outputs back with its routing weights, instead of the `torch.where` loop "
                 "(what `tpu_agent.plan.capacity.dispatch` computes)")
 
-    def apply(self, applied: "Applied") -> None:
+    def apply(self, applied: Applied) -> None:
         from tpu_agent.plan.capacity import use_expert_capacity
 
         use_expert_capacity(self.capacity_factor, applied)
@@ -403,7 +401,7 @@ class FsdpReshard(_Action):
     def instruction(self) -> str:
         return f"`fully_shard(module, reshard_after_forward={self.reshard})` on each `fully_shard` call"
 
-    def apply(self, applied: "Applied") -> None:
+    def apply(self, applied: Applied) -> None:
         from tpu_agent.plan.parallelism import settings
 
         settings(applied).reshard_after_forward = self.reshard
@@ -426,7 +424,7 @@ class FsdpParamDtype(_Action):
         return (f"`fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=torch.{self.param_dtype}, "
                 "reduce_dtype=torch.float32))` on each `fully_shard` call")
 
-    def apply(self, applied: "Applied") -> None:
+    def apply(self, applied: Applied) -> None:
         from tpu_agent.plan.parallelism import settings
 
         settings(applied).param_dtype = self.param_dtype
@@ -455,7 +453,7 @@ class ActivationCheckpointing(_Action):
                 "(torch.distributed.algorithms._checkpoint.checkpoint_wrapper), or call "
                 "`torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)` in the model's forward")
 
-    def apply(self, applied: "Applied") -> None:
+    def apply(self, applied: Applied) -> None:
         from tpu_agent.plan.parallelism import settings
 
         settings(applied).checkpoint_every = self.every
@@ -496,7 +494,7 @@ class MeshShape(_Action):
     def instruction(self) -> str:
         return f"`init_device_mesh(device, {tuple(self.shape)}, mesh_dim_names=(\"dp\", \"tp\"))`"
 
-    def apply(self, applied: "Applied") -> None:
+    def apply(self, applied: Applied) -> None:
         from tpu_agent.plan.parallelism import settings
 
         settings(applied).mesh = tuple(self.shape)

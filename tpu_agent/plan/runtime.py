@@ -12,29 +12,10 @@ script already (rewrite.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
 import torch
 
-from tpu_agent.plan.actions import Mesh, Plan
-
-if TYPE_CHECKING:
-    from tpu_agent.plan.parallelism import Parallelism
-
-
-@dataclass
-class Applied:
-    """What a plan's actions asked of the run, and what was done (notes for the trial's record)."""
-
-    notes: list[str] = field(default_factory=list)
-    mesh: Mesh | None = None
-    rules: list[tuple[str, tuple]] = field(default_factory=list)
-    batch_axis: str | None = None
-    compile_model: bool = False
-    model: str | None = None  # the module the hook found
-    sharded: list[tuple[str, tuple]] = field(default_factory=list)  # parameter name -> its PartitionSpec
-    parallelism: "Parallelism | None" = None  # a torch.distributed script's FSDP2, mesh and checkpointing changes
+from tpu_agent.plan.actions import Plan
+from tpu_agent.plan.applied import Applied
 
 
 def apply_runtime(plan: Plan) -> Applied:
@@ -60,7 +41,7 @@ def _install_model_hook(applied: Applied) -> None:
     from tpu_agent.backend.tensor import TpuTensor
 
     mesh, axis = applied.mesh, applied.batch_axis
-    sharding.set_mesh(dict(mesh.axes))
+    sharding.set_mesh(dict(mesh))
     state = {"done": False}
 
     def first_forward(module, args):
@@ -79,7 +60,7 @@ def _install_model_hook(applied: Applied) -> None:
             for t in sharding._tensors(args):
                 if t.dim() >= 1 and not t._view_chain:
                     sharding.shard_tensor(t, (axis,))
-        applied.notes.append(f"mesh {dict(mesh.axes)}; {len(applied.rules)} shard rules; "
+        applied.notes.append(f"mesh {dict(mesh)}; {len(applied.rules)} shard rules; "
                              f"batch split over {axis or 'nothing'}")
         return None
 
