@@ -23,9 +23,11 @@ import sys
 import time
 from pathlib import Path
 
+from tpu_agent import slices
 from tpu_agent.backend.generations import GENERATIONS
-from tpu_agent.project import cost, run, slices
-from tpu_agent.project.results import Partitioned
+from tpu_agent.projection import cost
+from tpu_agent.projection.results import Partitioned
+from tpu_agent.run import projection as run
 
 MODEL = str(Path(__file__).with_name("projection_model.py"))
 V5E = "https://github.com/AI-Hypercomputer/maxtext/blob/main/MaxText/configs/v5e/README.md"

@@ -1,4 +1,4 @@
-"""The interconnect of each TPU generation: what pod-scale projection (tpu_agent.project) costs collectives with.
+"""The interconnect of each TPU generation: what pod-scale projection (tpu_agent.projection) costs collectives with.
 
 Per chip, beside the compute and HBM figures of `backend/generations.py`. Sources:
 - chips per slice, torus dimensionality, TensorCores per chip, bidirectional ICI per chip and DCN per chip:

@@ -124,7 +124,7 @@ class TuneOptions(BaseModel):
         """A generation, or a slice as `tpu-agent project` parses it (one the generation offers)."""
         if value in get_args(Target):
             return value
-        from tpu_agent.project.slices import read
+        from tpu_agent.slices import read
 
         try:
             read(value)
@@ -145,7 +145,7 @@ class TuneOptions(BaseModel):
         """The TPU generation the estimates model (`cpu`: this machine); a slice's generation for a slice."""
         if self.slice is None:
             return self.target
-        from tpu_agent.project.slices import read
+        from tpu_agent.slices import read
 
         return read(self.target).generation
 

@@ -18,17 +18,17 @@ from tpu_agent.config import ChosenProposer, TuneOptions
 from tpu_agent.errors import TpuAgentError
 from tpu_agent.measure.runner import Runner
 from tpu_agent.paths import ignore_tool_dir, new_run_dir, writable_dir
-from tpu_agent.project import rank, slices
-from tpu_agent.project.measured import measured_plans, rank_for_slice
+from tpu_agent.parallelism import target
+from tpu_agent.parallelism.alone import actions_tried, measure_alone
+from tpu_agent.parallelism.measured import measured_plans
 from tpu_agent.propose import ProposerChoice, make_proposer
 from tpu_agent.propose.knobs import discover
 from tpu_agent.propose.scope import knobs_in_scope
-from tpu_agent.report.console import TuneLines
+from tpu_agent.report.console import TuneLines, ranks_lines
 from tpu_agent.report.progress import TuneProgress
 from tpu_agent.report.result import TuneResult
-from tpu_agent.run.tune_profile import profile_for_tune, ranks_lines
+from tpu_agent.run.tune_profile import profile_for_tune
 from tpu_agent.search import study as studies
-from tpu_agent.search.alone import actions_tried, measure_alone
 from tpu_agent.search.rounds import search_rounds
 from tpu_agent.verify.best import verify_best
 
@@ -72,7 +72,7 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
     def projection() -> None:  # --target SLICE: the slice's plans ranked by projection (estimates, never verified)
         say = lambda line: out.console.print(line, markup=False)  # noqa: E731
         try:
-            rank.for_tune(str(script), args, options.slice, out.profile, batch, say, keep=out.projected)
+            target.for_tune(str(script), args, options.slice, out.profile, batch, say, keep=out.projected)
         except TpuAgentError as exc:  # the measured tune goes on
             say(f"projection: not run: {exc}")
 
@@ -104,9 +104,8 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
         runner.close()
         measured = measured.model_copy(update={"plans": [*alone, *measured.plans]})
         if out.result.projection is not None:  # --target on a host that is not the slice
-            sl = slices.read(options.slice)
-            measured = rank_for_slice(measured, out.result.projection, rank.projector(str(script), args, sl, batch),
-                                      say)
+            measured = target.for_measured(measured, out.result.projection, str(script), args, options.slice, batch,
+                                           say)
         out.result.parallelism = measured
         out.say.parallelism(measured)
         out.save()

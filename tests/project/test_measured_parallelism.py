@@ -5,9 +5,11 @@ never by the time measured here; no line calls a projected figure verified (issu
 from __future__ import annotations
 
 from tpu_agent.plan.actions import ActivationCheckpointing, FsdpParamDtype, FsdpReshard, MeshShape, PadOps, Plan
-from tpu_agent.project import rank, slices
-from tpu_agent.project.measured import measured_plans, point_for, rank_for_slice
-from tpu_agent.project.rank import ProjectedPlan, SlicePlan
+from tpu_agent import slices
+from tpu_agent.parallelism import target
+from tpu_agent.parallelism.measured import measured_plans, point_for, rank_for_slice
+from tpu_agent.projection import rank
+from tpu_agent.projection.rank import ProjectedPlan, SlicePlan
 from tpu_agent.report import parallelism
 from tpu_agent.search.records import TrialRecord, TrialState
 
@@ -136,7 +138,7 @@ def test_a_tune_at_2_ranks_for_a_slice_ranks_its_measured_parallelism_plans(tmp_
     monkeypatch.setattr(fake_tune, "TuneOptions", partial(TuneOptions, target="v5e-8", nproc=2))
     monkeypatch.setattr(fake_tune, "FakeRunner", TwoRanks)
     project, asked = _projector()
-    monkeypatch.setattr(rank, "projector", lambda *args, **kwargs: project)
+    monkeypatch.setattr(target, "projector", lambda *args, **kwargs: project)
     result, _, text = fake_tune.tune(tmp_path, monkeypatch, Parallelism(), trials=2)
     measured = result.parallelism
     assert measured is not None and measured.slice == "v5e-8" and not measured.verified
@@ -160,7 +162,7 @@ def test_a_tune_at_2_ranks_for_a_slice_ranks_its_measured_parallelism_plans(tmp_
 
 
 def test_each_parallelism_action_is_measured_alone_once():
-    from tpu_agent.search.alone import actions_tried
+    from tpu_agent.parallelism.alone import actions_tried
 
     plans = [Plan(actions=[PadOps(multiple=8), FsdpReshard(reshard=True), ActivationCheckpointing(every=1)]),
              Plan(actions=[ActivationCheckpointing(every=2)]), Plan(actions=[FsdpReshard(reshard=False)]), TP2,

@@ -11,7 +11,7 @@ import torch
 
 from support.paths import EXAMPLES
 from tpu_agent.cli.app import run_cli
-from tpu_agent.project import distributed
+from tpu_agent.projection import distributed
 from tpu_agent.run import rendezvous
 
 
@@ -38,7 +38,8 @@ def test_a_gpu_script_under_a_device_map_projects_as_it_runs(tmp_path, monkeypat
     failed: the unmapped script took its CPU branch and copied out of meta)."""
     from support.paths import REPO
     from tpu_agent import envvars
-    from tpu_agent.project import run, slices
+    from tpu_agent import slices
+    from tpu_agent.run import projection as run
 
     for name in rendezvous.RENDEZVOUS:
         monkeypatch.delenv(name, raising=False)

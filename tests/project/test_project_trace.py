@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from tpu_agent.project import attention, lower, record
+from tpu_agent.projection import attention, lower, record
 
 TINY = Path(__file__).with_name("tiny_llama.py")
 
@@ -115,7 +115,7 @@ def test_a_transposed_activation_keeps_its_batch_split():
     moves must be followed and constrained where it went."""
     import jax
 
-    from tpu_agent.project.partition import _dtype
+    from tpu_agent.projection.partition import _dtype
 
     rec = record.record(str(TINY), ["--steps", "3", "--optimizer", "sgd", "--batch", "16"], scale_layers=True,
                         lowerable=lower.lowerable)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tpu_agent.errors import InputError
-from tpu_agent.project import collectives, cost, placement, slices
-from tpu_agent.project.results import Collective, Partitioned, Traced
+from tpu_agent import slices
+from tpu_agent.projection import collectives, cost, placement
+from tpu_agent.projection.results import Collective, Partitioned, Traced
 
 
 def test_slice_names_count_cores_on_v5p_and_chips_on_v6e():
@@ -176,7 +177,7 @@ ENTRY %main (p0: bf16[4,8], p1: f32[8,8]) -> f32[4,8] {
 
 def test_the_non_dot_split_reads_conversions_and_collectives_from_the_hlo():
     from tpu_agent.profilers import hlo
-    from tpu_agent.project import partition
+    from tpu_agent.projection import partition
 
     scores, converts, moved = partition._non_dot_split(hlo.parse_module(SPLIT_HLO))
     assert (scores, converts, moved) == (0.0, 4 * 8 * (2 + 4), 4 * 8 * (4 + 4))  # the tanh and the dot stay
@@ -191,7 +192,7 @@ def test_a_step_under_its_fsdp_collectives_is_a_floor_the_batch_does_not_move_un
     FSDP collectives (the weights' gathers, a per-hop latency each) take longer than the chip's compute, and under
     the overlap rule the step is the longer of the two. The batch scales compute; the step moves once compute
     passes the collectives, and the projection names the floor."""
-    from tpu_agent.project import report
+    from tpu_agent.cli import project_view as report
 
     sl = slices.parse("v5e-4")
     gather = Collective(kind="all-gather", result_bytes=2**10, group_size=4, groups=1, axes=["fsdp"])
@@ -272,7 +273,7 @@ def test_offloaded_block_inputs_leave_hbm_and_their_copies_hide_under_compute():
 
 
 def test_a_plan_left_out_for_memory_says_by_how_much():
-    from tpu_agent.project import rank
+    from tpu_agent.projection import rank
 
     plans = {}
 
@@ -299,8 +300,8 @@ def test_a_value_saved_under_two_names_is_one_buffer():
     import jax.numpy as jnp
     import torch
 
-    from tpu_agent.project import lower
-    from tpu_agent.project.record import Graph, Node, Ref
+    from tpu_agent.projection import lower
+    from tpu_agent.projection.record import Graph, Node, Ref
 
     aten = torch.ops.aten
     nodes = [Node(aten.relu.default, (Ref(1),), {}, [2], [], [(4, 8)]),

@@ -7,11 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from tpu_agent import slices
 from tpu_agent.cli.app import run_cli
-from tpu_agent.project import rank, slices
-from tpu_agent.project.rank import ProjectedPlan, SlicePlan
-from tpu_agent.project.run import data_parallel
+from tpu_agent.parallelism import target
+from tpu_agent.projection import rank
+from tpu_agent.projection.placement import data_parallel
+from tpu_agent.projection.rank import ProjectedPlan, SlicePlan
 from tpu_agent.report.projection import console_line, section
+from tpu_agent.run.projection import projector
 
 TINY = str(Path(__file__).with_name("tiny_llama.py"))
 
@@ -102,7 +105,7 @@ def projected():
     the same plan with its blocks checkpointed."""
     sl = slices.parse("v6e-4")
     args = ["--steps", "4", "--optimizer", "sgd"]
-    return rank.rank(sl, rank.projector(TINY, args, sl, 8), tensor_dims=[64, 32, 128], script_batch=8, budget=2)
+    return rank.rank(sl, projector(TINY, args, sl, 8), tensor_dims=[64, 32, 128], script_batch=8, budget=2)
 
 
 def test_a_real_ranking_is_labelled_and_checkpointing_saves_memory(projected):
@@ -150,7 +153,7 @@ def test_a_tune_for_a_slice_writes_the_ranking_beside_what_it_measured(tmp_path,
     (tmp_path / "train.py").write_text("import torch\n")
     monkeypatch.setattr(fake_tune, "TuneOptions", partial(TuneOptions, target="v6e-4"))
     project, asked = _table_projector({})
-    monkeypatch.setattr(rank, "projector", lambda *args, **kwargs: project)
+    monkeypatch.setattr(target, "projector", lambda *args, **kwargs: project)
     result, _, text = fake_tune.tune(tmp_path, monkeypatch, fake_tune.Padding(), trials=3)
     assert result.projection is not None and result.projection.projections == len(asked) == 10
     assert list(result.phase_s)[:2] == ["baseline", "projection"]

@@ -54,8 +54,9 @@ def project(
 ) -> int:
     """Project the script's training step onto a TPU slice it has no access to: memory per chip, step time, MFU,
     collectives (an estimate; see docs/projection.md)."""
-    from tpu_agent.project import run, slices
-    from tpu_agent.project.report import render
+    from tpu_agent import slices
+    from tpu_agent.cli.project_view import render
+    from tpu_agent.run.projection import project as projected
 
     sl = slices.multislice(slices.read(target, chips), num_slices)
     path = check_script(script)
@@ -73,9 +74,9 @@ def project(
     if per_chip_batch is not None and per_chip_batch < 1:
         raise InputError(f"--per-chip-batch {per_chip_batch}: give 1 or more sequences per chip")
     t0 = time.perf_counter()
-    partitioned, projection = run.project(str(path), list(script_args or []), sl, axes, rules=rules,
-                                          batch_axis=batch, scale_layers=not whole, per_chip_batch=per_chip_batch,
-                                          offload_block_inputs=offload_block_inputs)
+    partitioned, projection = projected(str(path), list(script_args or []), sl, axes, rules=rules,
+                                        batch_axis=batch, scale_layers=not whole, per_chip_batch=per_chip_batch,
+                                        offload_block_inputs=offload_block_inputs)
     print(render(partitioned, projection, time.perf_counter() - t0))
     if json_out:
         Path(json_out).write_text(projection.model_dump_json(indent=2) + "\n")

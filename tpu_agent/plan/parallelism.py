@@ -92,7 +92,7 @@ def blocks_of(p: Parallelism, root) -> list:
     blocks = [m for m in p.sharded if not any(id(c) in ids for c in m.modules() if c is not m)]
     if blocks:
         return blocks
-    from tpu_agent.project.record import repeated_blocks
+    from tpu_agent.projection.record import repeated_blocks
 
     found = repeated_blocks([root])
     return list(found[0]) if found is not None else []

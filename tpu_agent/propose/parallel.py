@@ -4,7 +4,7 @@ runs FSDP2 (reduce-scatters measured on its ranks, or fully_shard in its source)
 factorisations the model's dims allow.
 
 `tpu-agent tune --nproc N` profiles the baseline with N ranks, so these are read from the run being tuned.
-The mesh factorisations use the projection's rule (project/rank.py: tensor sizes that divide every width of the
+The mesh factorisations use the projection's rule (projection/rank.py: tensor sizes that divide every width of the
 repeated blocks' Linear layers), so the tuner and the `--target` projection search the same meshes.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tpu_agent.plan.actions import ActivationCheckpointing, MeshShape
 from tpu_agent.profilers.schema import Profile
-from tpu_agent.project import rank
+from tpu_agent.projection import rank
 
 # Names a script reads its place in the job with: its batches then follow its rank or dp coordinate.
 RANK_READS = ("get_local_rank", "get_coordinate", "get_rank", "DistributedSampler", "RANK")

@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from tpu_agent.config import TuneOptions
+from tpu_agent.measure.compare import shown_bytes
 from tpu_agent.profilers.schema import Profile
 from tpu_agent.report.result import TuneResult
 from tpu_agent.search.records import TrialRecord
@@ -116,3 +117,24 @@ class TuneLines:
             kept = (f"{len(result.verdicts)} finished verification(s) kept{stands}; the study keeps every trial, "
                     "--resume verifies again")
         self._warn(f"interrupted during the {phase}{by}: {kept}")
+
+
+def ranks_lines(profile: Profile) -> list[str]:
+    """What the baseline of an N-rank job measured per rank: the job's pace (the slowest rank's median step) and
+    each rank's step time and peak device memory, as profile.json's `distributed` section holds them."""
+    dist = profile.distributed
+    if dist is None:
+        return []
+    pace = f"{dist.step_time_s * 1e3:.1f} ms" if dist.step_time_s is not None else "not measured"
+    slowest = f", slowest rank {dist.slowest_rank.rank}" if dist.slowest_rank is not None else ""
+    lines = [f"  {dist.world_size} ranks ({dist.launcher}): a step takes its slowest rank's time, {pace} "
+             f"(median){slowest}; trials and verification time each step as the slowest rank's (per-step max)"]
+    for entry in dist.ranks:
+        step = f"{entry.step_time.median_s * 1e3:.1f} ms" if entry.step_time is not None else "-"
+        peak = entry.step_peak_bytes if entry.step_peak_bytes is not None else entry.live_peak_bytes
+        what = "in-step peak" if entry.step_peak_bytes is not None else "peak at a step boundary"
+        memory = shown_bytes(peak) if peak is not None else "-"
+        lines.append(f"  rank {entry.rank}: median step {step}, device memory {memory} ({what}, measured)")
+    if dist.missing_ranks:
+        lines.append(f"  ranks without a profile: {dist.missing_ranks}")
+    return lines

@@ -69,14 +69,14 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
             lines.append(f"| device memory per device (measured) | {m.baseline_median_bytes / 2**20:.1f} MiB | "
                          f"{m.candidate_median_bytes / 2**20:.1f} MiB ({change}) |")
         if best.rank_memory:
-            from tpu_agent.project.measured import per_rank_text
+            from tpu_agent.parallelism.measured import per_rank_text
 
             lines.append(f"| device memory per rank (in-step peak, measured) | {per_rank_text(best.rank_memory, 0)} "
                          f"| {per_rank_text(best.rank_memory)} |")
         if best.estimate_note:
             lines += ["", f"*Time:* {best.estimate_note}."]
         if result.parallelism is not None and result.parallelism.slice:
-            from tpu_agent.project.measured import is_parallelism
+            from tpu_agent.parallelism.measured import is_parallelism
 
             if is_parallelism(best.plan):
                 lines += ["", f"*Not a TPU speedup:* measured on {result.parallelism.host}; for "

@@ -3,8 +3,8 @@ time on this host (measured, never a TPU's), and with `--target SLICE` the proje
 
 from __future__ import annotations
 
-from tpu_agent.project.measured import MeasuredParallelism, MeasuredPlan
-from tpu_agent.project.rank import mfu_text, size_text
+from tpu_agent.parallelism.measured import MeasuredParallelism, MeasuredPlan
+from tpu_agent.projection.rank import mfu_text, size_text
 
 
 def _which(row: MeasuredPlan) -> str:

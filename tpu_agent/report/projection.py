@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from tpu_agent.project.rank import ProjectedPlan, SliceRanking, fit_text, mfu_text, size_text
+from tpu_agent.projection.rank import ProjectedPlan, SliceRanking, fit_text, mfu_text, size_text
 
 SHOWN = 12  # rows of the ranking table
 

@@ -10,8 +10,8 @@ from pydantic import BaseModel, Field, PrivateAttr
 
 from tpu_agent.config import TuneOptions
 from tpu_agent.paths import write_atomic
-from tpu_agent.project.measured import MeasuredParallelism
-from tpu_agent.project.rank import SliceRanking
+from tpu_agent.parallelism.measured import MeasuredParallelism
+from tpu_agent.projection.rank import SliceRanking
 from tpu_agent.propose.base import Candidate
 from tpu_agent.report.summary import Summary, from_profile
 from tpu_agent.search.records import TrialRecord

@@ -1,9 +1,9 @@
 """Plans for a TPU slice that is not attached, ranked by projection: mesh shape, per-chip batch, checkpointing.
 
 `tpu-agent tune --target v6e-256` on a host without that slice cannot measure a plan there; it can project one
-(run.project: the step traced on meta, partitioned by XLA for the slice's chips, costed per generation). Every
-plan here is an estimate, labelled "projected for <slice>", and none is ever verified: the tuner's verdicts come
-from measurements only.
+(the step traced on meta, partitioned by XLA for the slice's chips, costed per generation: a Projector, which
+tpu_agent.run.projection.projector makes, each projection in a child process). Every plan here is an estimate,
+labelled "projected for <slice>", and none is ever verified: the tuner's verdicts come from measurements only.
 
 The space: every factorisation of the chip count into the mesh axes data x fsdp x tensor (tensor only in sizes
 that divide the dims a tensor-parallel split cuts: the repeated blocks' Linear widths), a per-chip batch of 1 to
@@ -19,22 +19,17 @@ one that is faster than the best that fits (checkpointing next to it may make it
 from __future__ import annotations
 
 import math
-import subprocess
 import time
-from pathlib import Path
 from typing import Callable, Literal
 
 from pydantic import BaseModel, Field
 
 from tpu_agent.errors import TpuAgentError
-
-from .slices import Slice
+from tpu_agent.slices import Slice
 
 AXES = ("data", "fsdp", "tensor")  # outermost first: the tensor axis on the nearest chips (mesh row-major over ids)
 MAX_PROJECTIONS = 10  # the before plan included
 MAX_PER_CHIP_BATCH = 64
-PROJECTION_TIMEOUT_S = 900.0  # a projection running longer is stopped, recorded as failed (#30: 2 min for 70B)
-CHECKPOINTED = str(Path(__file__).with_name("checkpointed.py"))
 
 
 class SlicePlan(BaseModel):
@@ -174,32 +169,6 @@ def best_fitting(projected: list[ProjectedPlan]) -> ProjectedPlan | None:
 Projector = Callable[[SlicePlan], tuple[ProjectedPlan, int | None]]  # a plan's projection, the blocks_total
 
 
-def projector(script: str, args: list[str], sl: Slice, script_batch: int | None = None) -> Projector:
-    """Projections through run.project (each its own child process); the checkpointed plans run the script under
-    checkpointed.py."""
-    from . import run
-
-    def project(plan: SlicePlan) -> tuple[ProjectedPlan, int | None]:
-        ran, ran_args = (CHECKPOINTED, [script, *args]) if plan.checkpoint else (script, list(args))
-        dp = run.data_parallel(plan.mesh)
-        batch = plan.per_chip_batch * dp if plan.per_chip_batch is not None else script_batch
-        try:
-            partitioned, p = run.project(ran, ran_args, sl, plan.mesh, per_chip_batch=plan.per_chip_batch,
-                                         timeout=PROJECTION_TIMEOUT_S)
-        except TpuAgentError as exc:
-            return ProjectedPlan(plan=plan, global_batch=batch, error=str(exc).splitlines()[0][:300]), None
-        except subprocess.TimeoutExpired:
-            return ProjectedPlan(plan=plan, global_batch=batch,
-                                 error=f"the projection ran past {PROJECTION_TIMEOUT_S:.0f} s and was stopped"), None
-        return ProjectedPlan(
-            plan=plan, global_batch=batch, step_s=p.step_s, time_per_sample_s=p.step_s / batch if batch else None,
-            mfu=p.mfu, memory_per_chip_bytes=p.hbm_bytes_per_chip, hbm_bytes=p.hbm_capacity, fits=p.fits,
-            exposed_collective_s=p.exposed_collective_s, host_offload_bytes_per_chip=p.host_offload_bytes_per_chip,
-            assumptions=p.assumptions), partitioned.blocks_total
-
-    return project
-
-
 def rank(sl: Slice, project: Projector, tensor_dims: list[int] | None = None, script_batch: int | None = None,
          budget: int = MAX_PROJECTIONS, say: Callable[[str], None] = lambda line: None,
          keep: Callable[[SliceRanking], None] = lambda ranking: None) -> SliceRanking:
@@ -318,20 +287,3 @@ def tensor_dims(modules) -> list[int] | None:
     dims = [v for m in modules.sizes if m.kind == "Linear" and m.count > 1
             for k, v in m.sizes.items() if k in ("in_features", "out_features") and isinstance(v, int)]
     return dims or None
-
-
-def for_tune(script: str, args: list[str], target: str, profile, script_batch: int | None,
-             say: Callable[[str], None], keep: Callable[[SliceRanking], None]) -> SliceRanking | None:
-    """`tune --target SLICE`: the slice's plans ranked by projection, unless the baseline ran on a real TPU (then
-    the tune measures; nothing is projected)."""
-    from . import slices
-
-    sl = slices.read(target)
-    device = getattr(profile, "device", None)
-    if device is not None and device.platform == "tpu" and not device.emulated:
-        say(f"projection: not run, this host is a TPU ({device.device_kind}): the tune measures on it")
-        return None
-    dims = tensor_dims(getattr(profile, "modules", None))
-    say(f"projection ({sl.name}, {sl.chips} chips; not attached here): plans ranked by projected step time per "
-        f"sample among those that fit per chip, at most {MAX_PROJECTIONS} projections; estimates, never verified")
-    return rank(sl, projector(script, args, sl, script_batch), dims, script_batch, say=say, keep=keep)

@@ -1,8 +1,8 @@
-"""The projection as text: every figure labelled "projected for <slice>", the assumptions listed."""
+"""What `tpu-agent project` prints: every figure labelled "projected for <slice>", the assumptions listed."""
 
 from __future__ import annotations
 
-from .results import Partitioned, Projection
+from tpu_agent.projection.results import Partitioned, Projection
 
 
 def _bytes(n: float) -> str:

@@ -21,7 +21,7 @@ def checkpoint_blocks(root) -> int:
     """Wrap the forward of each block of `root`'s repeated blocks in activation checkpointing; how many."""
     import torch.utils.checkpoint
 
-    from tpu_agent.project.record import repeated_blocks
+    from tpu_agent.projection.record import repeated_blocks
 
     found = repeated_blocks([root])
     if found is None:

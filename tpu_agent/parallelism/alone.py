@@ -14,7 +14,8 @@ from tpu_agent.measure.compare import rank_memory
 from tpu_agent.measure.runner import Runner
 from tpu_agent.measure.trials import TrialFailed
 from tpu_agent.plan.actions import Plan
-from tpu_agent.project.measured import MeasuredPlan, is_parallelism
+
+from .measured import MeasuredPlan, is_parallelism
 
 MAX_ALONE = 4  # actions measured alone; each one a candidate job of N ranks (start-up included: tens of seconds)
 PAIRS = 2

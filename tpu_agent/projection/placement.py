@@ -12,6 +12,15 @@ TENSOR_AXES = ("tensor", "model")
 ROW_PARALLEL = ("o_proj", "down_proj", "out_proj", "c_proj", "fc2", "wo", "w2", "dense_4h_to_h", "proj_out")
 
 
+def data_parallel(mesh: dict[str, int], batch_axis: str | None = None) -> int:
+    """How many ways the batch is split: the plan's batch axis, else the data and fsdp axes."""
+    degree = 1
+    for axis, size in mesh.items():
+        if (axis == batch_axis) if batch_axis else axis in BATCH_AXES:
+            degree *= size
+    return degree
+
+
 def _divides(shape, dim, size) -> bool:
     return dim < len(shape) and shape[dim] % size == 0
 

@@ -1,9 +1,9 @@
 """The parallelism plans a `tune --nproc N` measured, each with what it did to memory per rank (measured here)
-and, with `--target SLICE`, ranked for the slice by projection (issue #26 point 6).
+and, with `--target SLICE`, ranked for the slice by projection.
 
 Why: on a CPU host the time of another mesh, of resharding or of checkpointing does not transfer to a TPU slice
 (gloo between processes is not ICI; the CPU's compute is not the chip's). Those times are measured and said to be
-this host's; the order for the slice comes from the projection (project/rank.py's projector), labelled an
+this host's; the order for the slice comes from the projection (run/projection.py's projector), labelled an
 estimate, and no row is ever a verified TPU speedup. Memory per rank is measured: each rank's in-step peak
 (backend/memory.py's StepPeak), baseline against plan, medians over the trial's pairs.
 """
@@ -16,9 +16,8 @@ from pydantic import BaseModel, Field
 
 from tpu_agent.measure.compare import shown_bytes
 from tpu_agent.plan.actions import ActivationCheckpointing, FsdpParamDtype, FsdpReshard, MeshShape, Plan
+from tpu_agent.projection.rank import ProjectedPlan, SlicePlan, SliceRanking, order_key
 from tpu_agent.propose.parallel import slice_plan
-
-from .rank import ProjectedPlan, SlicePlan, SliceRanking, order_key
 
 if TYPE_CHECKING:
     from tpu_agent.search.records import TrialRecord

@@ -26,9 +26,9 @@ import math
 
 from tpu_agent.backend.generations import GENERATIONS
 from tpu_agent.profilers.topology import INTERCONNECTS
+from tpu_agent.slices import Slice
 
 from .results import Collective, Partitioned, Projection, Traced
-from .slices import Slice
 
 # Fitted by benchmarks/projection_table.py on its fit rows (2026-12-04; docs/benchmarks.md): v5e 0.941 (MaxText
 # 32B, v5e-256), v5p 0.934 (MaxText 32B, v5p-128), v6e 0.743 (Llama 3.1 8B, v6e-256; it absorbs what the model

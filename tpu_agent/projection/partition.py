@@ -1,17 +1,15 @@
-"""The child process: record the script's step on meta, lower it, partition it for N devices, read XLA's figures.
+"""In the projection's child process: record the script's step on meta, lower it, partition it for N devices,
+read XLA's figures.
 
-Runs as `python -m tpu_agent.project.partition REQUEST.json RESULT.json` with XLA_FLAGS naming N host devices
-(set by the parent before JAX starts). Nothing is allocated: the program is lowered from abstract arrays.
+The child is `python -m tpu_agent.run.projection REQUEST.json RESULT.json` with XLA_FLAGS naming N host devices
+(set by the parent before JAX starts); it calls `run(request)`. Nothing is allocated: the program is lowered from
+abstract arrays.
 """
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 import warnings
-
-from tpu_agent import envvars
 
 from .results import Partitioned, Traced
 
@@ -259,19 +257,11 @@ def partition_graph(graph, mesh_axes: dict, rules, batch_axis, placements: dict,
 
 
 def run(request: dict) -> Partitioned:
+    """The request's script recorded, then each recorded program partitioned (a device map, if any, was applied
+    by the caller: its source device is in record.META_DEVICES)."""
     from . import lower, record
 
     t0 = time.perf_counter()
-    mapped = envvars.DEVICE_MAP.pop()
-    if mapped is not None:  # tune --device-map cuda=tpu: the script's device is tpu in its projection too
-        from tpu_agent.backend import module as device_module
-        from tpu_agent.run import device_map
-
-        device_module.claim()  # as the tool's child does: torch.cuda.is_available() answers for tpu
-
-        mapping = device_map.parse(mapped)
-        device_map.apply(mapping, say=lambda line: None)
-        record.META_DEVICES.add(mapping.source)
     recording = record.record(request["script"], request["args"], scale_layers=request.get("scale_layers", True),
                               lowerable=lower.lowerable, batch=request.get("batch"),
                               batch_option=request.get("batch_option", "--per-chip-batch"))
@@ -286,26 +276,3 @@ def run(request: dict) -> Partitioned:
                        blocks_name=recording.blocks_name, programs=programs, placements=placements,
                        record_s=record_s, offload_block_inputs=offload)
 
-
-def main(argv: list[str]) -> int:
-    request = json.loads(open(argv[0]).read())
-    try:
-        result = run(request)
-    except Exception as exc:  # the parent shows one line
-        from tpu_agent.errors import InputError
-
-        kind = "input" if isinstance(exc, InputError) else "failed"
-        with open(argv[1], "w") as f:
-            json.dump({"error": f"{type(exc).__name__}: {exc}", "kind": kind}, f)
-        if kind == "failed":
-            import traceback
-
-            traceback.print_exc()
-        return 2 if kind == "input" else 1
-    with open(argv[1], "w") as f:
-        f.write(result.model_dump_json())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
