@@ -1,9 +1,10 @@
-"""tpu_agent's modules (and the profiler's) import one another without a circle; the profiler stays below the
-application; every TPU_AGENT_* variable is declared in tpu_agent.envvars and read only through it (the device's
-and the profiler's modules included).
+"""tpu_agent's packages import one another in one direction (ORDER); its modules (and the profiler's) import one
+another without a circle; the profiler stays below the application; every TPU_AGENT_* variable is declared in
+tpu_agent.envvars and read only through it (the device's and the profiler's modules included).
 
-Function-level imports count (a lazy import is still a dependence); imports under `if TYPE_CHECKING:` do not
-run and do not count; a package `__init__` importing its own children (re-exports) is fine.
+Function-level imports count (a lazy import is still a dependence), and so do imports under `if TYPE_CHECKING:` (a
+type named from another module is a dependence on it); a package `__init__` importing its own children (re-exports)
+is fine.
 """
 
 from __future__ import annotations
@@ -19,8 +20,43 @@ from support.paths import REPO
 ROOTS = {"tpu_agent": REPO / "tpu_agent", "tpu_agent.profilers": REPO / "profilers"}
 APPLICATION = ("tpu_agent.cli", "tpu_agent.run", "tpu_agent.plan", "tpu_agent.propose", "tpu_agent.measure",
                "tpu_agent.search", "tpu_agent.verify", "tpu_agent.report", "tpu_agent.pipeline", "tpu_agent.config",
-               "tpu_agent.paths",
-               "tpu_agent.errors", "tpu_agent.project")  # not tpu_agent.envvars: the settings' declarations sit below the profiler too
+               "tpu_agent.paths", "tpu_agent.errors", "tpu_agent.interrupts", "tpu_agent.slices",
+               "tpu_agent.parallelism", "tpu_agent.projection")  # not tpu_agent.envvars: the settings' declarations sit below the profiler too
+
+# tpu_agent's packages and top-level modules (and the device, the profiler and the playbooks installed under it),
+# highest first: each imports only entries after it. One entry per package: what a package's modules import of one
+# another is the circle test's business.
+ORDER = [
+    "tpu_agent.__main__",  # `python -m tpu_agent`
+    "tpu_agent.cli",  # one module per command
+    "tpu_agent.pipeline",  # `tune`, phase by phase
+    "tpu_agent.report",  # what the tune found, as text and JSON
+    "tpu_agent.parallelism",  # the tune's parallelism step: reads the search's trials, measures through measure/
+    "tpu_agent.verify",  # verify and search are siblings (test_search_and_verify_are_siblings)
+    "tpu_agent.search",
+    "tpu_agent.propose",
+    "tpu_agent.measure",
+    "tpu_agent.run",  # child processes: runs, profiles, trials, projections
+    "tpu_agent.plan",
+    "tpu_agent.projection",  # the engine: record, lower, partition, cost, rank plans for a slice
+    "tpu_agent.config",
+    "tpu_agent.slices",  # the slice table (names, chips, torus), read by config and the projection
+    "tpu_agent.paths",
+    "tpu_agent.errors",
+    "tpu_agent.interrupts",
+    "tpu_agent.profilers",
+    "tpu_agent.backend",
+    "tpu_agent.playbooks",
+    "tpu_agent.envvars",
+    "tpu_agent.partner_gone",
+    "tpu_agent",  # the package itself: __version__
+]
+EVERYTHING = {**ROOTS, "tpu_agent.backend": REPO / "backend", "tpu_agent.playbooks": REPO / "playbooks"}
+
+
+def _entry(module: str) -> str:
+    """The ORDER entry a module belongs to: its package under tpu_agent, or the top-level module itself."""
+    return ".".join(module.split(".")[:2])
 
 
 def _modules() -> dict[str, Path]:
@@ -40,6 +76,21 @@ def test_no_import_circle():
     graph = _graph()
     assert sum(map(len, graph.values())) > 100  # the graph was read
     assert _cycles(graph) == []
+
+
+def test_every_package_and_top_level_module_has_its_place_in_the_order():
+    entries = {_entry(m) for m in imports.modules(EVERYTHING)}
+    assert entries - set(ORDER) == set(), "add to ORDER (and docs/layout.md)"
+    assert set(ORDER) - entries == set(), "gone: drop from ORDER"
+
+
+def test_packages_import_only_the_ones_below_them():
+    graph = imports.graph(imports.modules(EVERYTHING))
+    assert "tpu_agent.projection.record" in graph["tpu_agent.plan.parallelism"]  # function-level, read
+    assert "tpu_agent.search.records" in graph["tpu_agent.parallelism.measured"]  # under TYPE_CHECKING, read
+    place = {entry: i for i, entry in enumerate(ORDER)}
+    upward = sorted(f"{m} -> {t}" for m, deps in graph.items() for t in deps if place[_entry(t)] < place[_entry(m)])
+    assert upward == []
 
 
 def test_the_profiler_does_not_import_the_application():
@@ -64,7 +115,7 @@ def test_every_module_is_under_600_lines_and_few_sit_at_the_top():
     lines = {name: len(path.read_text().splitlines()) for name, path in _modules().items()}
     assert {n: k for n, k in lines.items() if k > 600} == {}
     top = [p for p in (REPO / "tpu_agent").glob("*.py")]
-    assert len(top) <= 9, sorted(p.name for p in top)  # 9: partner_gone, the words the device and the tool share
+    assert len(top) <= 10, sorted(p.name for p in top)  # 10: slices, the slice table beside config
 
 
 def test_every_tpu_agent_variable_is_declared_once():

@@ -2,8 +2,8 @@
 theirs passes 600 lines.
 
 tests/test_layering.py checks the tool itself and leaves the device out; this is the same check for the two
-packages below it. As there: function-level imports count (a lazy import is still a dependence), imports under
-`if TYPE_CHECKING:` do not run and do not count, and a package `__init__` importing its own children is fine.
+packages below it. As there: function-level imports count (a lazy import is still a dependence), so do imports
+under `if TYPE_CHECKING:`, and a package `__init__` importing its own children is fine.
 tests/backend/test_import_order.py adds the backend's own order (module-level imports only).
 """
 

@@ -1,8 +1,9 @@
 """The import graph of our packages, read from their source, for the layering tests (tests/test_layering.py,
 tests/backend/test_backend_layering.py).
 
-Function-level imports count (a lazy import is still a dependence); imports under `if TYPE_CHECKING:` do not run
-and do not count; a package `__init__` importing its own children (re-exports) is fine.
+Function-level imports count (a lazy import is still a dependence), and so do imports under `if TYPE_CHECKING:` (a
+type one module names from another is a dependence too, even where it does not run); a package `__init__` importing
+its own children (re-exports) is fine.
 """
 
 from __future__ import annotations
@@ -29,14 +30,8 @@ def imported(path: Path, name: str, known: set[str], ignore: tuple[str, ...] = (
     imports of a name in `ignore` (or below it) are left out."""
     tree = ast.parse(path.read_text())
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    skip = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
-            skip.update(id(n) for child in node.body for n in ast.walk(child))
     found = set()
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         targets = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
