@@ -10,18 +10,22 @@ Which combinations the default pass runs (world size per mode; a 4-rank job take
 every kind at least once and every mode at least once, all at 2 ranks:
 
     case                        eager      fused      compiled
-    ddp                         2 (a)                 2 (a)
-    fsdp2 float32               2                     2 (b)
+    ddp                         2 (d)                 2 (a)
+    fsdp2 float32               2 (b)                 2 (b)
     fsdp2 bf16, no reshard                 2
-    fsdp_tp (dp x tp)           2 (1x2)
-    dcp save + resume           2                     2 (b)
+    fsdp_tp (dp x tp)           2 (1x2, c)
+    dcp save + resume           2 (b)                 2 (b)
 
 The release matrix, `-m matrix` (docs/ci.md), runs every case x mode at 2 and 4 ranks (the 2 x 2 fsdp_tp mesh
 and the bf16 `reshard_after_forward=True` case among them) against gloo, as `cd tests && python -m
 support.rank_runs --matrix` does by hand.
 
-(a) tests/distributed/test_ddp.py; (b) one run: its AdamW program replays, it matches gloo, and a fresh job
-resumes its checkpoint.
+(a) tests/distributed/test_ddp.py; (b) one test, both modes against one gloo run: each run matches gloo and a
+fresh job resumes its checkpoint, and under compiled steps its AdamW program replays; (c)
+tests/plan/test_parallelism.py, whose run without a plan is the reference of its exact parallelism plan (the 2 x 2
+mesh, with its two groups in one program: tests/distributed/test_two_groups_in_program.py); (d)
+tests/distributed/test_device_map_nccl.py: examples/ddp.py's model and data as a GPU script writes it
+(tests/data/scripts/ddp_cuda.py), under --device-map cuda=tpu.
 
 The bfloat16 check depends on the device rounding as PyTorch does: the first test holds the ops where it did
 not (a Linear's product rounded before its bias was added; gelu, softmax and layer norm's backward computed
@@ -77,33 +81,6 @@ def test_bfloat16_ops_round_once_from_float32_as_pytorch_does():
         assert _mismatches(tpu, reference.bfloat16()) < 0.005, i
 
 
-@pytest.mark.slow  # two 2-rank jobs on tpu, one on gloo (about 50 s)
-def test_fsdp2_per_block_and_root_matches_gloo_and_a_dcp_checkpoint_resumes_it(tmp_path):
-    """float32, reshard_after_forward=True, against gloo within 1e-5 (each step's loss, each parameter relative
-    to its norm; measured 2026-12-04: 3.2e-7 and 6.9e-6). Then a fresh job loads the sharded checkpoint saved
-    after step 3 and trains steps 3-5 with the losses and final parameters of the uninterrupted run. (Fused
-    execution, TORCH_TPU_DEFER_AND_FUSE=1, with reshard False matched gloo as closely by hand: 3.2e-7 and
-    6.8e-6; left out here for the file's time.)"""
-    save = ["--steps", str(STEPS), "--checkpoint", str(tmp_path / "ckpt"), "--save-at", str(SAVE_AT)]
-    gloo = run_ranks("fsdp2.py", save[:2], tmp_path / "gloo", on="cpu")
-    tpu = run_ranks("fsdp2.py", save, tmp_path / "tpu", on="tpu")
-    bounds = float32_noise.bounds(2, STEPS, 1e-5)
-    for rank in (0, 1):
-        assert worst_loss_error(tpu[rank], gloo[rank]) < 1e-5, (rank, tpu[rank]["losses"], gloo[rank]["losses"])
-        errors = parameter_errors(tpu[rank], gloo[rank])
-        assert all(e < bounds[n] for n, e in errors.items()), (rank, errors, bounds)
-    # Each rank trained on its own batches, and the gradients were averaged: one model on both ranks.
-    assert tpu[0]["losses"] != tpu[1]["losses"] and tpu[0]["params"] == tpu[1]["params"]
-    assert (tmp_path / "ckpt" / ".metadata").exists()
-
-    resumed = run_ranks("fsdp2.py", ["--steps", str(STEPS), "--checkpoint", str(tmp_path / "ckpt"), "--resume"],
-                        tmp_path / "resumed", on="tpu")
-    for rank in (0, 1):
-        assert resumed[rank]["first_step"] == SAVE_AT
-        assert resumed[rank]["losses"] == tpu[rank]["losses"][SAVE_AT:], rank
-        assert resumed[rank]["params"] == tpu[rank]["params"], rank
-
-
 COMBINATIONS = [  # (case, mode, world size): the default pass's, see the table above (dcp x compiled at 2
     ("fsdp2-bf16-no-reshard", "fused", 2),  # ranks: the compiled-steps test below, in its replays' run)
 ]
@@ -128,25 +105,6 @@ def test_script_matches_gloo_rank_by_rank(case, mode, nproc, tmp_path):
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.slow  # one 2-rank job on tpu, one on gloo (about 35 s)
-def test_tensor_parallel_llama_under_fsdp2_on_a_1_x_2_mesh_matches_gloo(tmp_path):
-    """examples/fsdp_tp.py at world size 2 with --dp 1: the attention and SwiGLU projections split over "tp"
-    (ColwiseParallel / RowwiseParallel), each block and the root under fully_shard over a "dp" of one. Losses
-    within 1e-5, all parameters together within 1e-5 of their norm, each parameter within 1e-4 (measured
-    2026-12-04: losses equal, all parameters 2.9e-7, the worst parameter 3.0e-6 with XLA's default flags and
-    1.8e-5 with the tests' quick ones: one element of layers.1.feed_forward.w1 whose AdamW steps nearly cancel,
-    moving it 2.2e-3 where the median element moved 2.1e-2, ends 1.4e-5 away). The 2 x 2 mesh needs 4 ranks:
-    measured by hand (docs/distributed.md)."""
-    tpu = run_ranks("fsdp_tp.py", ["--dp", "1"], tmp_path / "tpu", on="tpu")
-    gloo = run_ranks("fsdp_tp.py", ["--dp", "1"], tmp_path / "gloo", on="cpu")
-    for rank in (0, 1):
-        assert worst_loss_error(tpu[rank], gloo[rank]) < 1e-5, (rank, tpu[rank]["losses"], gloo[rank]["losses"])
-        errors = parameter_errors(tpu[rank], gloo[rank])
-        assert model_error(tpu[rank], gloo[rank]) < 1e-5 and max(errors.values()) < 1e-4, (rank, errors)
-    # Both ranks hold the same full parameters after gathering their shards of each projection.
-    assert tpu[0]["params"] == tpu[1]["params"]
-
-
 _COUNT_REPLAYS = """\
 import json, os, runpy, sys
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -161,28 +119,60 @@ with open(f"replays{os.environ['RANK']}.json", "w") as f:
 """
 
 
-@pytest.mark.slow  # two 2-rank jobs on tpu, one on gloo (about 60 s)
-def test_fsdp2_with_compiled_steps_replays_its_adamw_program_matches_gloo_and_a_dcp_checkpoint_resumes_it(tmp_path):
-    """TPU_AGENT_COMPILE_STEPS=1 on examples/fsdp2.py (float32): AdamW's update over the DTensor parameters is
-    one program, replayed from step 3 on, and each step's loss and every final parameter are within 1e-5 of
-    gloo's, or float32's own error for that parameter (support/float32_noise.py; measured 2026-12-07 with the
-    tests' XLA flags: losses 2e-7, blocks.1.down.weight 1.89e-5 from gloo, bound 2.6e-5: the tpu run 1.29e-5 from
-    the float64 result, PyTorch's 5.97e-6, other float32 orders' up to 1.0e-5). Before, the capture failed in DTensor's sharding propagation (no Meta kernel
-    for `_fused_adamw_.tensor_lr`); with that kernel alone each step captured anew, as FSDP2's gradients are new
-    tensors each step and were read as storages. The same run saves a DCP checkpoint after step 3, and a fresh
-    compiled job resumes it with the uninterrupted run's losses and parameters within 1e-6 (its first step runs
-    as written where the uninterrupted run replays its one-program step, fused differently by XLA; measured at
-    4 ranks: 9.5e-8): the dcp x compiled case of the matrix at 2 ranks."""
-    out = tmp_path / "tpu"
+@pytest.mark.slow  # four 2-rank jobs on tpu, one on gloo (about 90 s)
+def test_fsdp2_eager_and_under_compiled_steps_matches_gloo_and_each_resumes_its_dcp_checkpoint(tmp_path):
+    """examples/fsdp2.py in float32 (fully_shard per block and on the root, reshard_after_forward=True) at 2 ranks,
+    eager and under compiled steps, against one gloo run.
+
+    Eager: within 1e-5 of gloo (each step's loss, each parameter relative to its norm, or float32's own error for
+    that parameter, support/float32_noise.py; measured 2026-12-04: 3.2e-7 and 6.9e-6). Then a fresh job loads the
+    sharded checkpoint saved after step 3 and trains steps 3-5 with the losses and final parameters of the
+    uninterrupted run. (Fused execution, TORCH_TPU_DEFER_AND_FUSE=1, with reshard False matched gloo as closely by
+    hand: 3.2e-7 and 6.8e-6; left out here for the file's time.)
+
+    Compiled steps (TPU_AGENT_COMPILE_STEPS=1): AdamW's update over the DTensor parameters is one program, replayed
+    from step 3 on, and each step's loss and every final parameter are within 1e-5 of gloo's, or float32's own
+    error for that parameter (measured 2026-12-07 with the tests' XLA flags: losses 2e-7, blocks.1.down.weight
+    1.89e-5 from gloo, bound 2.6e-5: the tpu run 1.29e-5 from the float64 result, PyTorch's 5.97e-6, other float32
+    orders' up to 1.0e-5). Before, the capture failed in DTensor's sharding propagation (no Meta kernel for
+    `_fused_adamw_.tensor_lr`); with that kernel alone each step captured anew, as FSDP2's gradients are new tensors
+    each step and were read as storages. The same run saves a DCP checkpoint after step 3, and a fresh compiled job
+    resumes it with the uninterrupted run's losses and parameters within 1e-6 (its first step runs as written where
+    the uninterrupted run replays its one-program step, fused differently by XLA; measured at 4 ranks: 9.5e-8): the
+    dcp x compiled case of the matrix at 2 ranks.
+
+    One test, so that both modes are held to the same gloo run (a 2-rank job fewer)."""
+    gloo = run_ranks("fsdp2.py", ["--steps", str(STEPS)], tmp_path / "gloo", on="cpu")
+    bounds = float32_noise.bounds(2, STEPS, 1e-5)
+
+    # Eager, saving after step 3; then a fresh eager job resumes it.
+    save = ["--steps", str(STEPS), "--checkpoint", str(tmp_path / "ckpt"), "--save-at", str(SAVE_AT)]
+    tpu = run_ranks("fsdp2.py", save, tmp_path / "tpu", on="tpu")
+    for rank in (0, 1):
+        assert worst_loss_error(tpu[rank], gloo[rank]) < 1e-5, (rank, tpu[rank]["losses"], gloo[rank]["losses"])
+        errors = parameter_errors(tpu[rank], gloo[rank])
+        assert all(e < bounds[n] for n, e in errors.items()), (rank, errors, bounds)
+    # Each rank trained on its own batches, and the gradients were averaged: one model on both ranks.
+    assert tpu[0]["losses"] != tpu[1]["losses"] and tpu[0]["params"] == tpu[1]["params"]
+    assert (tmp_path / "ckpt" / ".metadata").exists()
+
+    resumed = run_ranks("fsdp2.py", ["--steps", str(STEPS), "--checkpoint", str(tmp_path / "ckpt"), "--resume"],
+                        tmp_path / "resumed", on="tpu")
+    for rank in (0, 1):
+        assert resumed[rank]["first_step"] == SAVE_AT
+        assert resumed[rank]["losses"] == tpu[rank]["losses"][SAVE_AT:], rank
+        assert resumed[rank]["params"] == tpu[rank]["params"], rank
+
+    # Compiled steps, its AdamW program's replays counted in each rank, saving after step 3; then a fresh compiled
+    # job resumes it.
+    out = tmp_path / "compiled"
     out.mkdir()
     (tmp_path / "count_replays.py").write_text(_COUNT_REPLAYS)
-    ckpt = ["--checkpoint", str(tmp_path / "ckpt")]
+    ckpt = ["--checkpoint", str(tmp_path / "compiled-ckpt")]
     proc = run_tool("run", "--nproc", "2", str(tmp_path / "count_replays.py"), "--",
                     str(EXAMPLES / "fsdp2.py"), "--steps", str(STEPS), "--out", str(out), *ckpt,
                     "--save-at", str(SAVE_AT), cwd=out, env=clean_env(TPU_AGENT_COMPILE_STEPS="1"), timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    gloo = run_ranks("fsdp2.py", ["--steps", str(STEPS)], tmp_path / "gloo", on="cpu")
-    bounds = float32_noise.bounds(2, STEPS, 1e-5)
     tpu = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     for rank in (0, 1):
         assert worst_loss_error(tpu[rank], gloo[rank]) < 1e-5, (rank, tpu[rank]["losses"], gloo[rank]["losses"])
@@ -192,8 +182,8 @@ def test_fsdp2_with_compiled_steps_replays_its_adamw_program_matches_gloo_and_a_
         assert json.loads((out / f"replays{rank}.json").read_text()) == {"replays": STEPS - 3, "reason": None}
     assert tpu[0]["params"] == tpu[1]["params"]
 
-    resumed = run_ranks("fsdp2.py", ["--steps", str(STEPS), *ckpt, "--resume"], tmp_path / "resumed", on="tpu",
-                        env={"TPU_AGENT_COMPILE_STEPS": "1"})
+    resumed = run_ranks("fsdp2.py", ["--steps", str(STEPS), *ckpt, "--resume"], tmp_path / "compiled-resumed",
+                        on="tpu", env={"TPU_AGENT_COMPILE_STEPS": "1"})
     for rank in (0, 1):
         uninterrupted = {"losses": tpu[rank]["losses"][SAVE_AT:], "params": tpu[rank]["params"]}
         assert resumed[rank]["first_step"] == SAVE_AT
