@@ -3,7 +3,8 @@ DTensor use gives the values gloo would, for the three ways a script names the b
 default group; "tpu" and "cpu:gloo,tpu:tpu", for new groups), with CPU tensors still going to gloo; the functional collectives and a DTensor on
 `init_device_mesh("tpu", ...)` too; and FSDP2 (`fully_shard` per layer and on the root, AdamW) trains
 as the same model does on the CPU given both ranks' batches, as does DDP with compiled steps. The results are computed on the device (each rank's tensors stay tpu
-tensors) and compared here with values worked out by hand."""
+tensors) and compared here with values worked out by hand. In the same job: uneven all_to_all, send/recv and
+PREMUL_SUM, and point-to-point (isend / irecv / batch_isend_irecv), each against the same call on CPU gloo."""
 
 from __future__ import annotations
 
@@ -26,9 +27,8 @@ SCRIPT = textwrap.dedent("""
     from torch.distributed.tensor import Shard, distribute_tensor
 
     # One job, one default group (re-creating the default group in a job reuses its store keys: gloo then
-    # connects to the last group's ports); the other two spellings as groups of their own, built the same
-    # way (BackendConfig, then the backend's creator).
-    dist.init_process_group()
+    # connects to the last group's ports), made by EXCHANGES, which runs first in the same job; the other two
+    # spellings as groups of their own, built the same way (BackendConfig, then the backend's creator).
     rank, world = dist.get_rank(), dist.get_world_size()
     groups = {"None": dist.group.WORLD, "tpu": dist.new_group(backend="tpu"),
               "cpu:gloo,tpu:tpu": dist.new_group(backend="cpu:gloo,tpu:tpu")}
@@ -155,29 +155,6 @@ def _norm_close(a: list[float], b: list[float], rel: float) -> bool:
     return math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b))) <= rel * math.sqrt(sum(y * y for y in b))
 
 
-@pytest.mark.slow  # torchrun, 2 ranks joined in one JAX runtime (about 30 s)
-def test_every_collective_at_world_size_2_gives_gloos_values_whichever_way_the_backend_is_named(tmp_path):
-    # ... and FSDP2 on tpu trains as the same model on the CPU does.
-    _torchrun_2(SCRIPT, tmp_path)
-    for rank in (0, 1):
-        results = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        fsdp, ddp = results.pop("fsdp"), results.pop("ddp_compiled")
-        assert "the process group has no tpu backend" in results.pop("gloo_error")
-        assert results.pop("dtensor") == {"local": [float(v) for v in range(4 * rank, 4 * rank + 4)],
-                                          "full": [float(v) for v in range(8)], "sum": [28.0]}
-        assert set(results) == {"None", "tpu", "cpu:gloo,tpu:tpu"}
-        for backend, got in results.items():
-            assert got == expected(rank), (rank, backend)
-        assert fsdp["shard"] == [2]  # the last bias (4 values) is held half by each rank
-        assert all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(fsdp["losses"], fsdp["reference"])), fsdp
-        for name, values in fsdp["params"].items():  # AdamW magnifies rounding in near-zero gradients: by norm
-            assert _norm_close(values, fsdp["reference_params"][name], 1e-5), name
-        assert ddp["compiled"] == 1  # the model DDP wraps, not DDP
-        assert all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(ddp["losses"], ddp["reference"])), ddp
-        for values, reference in zip(ddp["params"], ddp["reference_params"]):
-            assert _norm_close(values, reference, 1e-5)
-
-
 EXCHANGES = textwrap.dedent("""
     import json
     import torch, torch.distributed as dist
@@ -270,20 +247,59 @@ EXCHANGES = textwrap.dedent("""
     except Exception as exc:
         results["recv_anysource"] = str(exc)
     dist.barrier()
-    dist.destroy_process_group()
-    with open(f"rank{rank}.json", "w") as f:
+    with open(f"exchanges{rank}.json", "w") as f:  # the job goes on with SCRIPT, in the same default group
         json.dump(results, f)
 """)
 
 
-@pytest.mark.slow  # torchrun, 2 ranks (about 30 s)
-def test_uneven_all_to_all_send_recv_and_premul_sum_on_tpu_give_gloos_values(tmp_path):
-    """all_to_all_single with unequal splits (MoE expert parallelism), all_to_all over tensors of different
-    sizes, send/recv, each on tpu against the same call on CPU gloo in the same job; PREMUL_SUM in every
-    reducing collective against gloo's sum of the scaled inputs; recv without a source refused in one line."""
-    _torchrun_2(EXCHANGES, tmp_path)
+# Point-to-point on tpu tensors (isend / irecv / batch_isend_irecv) against the same calls on CPU tensors over gloo,
+# in the same job after EXCHANGES: equal. Both ranks posting their send before their receive (batch_isend_irecv's
+# order) used to pair each rank's send with the other's send and receive zeros.
+P2P = textwrap.dedent("""
+    peer = 1 - rank
+    out = {}
+    for d in ("tpu", "cpu"):
+        mine = torch.arange(6, dtype=torch.float32).reshape(2, 3).to(d) + 100 * rank
+        got = torch.zeros(2, 3, device=d)
+        # rank 0 sends first, rank 1 receives first
+        works = [dist.isend(mine, peer), dist.irecv(got, peer)] if rank == 0 else \\
+            [dist.irecv(got, peer), dist.isend(mine, peer)]
+        for w in works:
+            w.wait()
+        # both ranks post their send first
+        ops = [dist.P2POp(dist.isend, mine * 2, peer), dist.P2POp(dist.irecv, torch.zeros(2, 3, device=d), peer)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        # a send still posted when the sender's next collective comes; the receiver's recv blocks before its own
+        ints, int_got = torch.full((4,), rank + 1, device=d, dtype=torch.int64), torch.zeros(4, dtype=torch.int64,
+                                                                                              device=d)
+        total = torch.ones(3, device=d) * (rank + 1)
+        if rank == 0:
+            w = dist.isend(ints, peer)
+            mine.add_(1)  # after the send was posted: the receiver gets the value at isend
+            dist.all_reduce(total)
+            w.wait()
+        else:
+            dist.recv(int_got, peer)
+            dist.all_reduce(total)
+        out[d] = [got.cpu().tolist(), ops[1].tensor.cpu().tolist(), int_got.cpu().tolist(), total.cpu().tolist()]
+    dist.barrier()
+    with open(f"p2p{rank}.json", "w") as f:
+        json.dump(out, f)
+""")
+
+
+@pytest.mark.slow  # torchrun, 2 ranks joined in one JAX runtime (about 35 s)
+def test_every_collective_at_world_size_2_gives_gloos_values_whichever_way_the_backend_is_named(tmp_path):
+    """One job: EXCHANGES, P2P, then SCRIPT. EXCHANGES: all_to_all_single with unequal splits (MoE expert parallelism),
+    all_to_all over tensors of different sizes, send/recv, each on tpu against the same call on CPU gloo in the
+    same job; PREMUL_SUM in every reducing collective against gloo's sum of the scaled inputs; recv without a
+    source refused in one line. SCRIPT: every collective whichever way the backend is named, a DTensor, and FSDP2
+    and DDP under compiled steps on tpu training as the same model on the CPU does. P2P: isend / irecv /
+    batch_isend_irecv as gloo's."""
+    _torchrun_2(EXCHANGES + P2P + SCRIPT, tmp_path)
     for rank in (0, 1):
-        results = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        results = json.loads((tmp_path / f"exchanges{rank}.json").read_text())
         refused = results.pop("recv_anysource")
         assert "recv_anysource" in refused and "\n" not in refused, refused
         assert set(results) == {"uneven_float", "uneven_functional", "uneven_int", "all_to_all_sizes", "send_recv",
@@ -295,3 +311,26 @@ def test_uneven_all_to_all_send_recv_and_premul_sum_on_tpu_give_gloos_values(tmp
             assert tpu == gloo, (rank, name, tpu, gloo)
         assert results["send_recv"][0] == [[1.0, 3.0, 5.0, 7.0, 9.0] if rank == 0 else [0.5, 1.5, 2.5, 3.5, 4.5]]
         assert results["uneven_float"][0][0][:3] == ([0.0, 1.0, 2.0] if rank == 0 else [3.0, 4.0, 5.0])
+    for rank in (0, 1):
+        results = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        fsdp, ddp = results.pop("fsdp"), results.pop("ddp_compiled")
+        assert "the process group has no tpu backend" in results.pop("gloo_error")
+        assert results.pop("dtensor") == {"local": [float(v) for v in range(4 * rank, 4 * rank + 4)],
+                                          "full": [float(v) for v in range(8)], "sum": [28.0]}
+        assert set(results) == {"None", "tpu", "cpu:gloo,tpu:tpu"}
+        for backend, got in results.items():
+            assert got == expected(rank), (rank, backend)
+        assert fsdp["shard"] == [2]  # the last bias (4 values) is held half by each rank
+        assert all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(fsdp["losses"], fsdp["reference"])), fsdp
+        for name, values in fsdp["params"].items():  # AdamW magnifies rounding in near-zero gradients: by norm
+            assert _norm_close(values, fsdp["reference_params"][name], 1e-5), name
+        assert ddp["compiled"] == 1  # the model DDP wraps, not DDP
+        assert all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(ddp["losses"], ddp["reference"])), ddp
+        for values, reference in zip(ddp["params"], ddp["reference_params"]):
+            assert _norm_close(values, reference, 1e-5)
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"p2p{rank}.json").read_text())
+        assert result["tpu"] == result["cpu"], result
+        other = 100.0 * (1 - rank)
+        assert result["tpu"][1][0] == [2 * (other + v) for v in range(3)], result  # batch_isend_irecv's receive
+    assert json.loads((tmp_path / "p2p1.json").read_text())["tpu"][2] == [1, 1, 1, 1]
