@@ -132,44 +132,47 @@ def test_transformer_names_the_vocabulary(tmp_path, cache_dir):
     assert "50257" in out
 
 
-@pytest.mark.parametrize(("after", "code", "error"), [
-    ("if i == 2: raise ValueError('boom at step 3')", 1, "ValueError: boom at step 3"),
-    ("if i == 2: sys.exit(3)", 3, "SystemExit: 3"),
-])
-def test_failing_script_keeps_a_partial_profile(tmp_path, cache_dir, after, code, error):
-    script = write(tmp_path, "crash.py", TRAIN.format(steps=5, after=after))
+def test_a_failing_script_keeps_a_partial_profile(tmp_path, cache_dir):
+    """A script that raises at its third step: its own traceback, exit 1, the profile of its steps (a sys.exit(3)
+    at the third step: test_a_step_without_matmul_and_a_sys_exit_mid_run_keep_a_partial_profile)."""
+    script = write(tmp_path, "crash.py", TRAIN.format(steps=5, after="if i == 2: raise ValueError('boom at step 3')"))
     proc = profile("crash.py", cwd=tmp_path, cache=cache_dir)
-    assert proc.returncode == code, proc.stderr[-3000:]
-    if code == 1:  # the script's own traceback, without our frames
-        assert f'File "{script}", line 11, in <module>' in proc.stderr
-        assert "tpu_agent" not in proc.stderr and "runpy" not in proc.stderr
-    assert f"the script failed (exit {code}) after 3 steps" in proc.stdout
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    # the script's own traceback, without our frames
+    assert f'File "{script}", line 11, in <module>' in proc.stderr
+    assert "tpu_agent" not in proc.stderr and "runpy" not in proc.stderr
+    assert "the script failed (exit 1) after 3 steps" in proc.stdout
     run_dir = only_run_dir(tmp_path)
     prof = load(run_dir)
-    assert (prof.status, prof.exit_code, prof.error) == ("failed", code, error)
+    assert (prof.status, prof.exit_code, prof.error) == ("failed", 1, "ValueError: boom at step 3")
     assert len(prof.steps.items) == 3 and prof.flops.per_step > 0
-    assert json.loads((run_dir / "run.json").read_text())["exit_code"] == code
+    assert json.loads((run_dir / "run.json").read_text())["exit_code"] == 1
 
 
-def test_a_step_without_matmul_profiles_and_keeps_the_scripts_exit_code(tmp_path, cache_dir):
-    """FlopCounterMode counts 0 when no step has a matmul: no ratio (null), never inf, and the profile reads back."""
+def test_a_step_without_matmul_and_a_sys_exit_mid_run_keep_a_partial_profile(tmp_path, cache_dir):
+    """FlopCounterMode counts 0 when no step has a matmul: no ratio (null), never inf, and the profile reads back;
+    the script's sys.exit(3) after its third step is its exit code, with the profile of the steps it ran."""
     write(tmp_path, "nomm.py", """\
         import sys, torch
         p = torch.nn.Parameter(torch.ones(8, device="tpu"))
         opt = torch.optim.SGD([p], lr=0.1)
-        for step in range(4):
+        for step in range(5):
             opt.zero_grad()
             (p.sin() ** 2).sum().backward()
             opt.step()
-        sys.exit(3)
+            if step == 2: sys.exit(3)
     """)
     proc = profile("nomm.py", "--warmup", "1", cwd=tmp_path, cache=cache_dir)
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert "error" not in proc.stderr and "no ratio" in proc.stdout
-    prof = load(only_run_dir(tmp_path))
-    assert (prof.status, prof.exit_code) == ("failed", 3)
+    assert "the script failed (exit 3) after 3 steps" in proc.stdout
+    run_dir = only_run_dir(tmp_path)
+    prof = load(run_dir)
+    assert (prof.status, prof.exit_code, prof.error) == ("failed", 3, "SystemExit: 3")
+    assert len(prof.steps.items) == 3
     assert prof.flops.check.flop_counter_flops == 0 and prof.flops.check.relative_difference is None
     assert prof.flops.per_step > 0
+    assert json.loads((run_dir / "run.json").read_text())["exit_code"] == 3
 
 
 def test_timeout_stops_a_hanging_script_with_exit_124(tmp_path):
@@ -177,31 +180,6 @@ def test_timeout_stops_a_hanging_script_with_exit_124(tmp_path):
     proc = run_tool("profile", "hang.py", "--timeout", "2", cwd=tmp_path, timeout=60)
     assert proc.returncode == 124, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1].startswith("error: hang.py ran past --timeout 2 s and was stopped")
-
-
-def test_stop_at_steps_runs_the_scripts_finally(tmp_path, cache_dir):
-    write(tmp_path, "loop.py", """\
-        import torch
-        model = torch.nn.Linear(8, 4).to("tpu")
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        x = torch.randn(16, 8).to("tpu")
-        try:
-            for i in range(1000):
-                opt.zero_grad()
-                model(x).sum().backward()
-                opt.step()
-        except Exception:
-            print("swallowed")
-        finally:
-            print("finally ran")
-        print("after the loop")
-    """)
-    proc = profile("loop.py", "--steps", "2", "--warmup", "1", cwd=tmp_path, cache=cache_dir)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "finally ran" in proc.stdout
-    assert "swallowed" not in proc.stdout and "after the loop" not in proc.stdout
-    prof = load(only_run_dir(tmp_path))
-    assert prof.status == "stopped" and len(prof.steps.items) == 5  # 1 warm-up, 2 measured, 2 timed
 
 
 def test_script_without_steps_is_one_region(tmp_path, cache_dir):
@@ -290,8 +268,28 @@ def test_doctor_shows_the_calibration(tmp_path, cache_dir):
     assert "not calibrated yet" in proc.stdout
 
 
-def test_progress_on_a_terminal_relays_the_scripts_output(tmp_path, cache_dir):
-    write(tmp_path, "train.py", TRAIN.format(steps=6, after="print(f'line {i}')"))
+def test_progress_on_a_terminal_relays_the_scripts_output_and_a_stop_at_steps_runs_its_finally(tmp_path, cache_dir):
+    """One profile on a terminal: the script's output shown above the progress bar, and stopped by --steps at a step
+    boundary, the script's `finally` runs (an `except Exception` does not swallow the stop, the code after the
+    loop never runs)."""
+    write(tmp_path, "train.py", """\
+        import torch
+        model = torch.nn.Linear(8, 4).to("tpu")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(16, 8).to("tpu")
+        try:
+            for i in range(1000):
+                opt.zero_grad()
+                loss = model(x).square().mean()
+                loss.backward()
+                opt.step()
+                print(f'line {i}')
+        except Exception:
+            print("swallowed")
+        finally:
+            print("finally ran")
+        print("after the loop")
+    """)
     leader, follower = pty.openpty()
     proc = subprocess.Popen([str(TPU_AGENT), "profile", "train.py", "--steps", "2", "--warmup", "1"], cwd=tmp_path,
                             env=clean_env(TPU_AGENT_CACHE_DIR=str(cache_dir), COLUMNS="120"),
@@ -312,6 +310,10 @@ def test_progress_on_a_terminal_relays_the_scripts_output(tmp_path, cache_dir):
     assert "line 0" in text and "line 1" in text  # the script's output, shown above the bar
     assert "profiling train.py" in text  # the progress bar
     assert "stopped by --steps after 5 steps" in text  # 1 warm-up, 2 measured, 2 timed (host/device)
+    assert "finally ran" in text
+    assert "swallowed" not in text and "after the loop" not in text
+    prof = load(only_run_dir(tmp_path))
+    assert prof.status == "stopped" and len(prof.steps.items) == 5  # 1 warm-up, 2 measured, 2 timed
 
 
 def test_compiled_steps_are_reported_as_compiled(tmp_path, cache_dir):
