@@ -137,7 +137,8 @@ def test_the_examples_profile_on_tpu(tmp_path, example):
 
 
 # A Trainer script in the shape of the HF fine-tuning guides, for the other model kinds: a causal LM with GQA and
-# RoPE (Llama) and image classification (ViT), each built from a tiny config.
+# RoPE (Llama) and image classification (ViT), each built from a tiny config; the families named run one after
+# the other in one process (one start-up of Python, torch and transformers for both), each seeded afresh.
 FAMILY_TRAINER = """\
 import sys
 
@@ -145,22 +146,6 @@ import torch
 from torch.utils.data import Dataset
 from transformers import (LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments, ViTConfig,
                           ViTForImageClassification)
-
-family = sys.argv[1]
-g = torch.Generator().manual_seed(1)
-torch.manual_seed(0)
-if family == "llama":
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
-    ids = torch.randint(0, 128, (32, 16), generator=g)
-    rows = [{"input_ids": i, "labels": i} for i in ids]
-else:
-    model = ViTForImageClassification(ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32,
-                                                num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                                                num_labels=10, hidden_dropout_prob=0.0,
-                                                attention_probs_dropout_prob=0.0))
-    pixels, labels = torch.randn(32, 3, 16, 16, generator=g), torch.randint(0, 10, (32,), generator=g)
-    rows = [{"pixel_values": p, "labels": y} for p, y in zip(pixels, labels)]
 
 
 class Rows(Dataset):
@@ -174,29 +159,59 @@ class Rows(Dataset):
         return self.rows[i]
 
 
-args = TrainingArguments(output_dir="out", max_steps=4, per_device_train_batch_size=4, gradient_accumulation_steps=2,
-                         logging_steps=1, eval_strategy="steps", eval_steps=4, save_steps=4, report_to="none",
-                         seed=0)
-trainer = Trainer(model=model, args=args, train_dataset=Rows(rows[:24]), eval_dataset=Rows(rows[24:]))
-trainer.train()
-print(f"device={args.device.type}")
-for entry in trainer.state.log_history:
-    for kind in ("loss", "eval_loss"):
-        if kind in entry:
-            print(f"step={entry['step']} {kind}={entry[kind]:.6f}")
+for family in sys.argv[1:]:
+    g = torch.Generator().manual_seed(1)
+    torch.manual_seed(0)
+    if family == "llama":
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                             max_position_embeddings=64))
+        ids = torch.randint(0, 128, (32, 16), generator=g)
+        rows = [{"input_ids": i, "labels": i} for i in ids]
+    else:
+        model = ViTForImageClassification(ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32,
+                                                    num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                                    num_labels=10, hidden_dropout_prob=0.0,
+                                                    attention_probs_dropout_prob=0.0))
+        pixels, labels = torch.randn(32, 3, 16, 16, generator=g), torch.randint(0, 10, (32,), generator=g)
+        rows = [{"pixel_values": p, "labels": y} for p, y in zip(pixels, labels)]
+    args = TrainingArguments(output_dir=f"out-{family}", max_steps=4, per_device_train_batch_size=4,
+                             gradient_accumulation_steps=2, logging_steps=1, eval_strategy="steps", eval_steps=4,
+                             save_steps=4, report_to="none", seed=0)
+    trainer = Trainer(model=model, args=args, train_dataset=Rows(rows[:24]), eval_dataset=Rows(rows[24:]))
+    trainer.train()
+    print(f"family={family}")
+    print(f"device={args.device.type}")
+    for entry in trainer.state.log_history:
+        for kind in ("loss", "eval_loss"):
+            if kind in entry:
+                print(f"step={entry['step']} {kind}={entry[kind]:.6f}")
 """
+FAMILIES = ["llama", "vit"]
+
+
+def by_family(stdout: str) -> dict[str, str]:
+    """Each family's lines of the script's stdout, from its `family=` line to the next."""
+    parts = re.split(r"^family=(\w+)$", stdout, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["llama", "vit"])
-def test_trainer_on_other_model_kinds_matches_its_cpu_losses(tmp_path, family):
+def test_trainer_on_other_model_kinds_matches_its_cpu_losses(tmp_path):
+    """Llama and ViT under Trainer, each family's losses and eval loss on tpu as on the CPU, its checkpoint written
+    in the tpu run's own directory."""
     script = tmp_path / "trainer.py"
     script.write_text(FAMILY_TRAINER)
-    cpu = run_python(str(script), family, cwd=tmp_path, env=_before_the_tool(), timeout=600)
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "tpu").mkdir()
+    cpu = run_python(str(script), *FAMILIES, cwd=tmp_path / "cpu", env=_before_the_tool(), timeout=600)
     assert cpu.returncode == 0, cpu.stderr[-3000:]
-    expected = logged(cpu.stdout)
-    assert device(cpu.stdout) == "cpu" and len(expected) == 5  # 4 steps and the eval
-    ours = run_tool("run", "-q", str(script), "--", family, cwd=tmp_path, timeout=600)
+    ours = run_tool("run", "-q", str(script), "--", *FAMILIES, cwd=tmp_path / "tpu", timeout=600)
     assert ours.returncode == 0, ours.stderr[-3000:]
-    assert device(ours.stdout) == "tpu" and (tmp_path / "out" / "checkpoint-4").is_dir()
-    _compare(expected, logged(ours.stdout), expected)
+    cpu_out, tpu_out = by_family(cpu.stdout), by_family(ours.stdout)
+    assert sorted(cpu_out) == sorted(tpu_out) == sorted(FAMILIES), (cpu.stdout, ours.stdout)
+    for family in FAMILIES:
+        expected = logged(cpu_out[family])
+        assert device(cpu_out[family]) == "cpu" and len(expected) == 5, family  # 4 steps and the eval
+        assert device(tpu_out[family]) == "tpu" and (tmp_path / "tpu" / f"out-{family}" / "checkpoint-4").is_dir()
+        _compare(expected, logged(tpu_out[family]), expected)
