@@ -19,8 +19,13 @@ MODES = {
 }
 
 
+# The MLP (Linear, ReLU, cross-entropy, SGD) is a subset of the CNN (which adds convolutions, BatchNorm, pooling
+# and SGD's momentum): its four modes run in the release matrix (`-m matrix`, docs/ci.md).
+EXAMPLES = [pytest.param("mlp", marks=pytest.mark.matrix), "odd_shapes", "cnn", "transformer"]
+
+
 @pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("name", ["mlp", "odd_shapes", "cnn", "transformer"])
+@pytest.mark.parametrize("name", EXAMPLES)
 def test_example_matches_cpu_in_fused_and_compiled_modes(name, mode, monkeypatch):
     cpu = losses(name, "cpu")
     env, extra = MODES[mode]
