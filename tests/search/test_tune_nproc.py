@@ -159,8 +159,11 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
 def _tune(tmp_path: Path, *extra: str, env: dict[str, str] | None = None):
     script = tmp_path / "ddp.py"
     script.write_text(DDP)
+    # --processes 1: one fresh baseline/candidate job pair verifies (what is checked is that every rank is, not the
+    # interval's spread over job pairs, which tests/verify and tests/measure check)
     proc = run_tool("tune", "--nproc", "2", str(script), "--offline", "--steps", "5", "--warmup", "1",
-                    "--pairs", "5", *extra, cwd=tmp_path, env=clean_env(**(env or {})), timeout=900)
+                    "--pairs", "5", "--processes", "1", *extra, cwd=tmp_path, env=clean_env(**(env or {})),
+                    timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_dir = next((tmp_path / ".tpu-agent" / "runs").iterdir())
     return proc, json.loads((run_dir / "report.json").read_text()), run_dir
@@ -171,7 +174,8 @@ def test_a_verification_at_2_ranks_checks_each_rank_and_measures_its_memory(tmp_
     shared host), its numerics every rank's against the same rank's, its memory every rank's."""
     script = tmp_path / "ddp.py"
     script.write_text(DDP)
-    options = TuneOptions(nproc=2, steps=5, warmup=1, pairs=5, trial_timeout=120)
+    # one fresh job pair (processes=1) of 5 interleaved pairs: every rank checked, 5 ratios for the interval
+    options = TuneOptions(nproc=2, steps=5, warmup=1, pairs=5, processes=1, trial_timeout=120)
     runner = Runner(script, [], options, tmp_path / "run")
     plan = Plan(actions=[PadOps(multiple=8)])  # exact: Linear(24, 4)'s 4 outputs padded to 8
     verdict = verify(plan, runner, options, None)
