@@ -71,3 +71,50 @@ def _run(name: str, device: str, *extra: str, programs: bool = False) -> tuple[l
     assert len(values) == steps, out.stdout
     printed = next((line[9:] for line in out.stdout.splitlines() if line.startswith("PROGRAMS ")), "")
     return values, printed
+
+
+# Several runs in one Python process (one start-up of Python, torch and JAX for all), each as `python SCRIPT ARGS`
+# would run it (runpy as __main__, sys.argv set), its stdout captured alone; printed as one JSON list at the end.
+RUN_EACH = """\
+import contextlib, io, json, runpy, sys
+printed = []
+for argv in json.loads(sys.argv[1]):
+    sys.argv = argv
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        runpy.run_path(argv[0], run_name="__main__")
+    printed.append(out.getvalue())
+print(json.dumps(printed))
+"""
+
+
+def run_each(runs: list[list[str]], cwd: Path | None = None, timeout: float = 600) -> list[str]:
+    """Each run's stdout (a run is a script and its arguments), the runs one after the other in one process."""
+    out = subprocess.run([sys.executable, "-c", RUN_EACH, json.dumps(runs)], capture_output=True, text=True,
+                         timeout=timeout, cwd=cwd)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def losses_of(names: list[str], device: str) -> dict[str, list[float]]:
+    """Each example's per-step losses as `losses(name, device)` gives them, the examples run one after the other
+    in one process; on the CPU, those another test already ran come from the shared cache, and the rest go to it."""
+    found = {}
+    if device == "cpu":
+        for name in names:
+            cached = _cpu_cache() / f"{name}-plain.json"
+            if cached.exists():
+                found[name] = json.loads(cached.read_text())
+    todo = [name for name in names if name not in found]
+    runs = [[str(EXAMPLES / f"{name}.py"), "--device", device, "--steps", str(STEPS_FOR.get(name, STEPS)),
+             *EXTRA.get(name, [])] for name in todo]
+    for name, printed in zip(todo, run_each(runs) if runs else []):
+        values = [float(v) for v in re.findall(r"^step=\d+ loss=(\S+)$", printed, re.M)]
+        assert len(values) == STEPS_FOR.get(name, STEPS), (name, printed)
+        found[name] = values
+        if device == "cpu":
+            cached = _cpu_cache() / f"{name}-plain.json"
+            partial = cached.with_suffix(f".{os.getpid()}.partial")
+            partial.write_text(json.dumps(values))
+            partial.replace(cached)  # whole or not at all: another worker may be reading
+    return found
