@@ -56,10 +56,13 @@ def _both_ways(tmp_path, *args):
     return runs
 
 
-def test_cpu_script_suite_prints_the_same_with_the_tool_installed_and_off(tmp_path):
-    runs = _both_ways(tmp_path)
+@pytest.mark.slow  # torch.compile on the CPU, each way
+def test_cpu_script_suite_and_torch_compile_on_cpu_print_the_same_with_the_tool_installed_and_off(tmp_path):
+    """One run each way of the whole CPU script, torch.compile on the CPU included."""
+    runs = _both_ways(tmp_path, "--compile")
     assert runs["installed"] == runs["off"]
     assert runs["installed"].count("loader") == 2 and runs["installed"].count("load ") == 4
+    assert "compile [1.0, 2.68294" in runs["installed"]
 
 
 CPU_DDP = textwrap.dedent("""
@@ -105,13 +108,6 @@ def test_a_cpu_ddp_script_under_torchrun_runs_the_same_with_the_tool_installed_a
         runs[name] = [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)]
     assert runs["installed"] == runs["off"]
     assert all(text.count("gloo True") == 3 for text in runs["installed"])
-
-
-@pytest.mark.slow
-def test_torch_compile_on_cpu_prints_the_same_with_the_tool_installed_and_off(tmp_path):
-    runs = _both_ways(tmp_path, "--compile")
-    assert runs["installed"] == runs["off"]
-    assert "compile [1.0, 2.68294" in runs["installed"]
 
 
 PINNED_TRAIN = textwrap.dedent("""
