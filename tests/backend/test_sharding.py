@@ -14,8 +14,7 @@ from support.paths import EXAMPLES
 SCRIPT = textwrap.dedent("""
     import sys, json, torch, torch.nn.functional as F
     sys.path.insert(0, {examples!r})
-    name, devices, modes = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(",")
-    ex = __import__(name)
+    devices = int(sys.argv[1])
     RULES = {{
         "mlp": [("fc1.weight", ("model", None)), ("fc1.bias", ("model",)), ("fc2.weight", (None, "model"))],
         "transformer": [("*.mlp.0.weight", ("model", None)), ("*.mlp.0.bias", ("model",)),
@@ -60,39 +59,46 @@ SCRIPT = textwrap.dedent("""
         return losses, per_device
 
     result = {{}}
-    for mode in modes:
-        for layout in ("single", "data", "rules"):
-            result[f"{{mode}}/{{layout}}"] = run(layout, mode)
+    for case in sys.argv[2:]:  # "example:mode,mode": the examples share this process and its compiled programs
+        name, modes = case.split(":")
+        ex = __import__(name)
+        for mode in modes.split(","):
+            for layout in ("single", "data", "rules"):
+                result[f"{{name}}/{{mode}}/{{layout}}"] = run(layout, mode)
     print("RESULT", json.dumps(result))
 """).format(examples=str(EXAMPLES))
 
 
-def run_sharded(name: str, devices: int, modes: str) -> dict:
+def run_sharded(devices: int, cases: dict[str, str]) -> dict:
     import json
 
-    out = subprocess.run([sys.executable, "-c", SCRIPT, name, str(devices), modes], capture_output=True, text=True,
+    args = [f"{name}:{modes}" for name, modes in cases.items()]
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(devices), *args], capture_output=True, text=True,
                          timeout=900, env={**os.environ, "TPU_AGENT_DEVICES": str(devices)})
     assert out.returncode == 0, out.stderr[-3000:]
     line = next(l for l in out.stdout.splitlines() if l.startswith("RESULT"))
     return json.loads(line[len("RESULT"):])
 
 
-@pytest.mark.parametrize("name,devices,modes", [
-    ("mlp", 2, "eager,fused,compiled"),
-    ("mlp", 4, "eager"),
-    ("transformer", 2, "eager"),
-    ("transformer", 4, "fused,compiled"),
-])
-def test_sharded_losses_match_unsharded(name, devices, modes):
-    result = run_sharded(name, devices, modes)
-    for mode in modes.split(","):
-        reference, _ = result[f"{mode}/single"]
-        for layout in ("data", "rules"):
-            losses, _ = result[f"{mode}/{layout}"]
-            assert losses == pytest.approx(reference, rel=1e-5), f"{mode}/{layout}"
-    if name == "mlp" and devices == 4:
+# Per device count, one process (the device count is fixed when XLA starts): each example in its modes.
+CASES = {
+    2: {"mlp": "eager,fused,compiled", "transformer": "eager"},
+    4: {"mlp": "eager", "transformer": "fused,compiled"},
+}
+
+
+@pytest.mark.parametrize("devices", list(CASES), ids=lambda n: f"{n}-devices")
+def test_sharded_losses_match_unsharded(devices):
+    result = run_sharded(devices, CASES[devices])
+    for name, modes in CASES[devices].items():
+        for mode in modes.split(","):
+            reference, _ = result[f"{name}/{mode}/single"]
+            for layout in ("data", "rules"):
+                losses, _ = result[f"{name}/{mode}/{layout}"]
+                assert losses == pytest.approx(reference, rel=1e-5), f"{name} {mode}/{layout}"
+    if devices == 4:
         # fc1.weight split over the 2-way model axis: half its bytes on each device.
-        mode = modes.split(",")[0]
-        _, replicated = result[f"{mode}/data"]
-        _, split = result[f"{mode}/rules"]
+        mode = CASES[devices]["mlp"].split(",")[0]
+        _, replicated = result[f"mlp/{mode}/data"]
+        _, split = result[f"mlp/{mode}/rules"]
         assert split * 2 == replicated
