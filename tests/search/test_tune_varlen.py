@@ -30,8 +30,11 @@ def small_varlen(project: Path) -> Path:
 
 def test_a_variable_length_lm_is_diagnosed_and_its_batches_padded_to_a_fixed_length_verified_exact(tmp_path):
     small_varlen(tmp_path)
+    # --processes 1: one fresh process pair verifies (5 pairs, compiles included); the interval over several
+    # process pairs is checked by tests/measure/test_process_pairs.py and tests/verify/test_tune_ablation.py
     proc = run_tool("tune", "varlen.py", "--trials", "1", "--candidates", "1", "--verify", "1", "--steps", "5",
-                    "--pairs", "5", "--warmup", "1", "--", "--steps", "40", cwd=tmp_path, env=clean_env(), timeout=600)
+                    "--pairs", "5", "--warmup", "1", "--processes", "1", "--", "--steps", "40", cwd=tmp_path,
+                    env=clean_env(), timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = (tmp_path / ".tpu-agent" / "runs").iterdir()
     tune = json.loads((run_dir / "tune.json").read_text())
