@@ -90,7 +90,9 @@ def result_of(proc) -> dict:
 def test_tune_records_trials_writes_a_report_resume_repeats_nothing_and_other_settings_are_refused(project: Path):
     """Two trials, then the same study resumed to four: each step of the resume is checked with two trials as well
     as with three, in less of the suite's time (a trial here starts its own processes: about 15 s on a quiet host)."""
-    proc = tune(project, "--trials", "2", "--study", "s1", "--verify", "1")
+    # --processes 1: the verification's one fresh process pair is enough for the report checked here (the
+    # interval over several process pairs: tests/measure/test_process_pairs.py, tests/verify/test_tune_ablation.py)
+    proc = tune(project, "--trials", "2", "--study", "s1", "--verify", "1", "--processes", "1")
     first = result_of(proc)
     # the one command that opens the study (tests/search/test_dashboard.py opens it), on stderr with --json
     assert f"live: optuna-dashboard sqlite:///{project / 'studies.db'}" in proc.stderr
