@@ -207,6 +207,8 @@ def test_tune_nproc_2_reports_every_rank(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # the default pass: a rank's crash fails its TrialProcess with that rank's line (above), and a
+# crashed candidate is a failed trial with its reason (tests/search/test_tune.py's failing trials)
 def test_a_rank_that_crashes_in_a_trial_is_a_failed_trial(tmp_path):
     counter = tmp_path / "counter"
     proc, report, _ = _tune(tmp_path, "--trials", "1", "--verify", "1", env={"RANKS_COUNTER": str(counter)})
