@@ -23,7 +23,7 @@ from support.paths import TPU_AGENT
 from support.processes import clean_env
 from tpu_agent.backend.distributed.runtime import port_in_use
 
-# Both ranks through one all_reduce, then each says it is ready.
+# Both ranks through one all_reduce, then each says it is ready, with the sum it got (4.0).
 READY = textwrap.dedent("""
     import time, torch, torch.distributed as dist
     from datetime import timedelta
@@ -31,7 +31,7 @@ READY = textwrap.dedent("""
     rank = dist.get_rank()
     x = torch.ones(2, device="tpu")
     dist.all_reduce(x)
-    print(f"rank {rank} ready", flush=True)
+    print(f"rank {rank} ready, reduced {x.sum().item()}", flush=True)
 """)
 
 RAISING = READY.replace("**TIMEOUT", "") + textwrap.dedent("""
@@ -166,7 +166,8 @@ def _error_lines(text: str) -> list[str]:
 @pytest.mark.slow  # a 2-rank job (about 9 s)
 def test_a_rank_raising_while_the_other_waits_in_a_collective_stops_the_job_with_its_traceback(tmp_path):
     job, took, err = _once_ready(_tool_job(tmp_path, RAISING), exit_code=1)
-    assert took < 30, took
+    assert took < 30, took  # JAX's exit barrier once held such a job 5 minutes
+    assert "rank 0 ready, reduced 4.0" in job.stdout() and "rank 1 ready, reduced 4.0" in job.stdout()
     assert "ValueError: boom on rank 1" in err and "rank 0 went on" not in job.stdout()
     frames = [line for line in err.splitlines() if 'File "' in line]
     assert frames and all("job.py" in line for line in frames), frames  # the user's frames, none of ours
