@@ -27,7 +27,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -387,44 +386,30 @@ def run(names: list[str] | None = None, max_samples: int = MAX_SAMPLES, grad_sam
         forward: bool = True, grad: bool = True, shard: tuple[int, int] | None = None) -> Summary:
     """Both checks over op_db (or the OpInfos named, or one shard of them); grad_samples defaults to max_samples.
 
-    The gradient check runs in a worker process, alongside the forward check here: an error
-    raised by a tpu op inside one of autograd's C++ backward nodes can abort the process (see
-    _grad_worker), so a worker that dies is restarted after the op it was checking, which is
-    reported as failed.
+    Both run in a worker process, each OpInfo's forward check and then its gradient check, so that the gradient
+    check's forward runs the programs the forward check compiled: an error raised by a tpu op inside one of
+    autograd's C++ backward nodes can abort the process (see _worker), so a worker that dies is restarted after
+    the check it was running, which is reported as failed.
     """
-    from torch.testing._internal.common_methods_invocations import op_db
-
-    summary = Summary()
     indices = _selected(names, shard)
-    worker, failure = None, []
-    if grad:  # the gradient worker runs while this process checks the forwards
-        def grads():
-            try:
-                summary.grad_results = run_grad_isolated(indices, max_samples if grad_samples is None else grad_samples)
-            except BaseException as exc:  # noqa: BLE001 - re-raised below, in the caller's thread
-                failure.append(exc)
-
-        worker = threading.Thread(target=grads, daemon=True)
-        worker.start()
-    if forward:
-        summary.results = [check_op(op_db[i], max_samples) for i in indices]
-    if worker is not None:
-        worker.join()
-        if failure:
-            raise failure[0]
-    return summary
+    parts = (("forward",) if forward else ()) + (("gradients",) if grad else ())
+    results = run_isolated([(i, part) for i in indices for part in parts], max_samples,
+                           max_samples if grad_samples is None else grad_samples)
+    return Summary(results=[results[i, "forward"] for i in indices if (i, "forward") in results],
+                   grad_results=[results[i, "gradients"] for i in indices if (i, "gradients") in results])
 
 
-def run_grad_isolated(indices: list[int], max_samples: int, seconds: int = 20) -> list[OpResult]:
-    """check_op_grad over op_db[i] for each index, in worker processes that may die."""
+def run_isolated(todo: list[tuple[int, str]], max_samples: int, grad_samples: int,
+                 seconds: int = 20) -> dict[tuple[int, str], OpResult]:
+    """Each (op_db index, "forward" or "gradients") checked in turn, in worker processes that may die."""
     from torch.testing._internal.common_methods_invocations import op_db
 
-    results: dict[int, OpResult] = {}
-    todo = list(indices)
+    results: dict[tuple[int, str], OpResult] = {}
     while todo:
         with tempfile.TemporaryFile() as err:
             worker = subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), "--grad-worker", str(max_samples), str(seconds)],
+                [sys.executable, os.path.abspath(__file__), "--worker", str(max_samples), str(grad_samples),
+                 str(seconds)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
             )
             worker.stdin.write(json.dumps(todo) + "\n")
@@ -440,9 +425,9 @@ def run_grad_isolated(indices: list[int], max_samples: int, seconds: int = 20) -
                 if "alarm" in msg:
                     alarm = True
                 elif "begin" in msg:
-                    current, alarm = msg["begin"], False
+                    current, alarm = tuple(msg["begin"]), False
                 else:
-                    results[msg["index"]] = OpResult(**msg["result"])
+                    results[tuple(msg["check"])] = OpResult(**msg["result"])
                     current = None
             if worker.poll() is None:
                 worker.kill()
@@ -453,17 +438,17 @@ def run_grad_isolated(indices: list[int], max_samples: int, seconds: int = 20) -
         if current is not None:
             why = f"worker process died ({tail[0][:120] if tail else f'exit {worker.returncode}'})"
             error = f"timeout after {seconds}s ({why})" if alarm else f"Crash: {why}"
-            results[current] = OpResult(_name(op_db[current]), samples=1, error=error)
+            results[current] = OpResult(_name(op_db[current[0]]), samples=1, error=error)
             done.add(current)
-        rest = [i for i in todo if i not in done]
+        rest = [c for c in todo if c not in done]
         if rest == todo:  # no progress: the worker cannot start
-            raise RuntimeError(f"the gradient worker failed to start: {tail}")
+            raise RuntimeError(f"the op_db worker failed to start: {tail}")
         todo = rest
-    return [results[i] for i in indices if i in results]
+    return results
 
 
-def _grad_worker(max_samples: int, seconds: int) -> int:
-    """Check the gradients of the op_db indices read from stdin, one JSON line per event.
+def _worker(max_samples: int, grad_samples: int, seconds: int) -> int:
+    """Run the (op_db index, part) checks read from stdin, one JSON line per event.
 
     An exception raised by a tpu op inside a C++ autograd node (an unsupported backward op)
     unwinds through PyTorch's stream guard, whose Python-device implementation calls into
@@ -473,10 +458,13 @@ def _grad_worker(max_samples: int, seconds: int) -> int:
 
     global _IN_WORKER
     _IN_WORKER = True
-    for i in json.loads(sys.stdin.readline()):
-        print(json.dumps({"begin": i}), flush=True)
-        result = check_op_grad(op_db[i], max_samples, seconds)
-        print(json.dumps({"index": i, "result": asdict(result)}), flush=True)
+    for i, part in json.loads(sys.stdin.readline()):
+        print(json.dumps({"begin": [i, part]}), flush=True)
+        if part == "forward":
+            result = check_op(op_db[i], max_samples, seconds)
+        else:
+            result = check_op_grad(op_db[i], grad_samples, seconds)
+        print(json.dumps({"check": [i, part], "result": asdict(result)}), flush=True)
     return 0
 
 
@@ -486,33 +474,9 @@ def report(label: str, results: list[OpResult]) -> str:
     return f"op_db float32 {label}: {passed}/{len(tested)} ops fully pass ({_rate(results):.1%})"
 
 
-def run_in_subprocess(part: str, samples: int, shard: tuple[int, int]) -> Summary:
-    """One part ("forward" or "gradients") of one shard in a fresh process; it inherits the suite's
-    XLA_FLAGS (tests/conftest.py: QUICK_COMPILE_FLAGS), which XLA reads once per process."""
-    env = dict(os.environ)
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--part", part, str(samples),
-                           f"{shard[0]}/{shard[1]}"], capture_output=True, text=True, env=env, timeout=1800)
-    if proc.returncode != 0:
-        raise RuntimeError(f"op_db_check --part {part} failed (exit {proc.returncode}): {proc.stderr[-3000:]}")
-    data = json.loads(proc.stdout.strip().splitlines()[-1])
-    return Summary(results=[OpResult(**r) for r in data["forward"]],
-                   grad_results=[OpResult(**r) for r in data["gradients"]])
-
-
-def _part(part: str, samples: int, shard: str) -> int:
-    k, n = (int(v) for v in shard.split("/"))
-    summary = run(max_samples=samples, grad_samples=samples, forward=part == "forward", grad=part == "gradients",
-                  shard=(k, n))
-    print(json.dumps({"forward": [asdict(r) for r in summary.results],
-                      "gradients": [asdict(r) for r in summary.grad_results]}))
-    return 0
-
-
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--grad-worker"]:
-        return _grad_worker(int(argv[1]), int(argv[2]))
-    if argv[:1] == ["--part"]:
-        return _part(argv[1], int(argv[2]), argv[3])
+    if argv[:1] == ["--worker"]:
+        return _worker(int(argv[1]), int(argv[2]), int(argv[3]))
     summary = run(argv or None)
     for label, results in (("forward", summary.results), ("gradients", summary.grad_results)):
         failures = [r for r in _tested(results) if not r.ok]

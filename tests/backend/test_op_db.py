@@ -1,8 +1,10 @@
 """PyTorch's operator database on the tpu device: floors on fully passing ops, forward and gradients.
 
-The check is split into interleaved shards (every SHARDS-th OpInfo), forward and gradients apart, so that the
-suite's two workers share it instead of one worker running it for minutes at the end; each part runs in a
-process of its own, which compiles with the suite's quick XLA flags (tests/conftest.py: QUICK_COMPILE_FLAGS).
+The check is split into interleaved shards (every SHARDS-th OpInfo), so that the suite's two workers share it
+instead of one worker running it for minutes at the end. A shard's forward and gradient checks run in one worker
+process (op_db_check.run), each OpInfo's forward check and then its gradients, so that the gradient check's forward
+reuses the programs the forward check compiled; the process compiles with the suite's quick XLA flags
+(tests/conftest.py: QUICK_COMPILE_FLAGS), which it inherits.
 """
 
 from __future__ import annotations
@@ -30,16 +32,17 @@ PARTS = {
 
 
 @pytest.mark.parametrize("shard", range(SHARDS), ids=lambda k: f"shard{k}of{SHARDS}")
-@pytest.mark.parametrize("part", list(PARTS))
-def test_op_db_float32_floor(part: str, shard: int):
-    samples, floor, fewest, shrank = PARTS[part]
-    summary = op_db_check.run_in_subprocess(part, samples, (shard, SHARDS))
-    results = summary.results if part == "forward" else summary.grad_results
-    tested = [r for r in results if r.samples or r.error]
-    assert len(tested) > fewest, shrank
-    rate = summary.pass_rate if part == "forward" else summary.grad_pass_rate
-    print(op_db_check.report(part, results))
-    assert rate >= floor, f"{part} {rate:.1%} < {floor:.0%}; failing: {sorted(r.name for r in tested if not r.ok)}"
+def test_op_db_float32_floor(shard: int):
+    """Every OpInfo of the shard: forward (FORWARD_SAMPLES samples each) and gradients (GRAD_SAMPLES), each part
+    held to its floor and to the number of OpInfos it must have tested."""
+    summary = op_db_check.run(max_samples=FORWARD_SAMPLES, grad_samples=GRAD_SAMPLES, shard=(shard, SHARDS))
+    for part, (_samples, floor, fewest, shrank) in PARTS.items():
+        results = summary.results if part == "forward" else summary.grad_results
+        tested = [r for r in results if r.samples or r.error]
+        assert len(tested) > fewest, shrank
+        rate = summary.pass_rate if part == "forward" else summary.grad_pass_rate
+        print(op_db_check.report(part, results))
+        assert rate >= floor, f"{part} {rate:.1%} < {floor:.0%}; failing: {sorted(r.name for r in tested if not r.ok)}"
 
 
 # The OpInfos whose CPU run writes into a tensor argument (found by running every float32 sample of op_db on the
