@@ -88,38 +88,32 @@ def test_another_sharding_of_cpu_ranks_is_measured_but_never_claimed():
     assert not resharded_on_cpu_ranks(Plan(actions=[PadOps(multiple=8)]), TuneOptions(nproc=2))
 
 
-def test_a_trial_process_steps_every_rank_together(tmp_path):
-    script = tmp_path / "ddp.py"
-    script.write_text(DDP)
-    env = {"STEPS": "6"}
-    proc = TrialProcess(script, [], Plan(), cwd=tmp_path, log_dir=tmp_path / "logs", step_timeout=120, env=env,
-                        name="ranks", nproc=2)
-    with proc:
-        records = [proc.step() for _ in range(3)]
-    for record in records:
-        ranks = rank_records(record)
-        assert len(ranks) == 2
-        assert record.wall_s == max(r.wall_s for r in ranks)  # the slowest rank's time
-        assert record.loss == ranks[0].loss and ranks[0].loss != ranks[1].loss  # each rank's own data
-        assert all(r.device_bytes > 0 for r in ranks)
-    # stopped at a step boundary: every rank left its process group, the launcher with them (the log says why not)
-    assert proc.proc.returncode == 0, (tmp_path / "logs" / "ranks.log").read_text(errors="replace")[-3000:]
-
-
 @pytest.mark.slow  # two 2-rank jobs
-def test_a_trials_memory_per_rank_is_its_in_step_peak(tmp_path):
-    """What the tuner's parallelism changes do to memory per rank, measured: examples/fsdp2.py's ranks report their
+def test_a_trial_process_steps_every_rank_together_and_its_memory_per_rank_is_its_in_step_peak(tmp_path):
+    """A trial process at 2 ranks: each step is every rank's record, timed as the slowest rank's, each rank's loss
+    its own data's; stopped at a step boundary, every rank leaves its process group and the launcher exits 0.
+    What the tuner's parallelism changes do to memory per rank, measured: examples/fsdp2.py's ranks report their
     in-step peak (backend/memory.py's StepPeak), which FSDP2's reshard_after_forward=False raises (the gathered
     parameters held from forward to backward), though the bytes alive at a step boundary are the same (measured by
     hand, 2026-12-05: 1,652,856 B as written, 1,769,848 kept, 1,513,256 with every block checkpointed, which
     tests/profile/test_step_peak.py checks; 1,113,908 at the boundary for all three)."""
-    script = Path(__file__).resolve().parents[2] / "examples" / "fsdp2.py"
+    script = Path(__file__).resolve().parents[2] / "examples" / "fsdp2.py"  # rank r's batch at step s: seed (r, s)
     peaks = {}
     for name, plan in (("as written", Plan()), ("kept", Plan(actions=[FsdpReshard(reshard=False)]))):
         proc = TrialProcess(script, ["--steps", "4"], plan, cwd=tmp_path, log_dir=tmp_path / "logs",
                             step_timeout=120, env={}, name=name.replace(" ", "-"), nproc=2)
         with proc:
             steps = [proc.step() for _ in range(3)]
+        for record in steps:
+            ranks = rank_records(record)
+            assert len(ranks) == 2
+            assert record.wall_s == max(r.wall_s for r in ranks)  # the slowest rank's time
+            assert record.loss == ranks[0].loss and ranks[0].loss != ranks[1].loss  # each rank's own data
+            assert all(r.device_bytes > 0 for r in ranks)
+        # stopped at a step boundary (step 3 of 4): every rank left its process group, the launcher with them (the
+        # log says why not)
+        log = tmp_path / "logs" / f"{name.replace(' ', '-')}.log"
+        assert proc.proc.returncode == 0, log.read_text(errors="replace")[-3000:]
         # the most over the steps: when Python's collector frees FSDP2's cyclic garbage moves a step's peak (by up
         # to 66 KB seen on "kept": 1,703,164 and 1,769,848 B at step 3 of two runs)
         peaks[name] = [max(r.device_bytes for r in ranks) for ranks in zip(*(rank_records(s) for s in steps))]
