@@ -85,11 +85,19 @@ def test_doctor_json_reports_the_real_environment(tmp_path: Path) -> None:
     assert env.problems == []
 
 
-def test_doctor_cache_dir_follows_xdg(tmp_path: Path) -> None:
-    env, _ = doctor_json(tmp_path, XDG_CACHE_HOME=str(tmp_path / "xdg"))
+def test_doctor_cache_dir_follows_xdg_and_never_prints_the_api_key(tmp_path: Path) -> None:
+    secret = "sk-ant-api03-TESTSECRET-0123456789abcdef"
+    env, everything = doctor_json(tmp_path, XDG_CACHE_HOME=str(tmp_path / "xdg"), ANTHROPIC_API_KEY=secret)
     assert env.cache_dir == str(tmp_path / "xdg" / "tpu-agent")
+    assert env.anthropic_api_key_set is True
+    assert secret not in everything and "TESTSECRET" not in everything
     env, _ = doctor_json(tmp_path, XDG_CACHE_HOME="", HOME=str(tmp_path / "home"))
     assert env.cache_dir == str(tmp_path / "home" / ".cache" / "tpu-agent")
+
+    proc = run_tool("doctor", cwd=tmp_path, env=clean_env(ANTHROPIC_API_KEY=secret))
+    assert proc.returncode == 0, proc.stderr
+    assert "TESTSECRET" not in proc.stdout + proc.stderr
+    assert re.search(r"^ANTHROPIC_API_KEY set\s+yes$", proc.stdout, re.M), proc.stdout
 
 
 def test_doctor_text(tmp_path: Path) -> None:
@@ -107,18 +115,6 @@ def test_doctor_text(tmp_path: Path) -> None:
     assert rows["runs dir"] == str(tmp_path / ".tpu-agent" / "runs")
     assert rows["torch_tpu (Google)"] in {"importable", "not installed"}
     assert "jax platform" in rows and "jax devices" in rows
-
-
-def test_doctor_never_prints_the_api_key(tmp_path: Path) -> None:
-    secret = "sk-ant-api03-TESTSECRET-0123456789abcdef"
-    env, everything = doctor_json(tmp_path, ANTHROPIC_API_KEY=secret)
-    assert env.anthropic_api_key_set is True
-    assert secret not in everything and "TESTSECRET" not in everything
-
-    proc = run_tool("doctor", cwd=tmp_path, env=clean_env(ANTHROPIC_API_KEY=secret))
-    assert proc.returncode == 0, proc.stderr
-    assert "TESTSECRET" not in proc.stdout + proc.stderr
-    assert re.search(r"^ANTHROPIC_API_KEY set\s+yes$", proc.stdout, re.M), proc.stdout
 
 
 # ------------------------------------------------------------------ bad input: one line, exit 2
