@@ -18,8 +18,9 @@ change to the script) and tpu compiled (`torch.compile(step)`, the loss read out
 of blocks (A B C ..., the order reversed every other round; _bench.in_blocks); ratios are medians of per-round
 ratios. For compiled steps and torch.compile(step) it also gives the host thread's CPU time per step
 (`time.thread_time()` around the step's Python, the device synchronized outside it), and for compiled steps
-the first step's time and the number of steps until compiling stops (the last warm-up step that made a new
-XLA executable). Targets (issue point 2): steps/compiled <= 1.1 on every model; gpt2_deep steps/cpu <= 0.35;
+the first step's time, the number of steps until compiling stops (the last warm-up step that made a new
+XLA executable) and those steps' seconds. On a loaded 2-core machine pass --torch-threads 1: two PyTorch threads
+fighting other processes made CPU eager tens of times slower. Targets (issue point 2): steps/compiled <= 1.1 on every model; gpt2_deep steps/cpu <= 0.35;
 gpt2_deep host CPU per step <= 2 ms. Prints versions, date, load and commit with the table.
 """
 
@@ -139,21 +140,20 @@ class Variant:
         return loss.item()  # the device synchronized outside the thread time
 
 
-def warm_up(variant: Variant, steps: int) -> tuple[float, int]:
-    """The first step's seconds and the steps until compiling stopped (the last step that made a new
-    executable), over `steps` warm-up steps."""
+def warm_up(variant: Variant, steps: int) -> tuple[float, int, float]:
+    """The first step's seconds, the steps until compiling stopped (the last step that made a new executable)
+    and the seconds those steps took, over `steps` warm-up steps."""
     from tpu_agent.backend import executables
 
-    first, last_new = None, 0
+    took, last_new = [], 0
     for i in range(steps):
         before = len(executables.all())
         t0 = time.perf_counter()
         variant()
-        if first is None:
-            first = time.perf_counter() - t0
+        took.append(time.perf_counter() - t0)
         if len(executables.all()) > before:
             last_new = i + 1
-    return first, last_new
+    return took[0], last_new, sum(took[:last_new])
 
 
 def measure(model_name: str, rounds: int, block: int, warmup: int, variants: list[str]):
@@ -217,15 +217,16 @@ def main(argv=None) -> int:
     print(f"commit {commit()}  load {load()} before  command: {' '.join(['benchmarks/replay.py', *sys.argv[1:]])}",
           flush=True)
     cols = "".join(f"{v:>14}" for v in variants)
-    print(f"\n{'model':11}{cols}{'steps host':>12}{'compiled host':>15}{'first step':>12}{'compiling':>11}")
+    print(f"\n{'model':11}{cols}{'steps host':>12}{'compiled host':>15}{'first step':>12}{'compiling':>11}"
+          f"{'until then':>12}")
     notes = []
     for name in models:
         times, steps, warm, replays = measure(name, args.rounds, args.block, args.warmup, variants)
         host = {v: statistics.median(steps[v].thread_s) * 1e3 for v in ("tpu steps", "tpu compiled") if v in steps}
         row = "".join(f"{median_ms(times[v]):14.2f}" for v in variants)
-        first, stops = warm.get("tpu steps", (float("nan"), 0))
+        first, stops, until = warm.get("tpu steps", (float("nan"), 0, float("nan")))
         print(f"{name:11}{row}{host.get('tpu steps', float('nan')):12.2f}{host.get('tpu compiled', float('nan')):15.2f}"
-              f"{first * 1e3:10.0f}ms{stops:>11}", flush=True)
+              f"{first:11.1f}s{stops:>11}{until:11.1f}s", flush=True)
         parts = []
         if "tpu steps" in variants and "tpu compiled" in variants:
             parts.append(target("steps/compiled", ratio(times, "tpu steps", "tpu compiled"), "<=", 1.1))
@@ -239,7 +240,8 @@ def main(argv=None) -> int:
                      f"update {replays[1]}")
     print("\n".join(["", *notes]))
     print(f"\nload {load()} after; steps host / compiled host: the host thread's CPU ms per step (thread_time); "
-          "first step and compiling: compiled steps' warm-up")
+          "first step, compiling (steps until no new executable) and until then (their seconds): compiled steps' "
+          "warm-up")
     return 0
 
 
