@@ -56,8 +56,8 @@ class TuneLines:
     def round(self, number: int, space: Space, budget: int, trials: int, study: str) -> None:
         self.console.print(f"[bold]search[/bold] (round {number}): {len(space.candidates)} candidates, "
                            f"trials up to {budget} of {trials} (study {study!r})")
-        for c in space.candidates:
-            self.console.print(f"  {c.rank}. {c.title} [dim]({c.proposer}, {len(space.options[c.id])} options)[/dim]")
+        for i, c in enumerate(space.candidates, 1):  # numbered as listed: a no-op candidate left out leaves no gap
+            self.console.print(f"  {i}. {c.title} [dim]({c.proposer}, {len(space.options[c.id])} options)[/dim]")
 
     def trial(self, record: TrialRecord) -> None:
         shown = f"{record.speedup:.3f}x" if record.speedup is not None else "-"
