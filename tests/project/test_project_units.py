@@ -321,3 +321,25 @@ def test_tune_takes_a_topology_as_its_target():
 
     options = TuneOptions(target="tpu7x-4x4x4")
     assert (options.slice, options.generation) == ("tpu7x-4x4x4", "v7x")
+
+
+def test_the_optimizers_modules_are_found_beside_a_dead_weak_proxy():
+    """The recorder finds the optimizer's modules among every live object; a weakref.proxy whose referent died is
+    one of them (the fresh-clone suite met one), and isinstance on it raises ReferenceError."""
+    import weakref
+
+    import torch
+
+    from tpu_agent.projection import record
+
+    class Referent:
+        pass
+
+    referent = Referent()
+    dead = weakref.proxy(referent)
+    del referent
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    holder = [dead]  # a container gc tracks, so the proxy is among gc.get_objects()
+    assert record._modules_of(optimizer) == [model]
+    assert holder

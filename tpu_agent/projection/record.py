@@ -214,12 +214,15 @@ def repeated_blocks(modules) -> tuple[object, str] | None:
 
 def _modules_of(optimizer) -> list:
     import gc
+    import weakref
 
     params = {id(p) for g in optimizer.param_groups for p in g["params"]}
     found = []
     with warnings.catch_warnings():  # isinstance on deprecated module attributes warns
         warnings.simplefilter("ignore")
         for o in gc.get_objects():
+            if type(o) in weakref.ProxyTypes:  # isinstance on a dead proxy raises ReferenceError
+                continue
             if isinstance(o, torch.nn.Module) and any(id(p) in params for p in o.parameters()):
                 found.append(o)
     # the outermost modules: not a child of another found module
