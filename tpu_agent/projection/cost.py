@@ -5,7 +5,8 @@ Per generation, never per configuration: peak bf16 FLOP/s, HBM bandwidth and cap
 `MXU_EFFICIENCY` (the share of peak that large matmuls reach), fitted on the rows marked `fit` in
 benchmarks/projection_table.py and checked on the others.
 
-- compute: dot FLOPs / (peak x efficiency); other work: the bytes XLA's cost analysis says the non-dot ops
+- compute: dot FLOPs, each dot's K and N padded to the MXU edge and M to 16 rows (profilers/padding.py; the
+  attention lowering's dots left unpadded: a kernel's own tiling), / (peak x efficiency); other work: the bytes XLA's cost analysis says the non-dot ops
   move / HBM bandwidth, less what a TPU would not move through HBM (partition.py: the attention kernel's scores,
   XLA:CPU's float-width conversions, the collectives' own buffers). A chip's time is their sum: a TensorCore
   runs the step's fusions one after another, a dot fusion bound by the MXU and a non-dot one by HBM (the per-op
@@ -102,7 +103,8 @@ def assumptions(sl: Slice, partitioned: Partitioned) -> list[str]:
         "device ids over the torus dim 0 first",
         "collectives: rings along each spanned torus dim, both directions; data/fsdp collectives overlap compute, "
         "others add in full",
-        "chip time = dot FLOPs / (peak x efficiency) + non-dot bytes / HBM bandwidth (fusions run one after "
+        "chip time = dot FLOPs with their MXU tile padding (K and N to the MXU edge, M to 16 rows; the attention "
+        "kernel's dots unpadded) / (peak x efficiency) + non-dot bytes / HBM bandwidth (fusions run one after "
         "another, each bound by the MXU or by HBM); no host, "
         "input-pipeline or launch time",
         "FLOPs, bytes and memory from XLA's CPU compile of the partitioned step: fusion and layouts differ from a "
@@ -156,7 +158,7 @@ def project(partitioned: Partitioned, sl: Slice, mesh: dict[str, int] | None = N
             c.seconds = collective_seconds(c, sl, mesh)
 
     def times(p: Traced) -> tuple[float, float, float, float]:
-        compute = p.dot_flops / (gen.peak_bf16_flops * MXU_EFFICIENCY[sl.generation])
+        compute = (p.dot_flops + p.dot_padding_flops) / (gen.peak_bf16_flops * MXU_EFFICIENCY[sl.generation])
         memory = max(p.bytes_accessed - p.dot_bytes - p.attention_bytes - p.convert_bytes - p.collective_bytes,
                      0.0) / gen.hbm_bandwidth
         overlapped = sum(c.seconds for c in p.collectives if c.axes and set(c.axes) <= set(OVERLAPPED_AXES))

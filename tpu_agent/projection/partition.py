@@ -144,6 +144,48 @@ def _non_dot_split(module) -> tuple[float, float, float]:
     return scores, converts, moved
 
 
+def _dot_padding(module, generation: str | None) -> tuple[float, float, float]:
+    """FLOPs the MXU spends on tile padding, per chip: each dot's K and N padded to the generation's MXU edge and
+    M to the bf16 sublane count (profilers/padding.py's model), less its own FLOPs. Returns (padding of the dots
+    outside the attention lowering, padding of the attention lowering's dots, the attention dots' FLOPs). A grouped
+    (expert) matmul of 2880 columns runs as 3072 on a 256-wide MXU; the attention kernel's dots (head_dim 64 or
+    128 against 256) are kept apart: the cost model does not charge them (docs/projection.md)."""
+    from tpu_agent.profilers import hlo, padding
+
+    from . import attention
+
+    if module.entry is None or generation is None:
+        return 0.0, 0.0, 0.0
+    tiling = padding.Tiling.of(generation)
+    other = scores = scores_flops = 0.0
+    seen: set[str] = set()
+
+    def walk(name: str, scoped: bool) -> None:
+        nonlocal other, scores, scores_flops
+        insts = module.computations.get(name, [])
+        shapes = {i.name: i.shape[0] for i in insts if i.shape}
+        for inst in insts:
+            inside = scoped or attention.SCOPE in (inst.op_name or "")
+            c = hlo.contraction(inst, shapes) if inst.opcode == "dot" else None
+            if c is not None:
+                d = c.dot_dims
+                waste = padding.dot_waste(c.lhs.dims, c.rhs.dims, d["lhs_contracting"], d["rhs_contracting"],
+                                          d["lhs_batch"], d["rhs_batch"], tiling=tiling, bits=16)
+                extra = 2.0 * (waste.padded - waste.useful)
+                if inside:
+                    scores += extra
+                    scores_flops += c.flops
+                else:
+                    other += extra
+            for called in inst.called:
+                if called not in seen and inst.opcode in ("fusion", "call", "while", "conditional"):
+                    seen.add(called)
+                    walk(called, inside)
+
+    walk(module.entry, False)
+    return other, scores, scores_flops
+
+
 def _narrow_bits(graph) -> int | None:
     """16 when every parameter and optimizer-state input of the step is bf16 or f16 (a step held in half
     precision, whose f32 collectives are XLA:CPU's widening); else None."""
@@ -184,7 +226,8 @@ def _saved_per_chip(saved, mesh_axes: dict, batch_axis, offload: bool = False) -
     return int(total), int(host)
 
 
-def partition_graph(graph, mesh_axes: dict, rules, batch_axis, placements: dict, offload: bool = False) -> Traced:
+def partition_graph(graph, mesh_axes: dict, rules, batch_axis, placements: dict, offload: bool = False,
+                    generation: str | None = None) -> Traced:
     import jax
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -244,11 +287,13 @@ def partition_graph(graph, mesh_axes: dict, rules, batch_axis, placements: dict,
             dot_flops += c.flops
             dot_bytes += sum(a.elements * a.bits / 8 for a in (c.lhs, c.rhs, c.out))
     scores, converts, moved = _non_dot_split(module)
+    padded, attention_padded, attention_dots = _dot_padding(module, generation)
     device_saved, host_saved = _saved_per_chip(fn.saved, mesh_axes, batch_axis, offload)
     return Traced(
         blocks=graph.blocks, attention_bytes=scores, convert_bytes=converts, collective_bytes=moved,
         saved_bytes=device_saved, host_saved_bytes=host_saved, param_bytes=param_bytes, flops=float(cost.get("flops", 0.0)),
-        dot_flops=dot_flops,
+        dot_flops=dot_flops, dot_padding_flops=padded, attention_dot_flops=attention_dots,
+        attention_padding_flops=attention_padded,
         bytes_accessed=float(cost.get("bytes accessed", 0.0)), dot_bytes=dot_bytes,
         argument_bytes=int(memory.argument_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),
         alias_bytes=int(memory.alias_size_in_bytes), temp_bytes=int(memory.temp_size_in_bytes),
@@ -269,8 +314,8 @@ def run(request: dict) -> Partitioned:
     rules = [(p, tuple(s)) for p, s in request.get("rules", [])]
     placements: dict = {}
     offload = bool(request.get("offload_block_inputs"))
-    programs = [partition_graph(g, request["mesh"], rules, request.get("batch_axis"), placements, offload)
-                for g in recording.graphs]
+    programs = [partition_graph(g, request["mesh"], rules, request.get("batch_axis"), placements, offload,
+                                request.get("generation")) for g in recording.graphs]
     return Partitioned(slice=request["slice"], generation=request["generation"], chips=request["chips"],
                        mesh=request["mesh"], blocks_total=recording.blocks_total,
                        blocks_name=recording.blocks_name, programs=programs, placements=placements,

@@ -25,6 +25,9 @@ class Traced(BaseModel):
     blocks: int | None
     flops: float  # XLA cost analysis, per chip
     dot_flops: float  # dots and convolutions in the partitioned HLO, per chip
+    dot_padding_flops: float = 0.0  # what the MXU spends on tile padding of the dots outside attention (cost.py)
+    attention_dot_flops: float = 0.0  # of dot_flops, the attention lowering's dots
+    attention_padding_flops: float = 0.0  # their tile padding on the MXU (not charged: docs/projection.md)
     bytes_accessed: float
     dot_bytes: float
     attention_bytes: float = 0.0  # bytes the attention lowering's non-dot ops move (on chip in a flash kernel)
