@@ -11,6 +11,7 @@ import torch
 # import JAX come in here; the rest arrive with the first op.
 from . import attention, auto_compile, autocast, checkpoints, lazy_modules, memory, module, pinned, recurrent, transformer
 from .distributed import process_group
+from .jax_setup import device_x64
 from .steps import install_optimizer_hook
 
 # Ops with no tensor argument reach a backend through the device they name:
@@ -43,6 +44,7 @@ _library = None
 
 
 def _factory_kernel(op):
+    @device_x64()  # these kernels enter the device beside __torch_dispatch__: the same 64-bit scope
     def kernel(*args, **kwargs):
         from .dispatch import dispatch
         from .tensor import STATE, device_index, on_device
@@ -59,6 +61,7 @@ def _factory_kernel(op):
 COPY_OPS = ("_copy_from", "_copy_from_and_resize")
 
 
+@device_x64()
 def _copy_kernel(src, dst, *args):
     from .dispatch import copy_into
     from .tensor import STATE, TpuTensor, on_device

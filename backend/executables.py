@@ -20,6 +20,8 @@ from typing import Callable
 
 import jax
 
+from .jax_setup import device_x64
+
 _ids = itertools.count()
 
 
@@ -53,7 +55,10 @@ class Executable:
 
     @functools.cached_property
     def compiled(self):
-        return self.fn.lower(*self.args).compile()
+        """Lowered and compiled as the device runs it: inside its 64-bit scope (outside, int64 arguments would
+        lower as int32 and the analyses describe another program)."""
+        with device_x64():
+            return self.fn.lower(*self.args).compile()
 
     def hlo_text(self) -> str:
         """Optimized HLO, as XLA will run it."""

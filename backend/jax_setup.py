@@ -1,12 +1,16 @@
-"""JAX configuration, applied before JAX first initialises its backends.
+"""JAX configuration, applied before JAX first initialises its backends, and the device's 64-bit scope.
 
-- 64-bit types on, so int64 and float64 keep PyTorch's semantics. Process-wide: JAX code of the user's own in
-  the same process sees 64-bit defaults too. JAX's `jax.enable_x64(True)` context would scope it, but it is
-  thread-local and only holds while entered: an int64 array made inside stays int64, yet any JAX op run on it
-  outside the context gives int32 (with a warning). Scoping therefore means entering it wherever the device
-  calls JAX (each op, the device's kernels, fused flushes from synchronize/mark_step/hooks, compiled steps and
-  module programs, transfers, collectives, sharding placement, the profiler's cost analysis); one missed
-  entry silently truncates int64 values.
+- 64-bit types, scoped to the device. PyTorch's int64 and float64 need JAX's 64-bit mode (with it off, JAX
+  makes int64 values int32, silently where it takes them from the host). The process-wide `jax_enable_x64` is
+  left as the user has it (off, JAX's default): the device runs every JAX call it makes under 64-bit through
+  `device_x64` (a context and a decorator) and, on the hot path, `X64_SWAP`/`X64_SET` (JAX's thread-local
+  switch, about 0.15 us a pair). The entry points hold it: every aten op (`TpuTensor.__torch_dispatch__` and the
+  allocation and copy kernels), the three ways a program runs (`launch`, the fused recorder's `record` and
+  `flush`: module and step programs, step boundaries and hooks reach JAX through them), host transfers,
+  `synchronize`, collectives, sharding placement, the profiler's cost and memory analyses. A user's own JAX
+  code in the same process sees JAX as configured. On a TPU, int64 stays 64-bit in XLA (emulated with 32-bit
+  words there), as PyTorch/XLA keeps it by default (its `XLA_USE_32BIT_LONG=1` maps Long to 32-bit, the user
+  vouching that values fit); the device narrows nothing silently. Not measured on a TPU.
 - `TPU_AGENT_DEVICES=N` simulates N devices on a CPU host (XLA's
   `--xla_force_host_platform_device_count`), for sharding on one machine.
 - XLA's persistent compilation cache, on by default: every process (each tune
@@ -64,7 +68,7 @@ def configure() -> None:
     configure_environment()
     import jax
 
-    jax.config.update("jax_enable_x64", True)
+    _bind_x64(jax)
     cache = compilation_cache_dir()
     if cache is not None:
         jax.config.update("jax_compilation_cache_dir", cache)
@@ -82,3 +86,55 @@ def local_devices() -> tuple:
     import jax
 
     return tuple(jax.local_devices())
+
+
+# --- 64-bit, scoped to the device --------------------------------------------------------------------------------
+
+X64 = None  # JAX's `jax_enable_x64` state, bound by `configure` (thread-local overrides through it)
+X64_SWAP = None  # X64_SWAP(True) turns 64-bit on for this thread and returns what to hand X64_SET to undo it
+X64_SET = None
+
+
+def _bind_x64(jax) -> None:
+    global X64, X64_SWAP, X64_SET
+    state = jax.enable_x64
+    X64 = state
+    X64_SWAP, X64_SET = state.swap_local, state.set_local
+
+
+def x64_on() -> bool:
+    """Whether JAX calls made now use 64-bit types (inside the device's scope, or turned on by the user)."""
+    configure()
+    return bool(X64.value)
+
+
+class device_x64:  # noqa: N801 - reads as a context manager
+    """`with device_x64():` / `@device_x64()`: JAX calls inside use 64-bit types, on this thread only, whatever
+    the process-wide setting; nesting is cheap and restores the caller's setting on exit."""
+
+    __slots__ = ("previous",)
+
+    def __enter__(self):
+        if X64_SWAP is None:
+            configure()
+        self.previous = X64_SWAP(True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        X64_SET(self.previous)
+
+    def __call__(self, fn):
+        import functools
+
+        @functools.wraps(fn)
+        def scoped(*args, **kwargs):
+            if X64_SWAP is None:
+                configure()
+            previous = X64_SWAP(True)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                X64_SET(previous)
+
+        return scoped
+

@@ -15,13 +15,19 @@ from time import perf_counter
 import jax
 import torch
 
-from . import memory, mesh
+from . import jax_setup, memory, mesh
 from .executables import Executable
 from .state import STATE
 
+_X64 = jax.enable_x64  # JAX's 64-bit switch (jax_setup.device_x64 turns it on for the device)
+
 
 def launch(exe: Executable, args):
-    """`exe.fn(*args)`, counted in `exe.calls` and `exe.time_s`."""
+    """`exe.fn(*args)`, counted in `exe.calls` and `exe.time_s`. Always inside the device's 64-bit scope: a jitted
+    function called outside it would trace again with 32-bit types and truncate int64 inputs silently."""
+    if not _X64.value:  # a program run from outside an op (a compiled module's, a step's): scope it here
+        with jax_setup.device_x64():
+            return launch(exe, args)
     if STATE.mesh is not None:
         args = mesh.align(list(args))
     t0 = perf_counter()

@@ -26,9 +26,13 @@ from jax._src.array import ArrayImpl
 from tpu_agent import envvars
 
 from . import executables, mesh
+from .jax_setup import device_x64
 from .launch import launch
 from .source import user_frame
 from .state import STATE, STATS
+
+
+_X64 = jax.enable_x64  # JAX's 64-bit switch: the device's scope (jax_setup.device_x64) holds it on
 
 
 class Lazy:
@@ -158,6 +162,9 @@ class Recorder:
     # --- recording ------------------------------------------------------------------
     def record(self, program: Program, args):
         """Append a call of `program` to the graph; return its outputs as Lazy placeholders."""
+        if not _X64.value:  # recorded from outside an op (a compiled module's or step's node): scope it here
+            with device_x64():
+                return self.record(program, args)
         if self.since_flush >= self.max_ops and self.capture is None and (
                 program.id == self.first_program or self.since_flush >= self.max_ops + self.max_ops // 2):
             # Cut before the op the graph began with: a loop then cuts at the same place each time
@@ -180,7 +187,11 @@ class Recorder:
     # --- running -------------------------------------------------------------------
     def flush(self, reason: str = "sync", also: list | tuple = (), op: str | None = None) -> None:
         """Compute every pending value that is still alive, and the placeholders in `also`
-        (a view's pending value, which no storage holds). `op` names what needed the values."""
+        (a view's pending value, which no storage holds). `op` names what needed the values. Inside the device's
+        64-bit scope, wherever it is called from (a step boundary, a hook, `synchronize`)."""
+        if not _X64.value:
+            with device_x64():
+                return self.flush(reason, also, op)
         storages = [s for s in (r() for r in self.pending.values()) if s is not None and type(s.array) is Lazy]
         self.pending = {}
         self.since_flush = 0

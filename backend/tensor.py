@@ -27,6 +27,8 @@ from .views import apply_chain, scatter_chain
 DEVICE = torch.device("tpu", 0)
 # `tpu:k` is this process's k-th local JAX device (a chip of the host; simulated CPU devices here).
 LOCAL_DEVICES = jax_setup.local_devices()
+# Every op runs inside the device's 64-bit scope (jax_setup): JAX's thread-local switch, on for the op's length.
+_X64_SWAP, _X64_SET = jax_setup.X64_SWAP, jax_setup.X64_SET
 STATE.set_device_count(len(LOCAL_DEVICES))
 _TORCH_DEVICES = tuple(torch.device("tpu", i) for i in range(len(LOCAL_DEVICES)))
 _POSITION = {d: i for i, d in enumerate(LOCAL_DEVICES)}
@@ -60,6 +62,7 @@ class Storage:
     def nbytes(self) -> int:
         return 0 if self.freed is not None else self.array.size * self.array.dtype.itemsize
 
+    @jax_setup.device_x64()  # reached from `untyped_storage().resize_`, not through an op
     def resize(self, nbytes: int) -> None:
         """`untyped_storage().resize_(n)` as FSDP2 uses it: 0 gives the memory back (the value is lost), the
         full size brings back a zeroed array of the base's shape (to be written into), anything else raises."""
@@ -235,13 +238,17 @@ class TpuTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        if STATE.device_count == 1:
-            return _dispatch(func, args, kwargs or {})
-        kwargs = kwargs or {}
-        index = op_device(func, args, kwargs)
-        if STATE.fused:
-            _one_device_per_graph(index)
-        return on_device(index, _dispatch, func, args, kwargs)
+        previous = _X64_SWAP(True)  # not `with device_x64()`: a context object costs more on every op
+        try:
+            if STATE.device_count == 1:
+                return _dispatch(func, args, kwargs or {})
+            kwargs = kwargs or {}
+            index = op_device(func, args, kwargs)
+            if STATE.fused:
+                _one_device_per_graph(index)
+            return on_device(index, _dispatch, func, args, kwargs)
+        finally:
+            _X64_SET(previous)
 
 
 # --- several local devices ------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from . import dtypes, lazy
+from .jax_setup import device_x64
 from .launch import out_of_memory_as_torch
 from .lazy import RECORDER
 from .state import STATE, STATS
@@ -35,7 +36,10 @@ def from_cpu(t: torch.Tensor):
         host = t.numpy()
     # A copy, as `.to()` is: jnp.asarray may alias the CPU tensor's memory (JAX's CPU client does, zero-copy),
     # and a later in-place write to the CPU tensor would then change the device value.
-    array = jnp.array(host, dtype=dtypes.to_jax_dtype(t.dtype), copy=True)
+    want = dtypes.to_jax_dtype(t.dtype)
+    array = jnp.array(host, dtype=want, copy=True)
+    if array.dtype != want:  # outside the device's 64-bit scope JAX narrows int64 / float64 without a word
+        raise _outside_scope(t.dtype, array.dtype, "a copy to the device")
     if STATE.op_device:  # copied to tpu:k, k > 0: its array committed to local device k
         array = jax.device_put(array, LOCAL_DEVICES[STATE.op_device])
     if RECORDER.capture is not None:
@@ -66,9 +70,17 @@ def to_cpu(t: TpuTensor) -> torch.Tensor:
         out = torch.from_numpy(host.view(np.int16).copy()).view(torch.bfloat16)
     else:
         out = torch.from_numpy(np.array(host, copy=True))
+    if out.dtype != t.dtype:
+        raise _outside_scope(t.dtype, out.dtype, "a copy to the CPU")
     return out.reshape(t.shape)
 
 
+def _outside_scope(want, got, what: str) -> RuntimeError:
+    return RuntimeError(f"tpu: {what} of a {want} tensor gave {got}: JAX ran outside the device's 64-bit scope "
+                        f"(jax_setup.device_x64); this is a bug of the device, please report it")
+
+
+@device_x64()
 def synchronize() -> None:
     """Run pending fused work, then block until every live device array is computed."""
     RECORDER.flush("synchronize")

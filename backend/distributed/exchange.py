@@ -14,6 +14,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from ..jax_setup import device_x64
 from . import collectives
 from .tensor_ops import array
 
@@ -49,10 +50,12 @@ def all_to_all_uneven(x, ranks: tuple[int, ...], output_splits: list[int], input
     return jnp.take(received, jnp.asarray(keep), axis=0)
 
 
+@device_x64()
 def all_to_all_single(output, t, ranks, output_splits: list[int], input_splits: list[int]) -> None:
     _write(output, all_to_all_uneven(array(t), ranks, output_splits, input_splits))
 
 
+@device_x64()
 def all_to_all_list(outputs, inputs, ranks) -> None:
     """inputs[j] to rank j, outputs[j] from rank j, of any sizes (one dtype): flattened, an uneven exchange."""
     values = [array(t) for t in inputs]
@@ -67,12 +70,14 @@ def all_to_all_list(outputs, inputs, ranks) -> None:
         _write(out, received[start:start + size])
 
 
+@device_x64()
 def send(t, me: int, peer: int) -> None:
     """`t` to global rank `peer` (the receiver's recv must come next in its own order)."""
     pair = tuple(sorted((me, peer)))
     collectives.broadcast(array(t), pair, pair.index(me)).block_until_ready()
 
 
+@device_x64()
 def recv(t, me: int, peer: int) -> None:
     """Global rank `peer`'s sent tensor into `t` (same shape and dtype)."""
     pair = tuple(sorted((me, peer)))

@@ -4,7 +4,8 @@ In fused mode the collectives DDP and FSDP2 use (all_reduce, broadcast, all_gath
 reduce_scatter_tensor, all_to_all_single) are recorded into the pending graph, which then runs as one program
 over the ranks (in_program.py). Otherwise, and for the rest, a pending fused graph runs first (a sync point,
 as on TorchTPU); the values then go to collectives.py as `jax.Array`s and come back as arrays on the same
-device: nothing is copied to the host.
+device: nothing is copied to the host. Each function here is an entry from the process group (not an op):
+each runs in the device's 64-bit scope.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from .. import dtypes, lazy
+from ..jax_setup import device_x64
 from ..lazy import RECORDER
 from ..tensor import TpuTensor
 from . import collectives, in_program
@@ -50,6 +52,7 @@ def _write(t: TpuTensor, value) -> None:
     t.set_jax(value.reshape(tuple(t.shape)))
 
 
+@device_x64()
 def all_reduce_(t, ranks, op: str, only_rank: int | None = None) -> None:
     """All-reduce into `t` (with `only_rank`, a group rank, a reduce: the result is written there alone)."""
     if only_rank is None and _recorded("all_reduce", t, t, ranks, op=op):
@@ -59,6 +62,7 @@ def all_reduce_(t, ranks, op: str, only_rank: int | None = None) -> None:
         _write(t, value)
 
 
+@device_x64()
 def broadcast_(t, ranks, root: int) -> None:
     """`root`: the source's rank in the group (its position in `ranks`)."""
     if _recorded("broadcast", t, t, ranks, root=root):
@@ -66,18 +70,21 @@ def broadcast_(t, ranks, root: int) -> None:
     _write(t, collectives.broadcast(array(t), ranks, root))
 
 
+@device_x64()
 def all_gather_into(output, t, ranks) -> None:
     if t.dim() and _recorded("all_gather", output, t, ranks):
         return
     _write(output, collectives.all_gather(array(t), ranks))
 
 
+@device_x64()
 def all_gather_list(outputs, t, ranks) -> None:
     gathered = collectives.all_gather(array(t)[None], ranks)  # (n, *shape)
     for i, out in enumerate(outputs):
         _write(out, gathered[i])
 
 
+@device_x64()
 def reduce_scatter_into(output, t, ranks, op: str) -> None:
     recordable = op in ("sum", "avg") and t.dim() and t.shape[0] % len(ranks) == 0
     if recordable and _recorded("reduce_scatter", output, t, ranks, op=op):
@@ -85,11 +92,13 @@ def reduce_scatter_into(output, t, ranks, op: str) -> None:
     _write(output, collectives.reduce_scatter(array(t), ranks, op))
 
 
+@device_x64()
 def reduce_scatter_list(output, inputs, ranks, op: str) -> None:
     stacked = jnp.stack([array(t) for t in inputs])  # (n, *shape): rank i keeps the sum of everyone's inputs[i]
     _write(output, collectives.reduce_scatter(stacked, ranks, op))
 
 
+@device_x64()
 def all_to_all_into(output, t, ranks, output_splits: list[int], input_splits: list[int]) -> None:
     n = len(ranks)
     rows = t.shape[0] if t.dim() else 0
@@ -104,6 +113,7 @@ def all_to_all_into(output, t, ranks, output_splits: list[int], input_splits: li
     _write(output, collectives.all_to_all(value, ranks))
 
 
+@device_x64()
 def all_to_all_list(outputs, inputs, ranks) -> None:
     values = [array(t) for t in inputs]
     if len({(v.shape, v.dtype) for v in values}) != 1:
@@ -113,6 +123,7 @@ def all_to_all_list(outputs, inputs, ranks) -> None:
         _write(out, received[j])
 
 
+@device_x64()
 def gather_list(outputs, t, ranks, write: bool) -> None:
     gathered = collectives.all_gather(array(t)[None], ranks)
     if write:
@@ -120,6 +131,7 @@ def gather_list(outputs, t, ranks, write: bool) -> None:
             _write(out, gathered[i])
 
 
+@device_x64()
 def scatter_from(output, inputs, ranks, root: int) -> None:
     """Rank i gets the root's inputs[i] (`root`: a group rank; the others pass zeros in place of inputs)."""
     me = ranks.index(collectives.my_rank())
@@ -127,6 +139,7 @@ def scatter_from(output, inputs, ranks, root: int) -> None:
     _write(output, collectives.broadcast(value, ranks, root)[me])
 
 
+@device_x64()
 def barrier(ranks) -> None:
     RECORDER.flush(REASON)
     collectives.barrier(ranks)
