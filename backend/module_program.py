@@ -24,10 +24,10 @@ import jax.numpy as jnp
 import torch
 
 from . import executables, lazy, modes, steps
-from .capture import (Capture, RebasedViews, autocast_state, compiling, constant_input, get_path, output_of,
-                      pair_storages, rebuild, replay_key, signature, steps_suspended, tensor_paths)
+from .capture import (Capture, RebasedViews, autocast_state, compiling, constant_input, get_path, pair_storages,
+                      rebuild, replay_key, signature, steps_suspended, tensor_paths)
 from .launch import launch
-from .lazy import RECORDER
+from .lazy import RECORDER, Lazy
 from .state import RNG
 from .tensor import Storage, TpuTensor
 from .transfer import materialize
@@ -156,11 +156,12 @@ _Registrations.install()
 class ModuleProgram:
     """One captured forward: its graph, where its inputs come from, and its jitted halves."""
 
-    def __init__(self, exe, provenance, result_tree, return_map, buffer_updates, out_avals):
+    def __init__(self, exe, provenance, result_tree, return_map, view_map, buffer_updates, out_avals):
         self.exe = exe  # the recorder's graph (its `raw` is the pure function traced here)
         self.provenance = provenance  # per graph input: (kind, where)
         self.result_tree = result_tree
-        self.return_map = return_map
+        self.return_map = return_map  # path in the result -> output index (a computed tensor, or a view's value)
+        self.view_map = view_map  # path -> ((kind, where), view chain): a view made on the host after the run
         self.buffer_updates = buffer_updates  # [(buffer name, output index)]
         self.out_avals = out_avals
         self.floating = [jnp.issubdtype(a.dtype, jnp.floating) for a in out_avals]
@@ -173,7 +174,8 @@ class ModuleProgram:
         self._residual_trees: dict[tuple, object] = {}  # needs_grad -> the VJP's tree (its leaves: residuals)
 
     def key(self) -> tuple:
-        return replay_key(self.exe, self.provenance)
+        # The views made on the host hold Python numbers of their own (`x[:, :n]` of an argument): part of the key.
+        return replay_key(self.exe, self.provenance), tuple(self.view_map.items())
 
     @classmethod
     def capture(cls, module, call, state, args, kwargs):
@@ -202,7 +204,8 @@ class ModuleProgram:
                     compiling():
                 result = call(*args, **kwargs)
                 returned = tensor_paths(result)
-                RECORDER.flush("capture end")
+                own_views = _views_to_compute(returned, capture.owned)
+                RECORDER.flush("capture end", also=list(own_views.values()))
         finally:
             RECORDER.capture = None
             rebased.__exit__(None, None, None)
@@ -220,12 +223,9 @@ class ModuleProgram:
         if any(kind in ("storage", "constant") for kind, _ in provenance):
             return None, "it reads device tensors that are neither its parameters, buffers nor arguments"
         index_of = {id(lz): i for i, lz in enumerate(outputs)}
-        return_map = {}
-        for path, t in returned:
-            lz = output_of(t, outputs)
-            if lz is None:
-                return None, "it returns a view of a tensor rather than a computed tensor"
-            return_map[path] = index_of[id(lz)]
+        return_map, view_map, problem = _returns(returned, own_views, index_of, outputs, capture.owned, state)
+        if problem:
+            return None, problem
         arguments = {id(t._storage_box) for _, t in tensor_paths((args, kwargs))}
         if any(id(s) in arguments for s in storages):
             return None, "it writes into its tensor arguments"
@@ -233,7 +233,7 @@ class ModuleProgram:
         buffer_updates = [(names[id(s)], index_of[id(lz)]) for s, lz in pair_storages(storages, outputs)
                           if id(s) in names]
         out_avals = [executables.abstract(lz) for lz in outputs]
-        return cls(exe, provenance, result, return_map, buffer_updates, out_avals), None
+        return cls(exe, provenance, result, return_map, view_map, buffer_updates, out_avals), None
 
     # --- running ---------------------------------------------------------------------
     def inputs(self, state, args, kwargs):
@@ -260,7 +260,14 @@ class ModuleProgram:
         with torch.no_grad():
             for name, index in self.buffer_updates:
                 state[name]._storage_box.write(outputs[index].jax())
-        return rebuild(self.result_tree, self.return_map, outputs)
+        if not self.view_map:
+            return rebuild(self.result_tree, self.return_map, outputs)
+        values, where = list(outputs), dict(self.return_map)
+        for path, ((kind, at), chain) in self.view_map.items():
+            base = outputs[at] if kind == "out" else state[at] if kind == "state" else get_path((args, kwargs), at)
+            where[path] = len(values)
+            values.append(replay_view(base, chain))
+        return rebuild(self.result_tree, where, values)
 
     def assemble(self, tensors, others):
         t, o = iter(tensors), iter(others)
@@ -346,6 +353,61 @@ class ModuleProgram:
         if self._backward is None:
             self._backward = _executable("compiled_module_backward", lambda vjp, cts: vjp(list(cts)), (vjp, cotangents))
         return launch(self._backward, (vjp, cotangents))
+
+
+def _views_to_compute(returned, owned) -> dict:
+    """The returned views whose value the program computes as an output of its own: path -> the value (pending).
+
+    A view of a tensor the forward computed (an unbatched input's `squeeze(0)`, attention's transposed output)
+    whose base nothing else returned shares: the caller can reach that base through no other tensor, so the view's
+    value, made contiguous, is all it can observe (the sizes, dtype and values it has in eager mode on tpu; an
+    in-place write on it reaches nothing else). Views that share a base with another returned tensor, and views of
+    arguments, parameters and buffers, keep aliasing them: made on the host after the run (`_returns`)."""
+    sharing: dict[int, int] = {}
+    for _, t in returned:
+        sharing[id(t._storage_box)] = sharing.get(id(t._storage_box), 0) + 1
+    return {path: t.jax() for path, t in returned
+            if t._view_chain and id(t._storage_box) not in owned and sharing[id(t._storage_box)] == 1
+            and type(t._storage_box.array) is Lazy}
+
+
+def _returns(returned, own_views, index_of, outputs, owned, state):
+    """How a replay rebuilds each returned tensor: (return_map, view_map, None), or (.., .., why it cannot).
+
+    return_map: path -> output index (a computed tensor, or a view's value computed as an output of its own).
+    view_map: path -> (source, chain), a view made on the host by replaying its chain of view ops on `source`:
+    ("out", i) a computed output other returned tensors share (they alias each other, as in eager mode), ("arg",
+    path) an argument, ("state", name) a parameter or buffer (an in-place write on the view shows in it, and
+    gradients flow to it through the view ops' own backward)."""
+    by_value = {id(lz.value): i for i, lz in enumerate(outputs)}
+    return_map, view_map = {}, {}
+    for path, t in returned:
+        box, chain = t._storage_box, t._view_chain
+        if path in own_views:
+            return_map[path] = index_of[id(own_views[path])]
+        elif id(box) in owned:
+            kind, at = owned[id(box)]
+            prefix = state[at]._view_chain if kind == "state" else ()  # a parameter that is a view itself
+            if chain[:len(prefix)] != prefix:
+                return {}, {}, "it returns a view of a parameter's storage that is not a view of the parameter"
+            view_map[path] = ((kind, at), chain[len(prefix):])
+        elif id(box.array) in by_value:
+            if chain:
+                view_map[path] = (("out", by_value[id(box.array)]), chain)
+            else:
+                return_map[path] = by_value[id(box.array)]
+        else:
+            return {}, {}, "it returns a device tensor that it neither computes nor takes (a global tensor)"
+    return return_map, view_map, None
+
+
+def replay_view(base: torch.Tensor, chain: tuple) -> torch.Tensor:
+    """`base` through a view chain's ops (views.chain_entry's links), as PyTorch ops: a view of `base` sharing its
+    storage, with the ops' own autograd."""
+    for func, args, kwargs, index in chain:
+        out = func(base, *args, **dict(kwargs))
+        base = out[index] if index is not None else out
+    return base
 
 
 def _node(name: str, fn) -> lazy.Program:

@@ -25,15 +25,10 @@ MARKED = ["nn.Linear", "nn.Bilinear", "nn.Conv2d", "nn.ConvTranspose1d", "nn.Bat
           "nn.AdaptiveAvgPool2d", "nn.GELU", "nn.PReLU", "nn.CrossEntropyLoss", "nn.MultiheadAttention",
           "nn.TransformerEncoderLayer", "nn.LSTM", "nn.GRUCell", "nn.LazyConv2d"]
 
-# Compiled steps run a forward whose result is a view of a tensor (an unbatched input's squeeze, a transposed
-# attention output, a recurrent layer's output slices) as written, not as one program (module_program.py).
-VIEW_OUTPUT = "compiled steps: its forward returns a view of a tensor, which runs as written, not as one program"
-
-# (module, mode) -> why it fails today; mode None: every mode it runs in.
-XFAIL: dict[tuple[str, str | None], str] = {
-    (name, "compiled"): VIEW_OUTPUT for name in ("nn.Linear", "nn.Conv2d", "nn.ConvTranspose1d", "nn.LazyConv2d",
-                                                 "nn.InstanceNorm1d", "nn.MultiheadAttention", "nn.GRUCell", "nn.LSTM")
-}
+# (module, mode) -> why it fails today; mode None: every mode it runs in. Empty: every case passes in every mode,
+# compiled steps included (a forward that returns views, an unbatched input's squeeze, attention's transposed
+# output, a recurrent layer's output slices, is one program too: module_program.py).
+XFAIL: dict[tuple[str, str | None], str] = {}
 
 
 # module_db's modules, in its order (a test checks this list against it: importing module_db at collection would
