@@ -85,6 +85,8 @@ class TuneOptions(BaseModel):
     target: str = option("cpu", f"What to tune for: {_either(Target)} (this machine, or a TPU generation's cost "
                          "model), or a TPU slice such as v6e-256 (plans for it also ranked by projection, estimates).",
                          metavar="TARGET")
+    slices: int = option(1, "With a slice --target: N such slices joined by the data-center network (multislice, the "
+                         "data axis spanning them), for the projected ranking.", metavar="N", ge=1)
     objective: Objective = option("time", f"{_either(Objective)}: step time, peak memory, or both.")
     devices: int = option(1, "Simulated devices on a CPU host (for sharding).", ge=1)
     nproc: int = option(1, "Ranks on this host: the baseline, every trial and the verification run the script once "
@@ -135,10 +137,19 @@ class TuneOptions(BaseModel):
             raise ValueError(reason) from None
         return value
 
+    @field_validator("slices")
+    @classmethod
+    def _slices_of_a_slice(cls, value: int, info) -> int:
+        if value > 1 and info.data.get("target", "cpu") in get_args(Target):
+            raise ValueError("several slices need a slice --target (e.g. --target tpu7x-4x8x8 --slices 32)")
+        return value
+
     @property
     def slice(self) -> str | None:
-        """The slice --target names (`v6e-256`), else None."""
-        return None if self.target in get_args(Target) else self.target
+        """The slice --target names (`v6e-256`; `32xtpu7x-4x8x8` with --slices 32), else None."""
+        if self.target in get_args(Target):
+            return None
+        return self.target if self.slices == 1 else f"{self.slices}x{self.target}"
 
     @property
     def generation(self) -> str:
@@ -195,6 +206,8 @@ class TuneOptions(BaseModel):
         keep["devices"] = self.devices if self.devices > 1 else None  # as studies made before recorded it
         if self.nproc > 1:  # another job: absent at 1 rank, as studies made before recorded it
             keep["nproc"] = self.nproc
+        if self.slices > 1:  # another target: absent at one slice, as studies made before recorded it
+            keep["slices"] = self.slices
         if self.allow:  # another search space; absent when empty, as studies made before recorded it
             keep["allow"] = self.allow
         text = json.dumps({"script": str(script), "args": args, **keep}, sort_keys=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 from pydantic import BaseModel
 
@@ -95,6 +96,8 @@ def multislice(sl: Slice, count: int) -> Slice:
         raise InputError(f"--slices {count}: give 1 or more slices")
     if count == 1:
         return sl
+    if sl.slices > 1:
+        raise InputError(f"--slices {count}: {sl.name} already names {sl.slices} slices")
     return sl.model_copy(update={"slices": count, "name": f"{count}x{sl.name}",
                                  "read_as": f"{sl.read_as}; {count} such slices joined by DCN: {count * sl.chips} chips"})
 
@@ -113,7 +116,11 @@ def in_slice_mesh(mesh: dict[str, int], sl: Slice) -> dict[str, int]:
 
 def read(target: str, chips: int | None = None) -> Slice:
     """Any of the three ways to name a slice: the generation's own name (`v7x-128`: TensorCores on v4/v5p/v7x,
-    chips on v5e/v6e), a topology (`tpu7x-4x4x4`), or a generation with `--chips`; the slice says which it read."""
+    chips on v5e/v6e), a topology (`tpu7x-4x4x4`), or a generation with `--chips`; the slice says which it read.
+    `NxSLICE` (`32xtpu7x-4x8x8`, as a multislice projection names itself) is N such slices joined by DCN."""
+    several = re.fullmatch(r"(\d+)x([a-z].*)", target.strip().lower())
+    if several:
+        return multislice(read(several.group(2), chips), int(several.group(1)))
     if chips is not None:
         if "-" in target.strip():
             sl = read(target)

@@ -110,9 +110,10 @@ def projected():
 
 def test_a_real_ranking_is_labelled_and_checkpointing_saves_memory(projected):
     r = projected
-    assert r.projections == 2 and len(r.ranked) == 2
-    plain = next(p for p in r.ranked if not p.plan.checkpoint)
-    checkpointed = next(p for p in r.ranked if p.plan.checkpoint)
+    assert r.traces == 2 and r.projections == len(r.ranked) == 2 * 3  # each trace's 3 data x fsdp splits
+    assert sum(p.recosted_from is not None for p in r.ranked) == 4
+    plain = next(p for p in r.ranked if not p.plan.checkpoint and p.recosted_from is None)
+    checkpointed = next(p for p in r.ranked if p.plan.checkpoint and p.recosted_from is None)
     assert plain.plan == SlicePlan(mesh={"fsdp": 4}, per_chip_batch=2) and plain.step_s == r.before.step_s
     assert checkpointed.error is None and checkpointed.fits and plain.fits
     assert checkpointed.memory_per_chip_bytes < plain.memory_per_chip_bytes  # what backward reads is recomputed
@@ -121,7 +122,7 @@ def test_a_real_ranking_is_labelled_and_checkpointing_saves_memory(projected):
     for row in ("| MFU (projected for v6e-4) |", "| memory per chip (projected for v6e-4) |",
                 "| step time (projected for v6e-4) |"):
         assert row in text
-    assert "not verified" in text and "accepted" not in text and "2 of " in text
+    assert "not verified" in text and "accepted" not in text and "6 of " in text
     assert "(not verified)" in console_line(r) and "projected for v6e-4" in console_line(r)
 
 

@@ -57,6 +57,7 @@ def tune(
     processes: Annotated[int | None, flag("processes")] = None,
     verify: Annotated[int | None, flag("verify")] = None,
     target: Annotated[str | None, flag("target")] = None,
+    slices: Annotated[int | None, flag("slices")] = None,
     objective: Annotated[str | None, flag("objective")] = None,
     devices: Annotated[int | None, flag("devices")] = None,
     nproc: Annotated[int | None, flag("nproc")] = None,

@@ -1,6 +1,7 @@
-"""`tune --target SLICE`: the slice's plans ranked by projection (projection/rank.py's search, each projection
-in a child process) before the search measures anything on this host; after it, with --nproc N, the parallelism
-plans it measured ranked for the slice as well (measured.rank_for_slice)."""
+"""`tune --target SLICE [--slices N]`: the slice's plans ranked by projection (projection/rank.py's search over a
+run.projection.SliceProjector: each trace in a child process, every data x fsdp split of a trace re-costed from it)
+before the search measures anything on this host; across N slices the data axis spans them over DCN. After the
+search, with --nproc N, the parallelism plans it measured ranked for the slice as well (measured.rank_for_slice)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ def for_tune(script: str, args: list[str], target: str, profile, script_batch: i
         say(f"projection: not run, this host is a TPU ({device.device_kind}): the tune measures on it")
         return None
     dims = rank.tensor_dims(getattr(profile, "modules", None))
-    say(f"projection ({sl.name}, {sl.chips} chips; not attached here): plans ranked by projected step time per "
-        f"sample among those that fit per chip, at most {rank.MAX_PROJECTIONS} projections; estimates, never verified")
+    across = f" in {sl.slices} slices joined by DCN" if sl.slices > 1 else ""
+    say(f"projection ({sl.name}, {sl.total_chips} chips{across}; not attached here): plans ranked by projected step "
+        f"time per sample among those that fit per chip, at most {rank.MAX_PROJECTIONS} traces (each trace's data x "
+        "fsdp splits re-costed from it); estimates, never verified")
     return rank.rank(sl, projector(script, args, sl, script_batch), dims, script_batch, say=say, keep=keep)
 
 

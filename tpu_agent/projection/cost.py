@@ -130,6 +130,11 @@ def assumptions(sl: Slice, partitioned: Partitioned) -> list[str]:
                    f"chip all-reduces its gradient shard (its parameters' bytes as placed) over DCN at "
                    f"{ic.dcn_bandwidth / 1e9:.1f} GB/s per chip (profilers/topology.py; assumed for v4 and v7x), "
                    f"{DCN_LATENCY_S * 1e6:.0f} us per slice hop, overlapping compute as data-parallel collectives do")
+    if partitioned.traced_mesh:
+        traced = ",".join(f"{k}={v}" for k, v in partitioned.traced_mesh.items())
+        out.append(f"re-costed from the step traced on one slice as {traced} (projection/remesh.py): the same per-chip "
+                   "work; parameters and optimizer state replicated over data, weight gathers and gradient "
+                   "reduce-scatters over the smaller fsdp groups, gradients all-reduced over data")
     if partitioned.blocks_total:
         out.append(f"traced with 2 and 1 of the {partitioned.blocks_total} repeated blocks "
                    f"({partitioned.blocks_name}); every figure scaled linearly to {partitioned.blocks_total}")
@@ -170,6 +175,7 @@ def project(partitioned: Partitioned, sl: Slice, mesh: dict[str, int] | None = N
     overlapped = _scaled(programs, total, lambda p: times(p)[2])
     critical = _scaled(programs, total, lambda p: times(p)[3])
     local = compute + memory
+    dcn = _scaled(programs, total, lambda p: sum(c.seconds for c in p.collectives if c.dcn))
     host = _scaled(programs, total, lambda p: p.host_saved_bytes)
     host_s = 2 * host / INTERCONNECTS[sl.generation].host_bandwidth  # written in forward, read back in backward
     exposed = max(0.0, overlapped - local) + max(0.0, host_s - local) + critical
@@ -194,7 +200,7 @@ def project(partitioned: Partitioned, sl: Slice, mesh: dict[str, int] | None = N
         label=f"projected for {sl.name}", read_as=sl.read_as, memory_margin_bytes=gen.hbm_bytes - hbm,
         host_offload_bytes_per_chip=host, host_transfer_s=host_s,
         slice=sl.name, generation=sl.generation, chips=sl.total_chips, mesh=full_mesh, step_s=step, compute_s=compute,
-        memory_s=memory, collective_s=overlapped + critical, exposed_collective_s=exposed, bound=bound,
+        memory_s=memory, collective_s=overlapped + critical, dcn_s=dcn, exposed_collective_s=exposed, bound=bound,
         collective_by_axis=by_axis, collective_bytes_by_kind=by_kind,
         flops_per_chip=_scaled(programs, total, lambda p: p.flops),
         dot_flops_per_chip=_scaled(programs, total, lambda p: p.dot_flops), model_flops=model_flops,

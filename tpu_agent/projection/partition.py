@@ -253,16 +253,22 @@ def partition_graph(graph, mesh_axes: dict, rules, batch_axis, placements: dict,
     fn = lower.Lowered(graph, _activation_rule(mesh, mesh_axes, batch_sizes, graph, batch_axis, param_specs))
     avals, shardings, specs = [], [], {}
     param_bytes = 0.0  # per chip, as placed: what a data-parallel all-reduce across slices moves as gradients
+    fsdp_state = fsdp_params = 0.0  # per chip: parameters and optimizer state split over fsdp; the parameters alone
     for vid in fn.input_ids:
         shape, dtype, role, name = graph.inputs[vid]
         spec = placement.spec_for(role, name, shape, mesh_axes, rules, batch_axis)
         specs[vid] = spec
-        if role == "param":
-            shards = 1
+        if role in ("param", "state"):
+            shards, used = 1, set()
             for axes in spec:
                 for axis in ([axes] if isinstance(axes, str) else list(axes or [])):
                     shards *= mesh_axes[axis]
-            param_bytes += _prod(shape) * dtype.itemsize / shards
+                    used.add(axis)
+            here = _prod(shape) * dtype.itemsize / shards
+            param_bytes += here if role == "param" else 0.0
+            if "fsdp" in used:  # what a data axis carved out of fsdp would replicate (remesh.py)
+                fsdp_state += here
+                fsdp_params += here if role == "param" else 0.0
         if role == "param" and len(placements) < 400:
             placements[name] = list(spec)
         sharding = NamedSharding(mesh, PartitionSpec(*spec))
@@ -291,7 +297,8 @@ def partition_graph(graph, mesh_axes: dict, rules, batch_axis, placements: dict,
     device_saved, host_saved = _saved_per_chip(fn.saved, mesh_axes, batch_axis, offload)
     return Traced(
         blocks=graph.blocks, attention_bytes=scores, convert_bytes=converts, collective_bytes=moved,
-        saved_bytes=device_saved, host_saved_bytes=host_saved, param_bytes=param_bytes, flops=float(cost.get("flops", 0.0)),
+        saved_bytes=device_saved, host_saved_bytes=host_saved, param_bytes=param_bytes, fsdp_state_bytes=fsdp_state,
+        fsdp_param_bytes=fsdp_params, flops=float(cost.get("flops", 0.0)),
         dot_flops=dot_flops, dot_padding_flops=padded, attention_dot_flops=attention_dots,
         attention_padding_flops=attention_padded,
         bytes_accessed=float(cost.get("bytes accessed", 0.0)), dot_bytes=dot_bytes,

@@ -28,7 +28,7 @@ from tpu_agent.errors import TpuAgentError
 from tpu_agent.slices import Slice
 
 AXES = ("data", "fsdp", "tensor")  # outermost first: the tensor axis on the nearest chips (mesh row-major over ids)
-MAX_PROJECTIONS = 10  # the before plan included
+MAX_PROJECTIONS = 10  # traces (a projector that shares traces re-costs more plans for free), the before plan included
 MAX_PER_CHIP_BATCH = 64
 
 
@@ -63,6 +63,9 @@ class ProjectedPlan(BaseModel):
     exposed_collective_s: float | None = None
     host_offload_bytes_per_chip: float | None = None
     assumptions: list[str] = Field(default_factory=list, description="the cost model's assumptions for this projection")
+    dcn_s: float = Field(0.0, description="collectives across slices over the data-center network (multislice)")
+    recosted_from: dict[str, int] | None = Field(None, description="re-costed from the trace on this in-slice mesh "
+                                                 "(the same per-chip work, another data x fsdp split); None: traced")
     error: str | None = None
 
     @property
@@ -86,7 +89,10 @@ class SliceRanking(BaseModel):
     ranked: list[ProjectedPlan] = Field(description="every plan projected, best first (fitting before not fitting)")
     meshes: int = Field(description="mesh shapes the chip count and the model's dims allow")
     candidates: int = Field(description="plans in the space: meshes x per-chip batches x checkpointing")
-    projections: int = Field(description="projections run, the before plan included (at most MAX_PROJECTIONS)")
+    projections: int = Field(description="plans projected, the before plan included")
+    traces: int = Field(0, description="steps traced and partitioned (at most the budget): what the ranking cost; the "
+                        "other plans were re-costed from one of them")
+    slices: int = Field(1, description="slices joined by DCN (multislice); chips counts all of them")
     seconds: float = Field(description="measured: wall time of all the projections")
     notes: list[str] = Field(default_factory=list)
 
@@ -104,12 +110,13 @@ def tensor_sizes(chips: int, dims: list[int] | None) -> list[int]:
     return [t for t in _divisors(chips) if common % t == 0]
 
 
-def meshes(chips: int, tensor_dims: list[int] | None = None) -> list[dict[str, int]]:
-    """Every data x fsdp x tensor factorisation of `chips` the dims allow; axes of size 1 left out."""
+def meshes(chips: int, tensor_dims: list[int] | None = None, slices: int = 1) -> list[dict[str, int]]:
+    """Every data x fsdp x tensor factorisation of a slice's `chips` the dims allow, the data axis also spanning the
+    `slices` (multislice: data parallel across them over DCN); axes of size 1 left out."""
     out = []
     for tensor in tensor_sizes(chips, tensor_dims):
         for data in _divisors(chips // tensor):
-            out.append(_mesh(data, chips // tensor // data, tensor))
+            out.append(_mesh(data * slices, chips // tensor // data, tensor))
     return out
 
 
@@ -169,61 +176,93 @@ def best_fitting(projected: list[ProjectedPlan]) -> ProjectedPlan | None:
 Projector = Callable[[SlicePlan], tuple[ProjectedPlan, int | None]]  # a plan's projection, the blocks_total
 
 
+def _traces(project, projections: int) -> int:
+    """What the ranking has cost: the projector's traces where it shares them, else one per projection."""
+    return getattr(project, "traces", projections)
+
+
 def rank(sl: Slice, project: Projector, tensor_dims: list[int] | None = None, script_batch: int | None = None,
          budget: int = MAX_PROJECTIONS, say: Callable[[str], None] = lambda line: None,
          keep: Callable[[SliceRanking], None] = lambda ranking: None) -> SliceRanking:
-    """The before plan (the script as written, FSDP over every chip), then the best-first search within
-    `budget` projections (the before plan counted). `script_batch`: the script's global batch, where known.
-    `keep` gets the ranking so far after each projection (an interrupted tune keeps what was projected)."""
+    """The before plan (the script as written, FSDP over every chip of a slice, data across slices), then the
+    best-first search within `budget` traces (the before plan's counted). `script_batch`: the script's global batch,
+    where known. `keep` gets the ranking so far after each projection (an interrupted tune keeps what was
+    projected). A projector with `free(plan)` (run.projection.SliceProjector) re-costs the plans that share a trace
+    already made: every data x fsdp split of a traced plan is ranked with it, at no further trace."""
     t0 = time.perf_counter()
-    allowed = meshes(sl.chips, tensor_dims)
+    allowed = meshes(sl.chips, tensor_dims, sl.slices)
     label = f"projected for {sl.name}"
-    fsdp = _mesh(1, sl.chips, 1)
+    fsdp = _mesh(sl.slices, sl.chips, 1)
     before, blocks_total = project(SlicePlan(mesh=fsdp, per_chip_batch=None))
     say(f"projection ({label}): the script as written, {before.plan.describe()}: {_short(before)}")
     if before.error is not None:
         raise TpuAgentError(f"the script as written cannot be projected for {sl.name}: {before.error}")
-    blocks, notes, spent = bool(blocks_total), [], 1
-    per_chip = script_batch // sl.chips if script_batch and script_batch % sl.chips == 0 else None
+    blocks, notes, count = bool(blocks_total), [], 1
+    total = sl.chips * sl.slices
+    per_chip = script_batch // total if script_batch and script_batch % total == 0 else None
     start = SlicePlan(mesh=fsdp, per_chip_batch=min(per_chip or 1, MAX_PER_CHIP_BATCH))
     done: dict[tuple, ProjectedPlan] = {}
+    free = getattr(project, "free", None)
 
     def ranking(extra: list[str]) -> SliceRanking:
         ranked = sorted(done.values(), key=order_key)
         batches = 1 if start.per_chip_batch is None else int(math.log2(MAX_PER_CHIP_BATCH)) + 1
-        return SliceRanking(slice=sl.name, chips=sl.chips, label=label, before=before, after=best_fitting(ranked),
-                            ranked=ranked, meshes=len(allowed), projections=spent, notes=notes + extra,
+        return SliceRanking(slice=sl.name, chips=total, slices=sl.slices, label=label, before=before,
+                            after=best_fitting(ranked), ranked=ranked, meshes=len(allowed), projections=count,
+                            traces=_traces(project, count), notes=notes + extra,
                             candidates=len(allowed) * batches * (2 if blocks else 1),
                             seconds=time.perf_counter() - t0)
 
-    def projected(plan: SlicePlan) -> ProjectedPlan:
-        nonlocal spent
+    def one(plan: SlicePlan) -> ProjectedPlan:
+        nonlocal count
         done[plan.key()], _ = project(plan)
-        spent += 1
-        say(f"projection ({label}): {plan.describe()}: {_short(done[plan.key()])}")
-        keep(ranking([]))
+        count += 1
         return done[plan.key()]
+
+    def siblings(plan: SlicePlan) -> None:
+        """The other data x fsdp splits of the plan's trace, re-costed from it (a projector that shares traces)."""
+        if free is None or done[plan.key()].error is not None:
+            return
+        found = [plan.model_copy(update={"mesh": m}) for m in allowed]
+        found = [p for p in found if p.key() not in done and free(p)]
+        for sibling in found:
+            one(sibling)
+        if found:
+            best = min((done[p.key()] for p in found), key=order_key)
+            say(f"projection ({label}): {len(found)} other data x fsdp splits re-costed from that trace; the best, "
+                f"{best.plan.describe()}: {_short(best)}")
+
+    def projected(plan: SlicePlan) -> ProjectedPlan:
+        result = one(plan)
+        say(f"projection ({label}): {plan.describe()}: {_short(result)}")
+        siblings(plan)
+        keep(ranking([]))
+        return result
 
     if per_chip == start.per_chip_batch:  # the script's batch is that per chip: the before plan's projection
         done[start.key()] = before.model_copy(update={"plan": start})
+        siblings(start)
     elif (error := projected(start).error) and "batch cannot be changed" in error:
         notes.append(f"the script's batch cannot be changed, so per-chip batches were not searched: {error}")
         start = before.plan
         done.clear()
         done[start.key()] = before
     expanded: set[tuple] = set()
-    while True:
+    stopped = False
+    while not stopped:
         current = _next_to_expand(list(done.values()), expanded)
         if current is None:
             break  # the best plan, and every plan faster than it that does not fit, expanded
         expanded.add(current.key())
-        todo = [plan for plan in neighbours(current, allowed, blocks) if plan.key() not in done]
-        for plan in todo[:max(budget - spent, 0)]:
+        for plan in neighbours(current, allowed, blocks):
+            if plan.key() in done:
+                continue
+            if _traces(project, count) >= budget and not (free is not None and free(plan)):
+                notes.append(f"the search stopped at its budget of {budget} traces, plans next to "
+                             f"{current.describe()} left unprojected")
+                stopped = True
+                break
             projected(plan)
-        if any(plan.key() not in done for plan in todo):
-            notes.append(f"the search stopped at its budget of {budget} projections, plans next to "
-                         f"{current.describe()} left unprojected")
-            break
     if not blocks:
         notes.append("no repeated blocks found: checkpointing not searched")
     if tensor_dims is None:

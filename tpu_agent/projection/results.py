@@ -40,6 +40,8 @@ class Traced(BaseModel):
     saved_bytes: int = 0  # activations backward reads from forward, per chip (by the batch split), held in HBM
     host_saved_bytes: int = 0  # of those, the blocks' inputs held in host memory (offloaded), per chip
     param_bytes: float = 0.0  # the parameters per chip as placed (their gradients: a data-parallel all-reduce's size)
+    fsdp_state_bytes: float = 0.0  # parameters and optimizer state per chip split over the fsdp axis
+    fsdp_param_bytes: float = 0.0  # of those, the parameters
     model_flops: float  # whole step, all chips: 3 x forward matmul FLOPs (the MFU convention)
     collectives: list[Collective]
     compile_s: float
@@ -60,6 +62,7 @@ class Partitioned(BaseModel):
     notes: list[str] = Field(default_factory=list)
     record_s: float = 0.0
     offload_block_inputs: bool = False  # the repeated blocks' inputs held in host memory between forward and backward
+    traced_mesh: dict[str, int] | None = None  # set when re-costed from a trace on this mesh (remesh.py), else None
 
 
 class Projection(BaseModel):
@@ -77,6 +80,7 @@ class Projection(BaseModel):
     memory_s: float
     collective_s: float
     exposed_collective_s: float
+    dcn_s: float = Field(0.0, description="of collective_s, the collectives across slices over DCN (multislice)")
     bound: str = ""  # what sets the step time: compute, memory, overlapped collectives or critical collectives
     collective_by_axis: dict[str, float]
     collective_bytes_by_kind: dict[str, float]

@@ -8,6 +8,7 @@ any, then records and partitions the script's step (projection.partition.run).
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from tpu_agent import envvars
 from tpu_agent.errors import InputError, TpuAgentError
-from tpu_agent.projection import checkpointed, cost
+from tpu_agent.projection import checkpointed, cost, remesh
 from tpu_agent.projection.placement import data_parallel
 from tpu_agent.projection.rank import ProjectedPlan, Projector, SlicePlan
 from tpu_agent.projection.results import Partitioned, Projection
@@ -68,29 +69,75 @@ def project(script: str, args: list[str], sl: Slice, mesh: dict[str, int], **kw)
     return partitioned, cost.project(partitioned, sl, mesh)
 
 
-def projector(script: str, args: list[str], sl: Slice, script_batch: int | None = None) -> Projector:
-    """Projections through `project` (each its own child process) for projection.rank's search; the checkpointed
-    plans run the script under projection/checkpointed.py."""
+class SliceProjector:
+    """Projections for projection.rank's search, each trace in a child process (`project`'s), shared: one trace per
+    (checkpointing, per-chip batch, axes other than data and fsdp), on the widest fsdp axis those leave in a slice;
+    every data x fsdp split of the same chips re-costed from it (projection/remesh.py: the same per-chip work, the
+    parameters replicated over data, the gradients all-reduced over it). `traces` counts what the ranking cost;
+    `free(plan)` says whether a plan's trace is made. The checkpointed plans run the script under
+    projection/checkpointed.py."""
 
-    def projected(plan: SlicePlan) -> tuple[ProjectedPlan, int | None]:
-        ran, ran_args = (CHECKPOINTED, [script, *args]) if plan.checkpoint else (script, list(args))
-        dp = data_parallel(plan.mesh)
-        batch = plan.per_chip_batch * dp if plan.per_chip_batch is not None else script_batch
+    def __init__(self, script: str, args: list[str], sl: Slice, script_batch: int | None = None, offload: bool = False):
+        self.script, self.args, self.sl, self.script_batch, self.offload = script, list(args), sl, script_batch, offload
+        self.traces = 0
+        self._traced: dict[tuple, Partitioned | str] = {}  # trace key -> the partitioned step, or why it failed
+
+    def _traced_mesh(self, plan: SlicePlan) -> dict[str, int]:
+        """The in-slice mesh the plan's trace is made on: its axes other than data and fsdp, fsdp over the rest."""
+        inner = in_slice_mesh(plan.mesh, self.sl)
+        others = {k: v for k, v in inner.items() if k not in ("data", "fsdp") and v > 1}
+        rest = self.sl.chips // math.prod(others.values())
+        return ({"fsdp": rest} if rest > 1 else {}) | others or {"fsdp": 1}
+
+    def _key(self, plan: SlicePlan) -> tuple:
+        """The script's own batch (per_chip_batch None) traces as its share per chip where that divides evenly."""
+        per_chip, dp = plan.per_chip_batch, data_parallel(plan.mesh)
+        if per_chip is None and self.script_batch and self.script_batch % dp == 0:
+            per_chip = self.script_batch // dp
+        return plan.checkpoint, per_chip, tuple(sorted(self._traced_mesh(plan).items()))
+
+    def free(self, plan: SlicePlan) -> bool:
         try:
-            partitioned, p = project(ran, ran_args, sl, plan.mesh, per_chip_batch=plan.per_chip_batch,
-                                     timeout=PROJECTION_TIMEOUT_S)
-        except TpuAgentError as exc:
-            return ProjectedPlan(plan=plan, global_batch=batch, error=str(exc).splitlines()[0][:300]), None
-        except subprocess.TimeoutExpired:
-            return ProjectedPlan(plan=plan, global_batch=batch,
-                                 error=f"the projection ran past {PROJECTION_TIMEOUT_S:.0f} s and was stopped"), None
+            return self._key(plan) in self._traced
+        except InputError:
+            return False
+
+    def __call__(self, plan: SlicePlan) -> tuple[ProjectedPlan, int | None]:
+        dp = data_parallel(plan.mesh)
+        batch = plan.per_chip_batch * dp if plan.per_chip_batch is not None else self.script_batch
+        failed = lambda error: (ProjectedPlan(plan=plan, global_batch=batch, error=error), None)  # noqa: E731
+        try:
+            key, inner = self._key(plan), in_slice_mesh(plan.mesh, self.sl)
+        except InputError as exc:
+            return failed(str(exc).splitlines()[0][:300])
+        if key not in self._traced:
+            self.traces += 1
+            ran, ran_args = (CHECKPOINTED, [self.script, *self.args]) if plan.checkpoint else (self.script, self.args)
+            # across slices one slice is traced: the script's own batch is given as its share per chip there
+            per_chip = key[1] if self.sl.slices > 1 else plan.per_chip_batch
+            try:
+                self._traced[key] = partition(ran, ran_args, self.sl, self._traced_mesh(plan), timeout=PROJECTION_TIMEOUT_S,
+                                              per_chip_batch=per_chip, offload_block_inputs=self.offload)
+            except TpuAgentError as exc:
+                self._traced[key] = str(exc).splitlines()[0][:300]
+            except subprocess.TimeoutExpired:
+                self._traced[key] = f"the projection ran past {PROJECTION_TIMEOUT_S:.0f} s and was stopped"
+        traced = self._traced[key]
+        if isinstance(traced, str):
+            return failed(traced)
+        partitioned = remesh.remesh(traced, inner)
+        p = cost.project(partitioned, self.sl, plan.mesh)
         return ProjectedPlan(
             plan=plan, global_batch=batch, step_s=p.step_s, time_per_sample_s=p.step_s / batch if batch else None,
             mfu=p.mfu, memory_per_chip_bytes=p.hbm_bytes_per_chip, hbm_bytes=p.hbm_capacity, fits=p.fits,
             exposed_collective_s=p.exposed_collective_s, host_offload_bytes_per_chip=p.host_offload_bytes_per_chip,
-            assumptions=p.assumptions), partitioned.blocks_total
+            assumptions=p.assumptions, dcn_s=p.dcn_s, recosted_from=partitioned.traced_mesh), traced.blocks_total
 
-    return projected
+
+def projector(script: str, args: list[str], sl: Slice, script_batch: int | None = None,
+              offload: bool = False) -> SliceProjector:
+    """Projections for projection.rank's search (SliceProjector: one trace shared by the data x fsdp splits)."""
+    return SliceProjector(script, args, sl, script_batch, offload)
 
 
 def main(argv: list[str]) -> int:
