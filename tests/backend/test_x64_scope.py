@@ -213,3 +213,32 @@ def test_the_suite_turns_jax_narrowing_into_an_error():
     """pyproject's filterwarnings: a JAX call of the device's that escaped the scope fails its test."""
     with pytest.raises(UserWarning, match="Explicitly requested dtype"):
         jnp.zeros(3, jnp.int64)
+
+
+class TwoHeads(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = self.a(x)
+        return self.b(h), h * 2
+
+
+def test_a_compiled_float64_module_whose_second_output_is_unused_backpropagates():
+    """autograd calls a compiled module's backward directly (not through an op): the zero cotangent of the output
+    the loss leaves out is made there, float64 as the output is."""
+    grads = {}
+    for device in ("cpu", "tpu"):
+        torch.manual_seed(0)
+        model = TwoHeads().double().to(device)
+        x = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).to(device)
+        run = torch.compile(model) if device == "tpu" else model
+        out, _unused = run(x)
+        out.sum().backward()
+        assert out.dtype == torch.float64
+        grads[device] = model.a.weight.grad.cpu()
+    assert grads["tpu"].dtype == torch.float64
+    torch.testing.assert_close(grads["tpu"], grads["cpu"], rtol=1e-12, atol=1e-12)
+    _user_sees_32_bit()
