@@ -153,12 +153,14 @@ def neighbours(plan: SlicePlan, allowed: list[dict[str, int]], blocks: bool) -> 
 
 
 def order_key(p: ProjectedPlan) -> tuple:
-    """Best first: fitting plans by time per sample, then plans that do not fit by memory, then failures."""
+    """Best first: fitting plans by time per sample (then memory per chip), then plans that do not fit by memory,
+    then failures."""
     if p.error is not None or p.step_s is None:
         return (2, 0.0)
     if not p.fits:
         return (1, p.memory_per_chip_bytes or math.inf)
-    return (0, _cost(p))
+    return (0, _cost(p), p.memory_per_chip_bytes or 0.0)  # of equal time (data x fsdp splits whose collectives
+    # hide under compute), the one that leaves most HBM free
 
 
 def _cost(p: ProjectedPlan) -> float:
@@ -168,9 +170,10 @@ def _cost(p: ProjectedPlan) -> float:
 
 
 def best_fitting(projected: list[ProjectedPlan]) -> ProjectedPlan | None:
-    """The fastest per sample among the plans that fit per chip; None when none fits."""
+    """The fastest per sample among the plans that fit per chip (of equal time, the least memory); None when none
+    fits."""
     fitting = [p for p in projected if p.error is None and p.fits and p.step_s is not None]
-    return min(fitting, key=_cost) if fitting else None
+    return min(fitting, key=order_key) if fitting else None
 
 
 Projector = Callable[[SlicePlan], tuple[ProjectedPlan, int | None]]  # a plan's projection, the blocks_total
