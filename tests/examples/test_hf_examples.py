@@ -1,6 +1,7 @@
 """examples/hf_trainer.py (transformers.Trainer) and examples/accelerate_loop.py (Accelerate), unchanged: the
-same losses under `tpu-agent run` (on tpu) as under plain python on the CPU, checkpoints and resume included;
-and which device Trainer and Accelerate pick, in the tool's child and outside it."""
+same losses under `tpu-agent run` (on tpu) as under plain python on the CPU, checkpoints and resume included (the
+resumed run under `tpu-agent profile`, which shows its device figures); and which device Trainer and Accelerate
+pick, in the tool's child and outside it."""
 
 from __future__ import annotations
 
@@ -67,6 +68,18 @@ def test_under_plain_python_a_script_that_used_tpu_finds_it_available(tmp_path):
     assert proc.stdout.split() == ["False", "False", "True", "True"]
 
 
+def _profiled(script: str, args: list[str], cwd: Path):
+    """The example under `tpu-agent profile` (fused mode, its own default) to its end: its stdout carries the
+    script's lines, then the profile's."""
+    proc = run_tool("profile", script, "--warmup", "1", "--host-device-steps", "0", "--", *args, cwd=cwd,
+                    timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # device figures are printed only for a profile in which the model's executables ran on tpu
+    assert "MFU" in proc.stdout and "ran on the tpu device" not in proc.stdout + proc.stderr
+    assert "error" not in proc.stderr.lower(), proc.stderr[-3000:]
+    return proc
+
+
 def _compare(cpu: dict, tpu: dict, steps) -> None:
     for key in steps:
         assert tpu[key] == pytest.approx(cpu[key], rel=REL), (key, cpu[key], tpu[key])
@@ -90,12 +103,12 @@ def test_hf_trainer_matches_its_cpu_losses_with_checkpoints_and_resume(tmp_path)
     assert device(ours.stdout) == "tpu"
     _compare(expected, logged(ours.stdout), expected)
 
-    # Resume from checkpoint-4, as after a crash: steps 5-8 again, from the saved weights, optimizer and data order.
+    # Resume from checkpoint-4, as after a crash: steps 5-8 again, from the saved weights, optimizer and data order,
+    # under the profiler (fused mode): the same losses, and the profile's device figures.
     out = tmp_path / "tpu" / "hf_trainer_out"
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint-4", "checkpoint-8"]
     shutil.rmtree(out / "checkpoint-8")
-    again = run_tool("run", "-q", script, "--", *args, "--resume", cwd=tmp_path / "tpu", timeout=600)
-    assert again.returncode == 0, again.stderr[-3000:]
+    again = _profiled(script, [*args, "--resume"], tmp_path / "tpu")
     _compare(expected, logged(again.stdout), [(s, "loss") for s in range(5, 9)] + [(8, "eval_loss")])
 
 
@@ -116,24 +129,15 @@ def test_accelerate_loop_matches_its_cpu_losses_with_save_and_load_state(tmp_pat
     assert device(ours.stdout) == "tpu" and "warning" not in ours.stderr
     _compare(expected, logged(ours.stdout), expected)
 
-    # load_state of what save_state wrote at step 4: steps 5-8 and the eval as the uninterrupted run.
+    # load_state of what save_state wrote at step 4: steps 5-8 and the eval as the uninterrupted run, under the
+    # profiler (fused mode), with the profile's device figures.
     assert (tmp_path / "tpu" / "accelerate_out" / "state" / "model.safetensors").is_file()
-    again = run_tool("run", "-q", script, "--", "--steps", "8", "--resume", cwd=tmp_path / "tpu", timeout=600)
-    assert again.returncode == 0, again.stderr[-3000:]
+    again = _profiled(script, ["--steps", "8", "--resume"], tmp_path / "tpu")
     resumed = logged(again.stdout)
     assert sorted(resumed) == sorted(k for k in expected if k[0] > 4 or k[1] == "eval_loss")
     _compare(expected, resumed, resumed)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("example", ["accelerate_loop.py", "hf_trainer.py"])
-def test_the_examples_profile_on_tpu(tmp_path, example):
-    proc = run_tool("profile", str(EXAMPLES / example), "--steps", "2", "--warmup", "1",
-                    "--host-device-steps", "0", cwd=tmp_path, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    # device figures are printed only for a profile in which the model's executables ran on tpu
-    assert "MFU" in proc.stdout and "ran on the tpu device" not in proc.stdout + proc.stderr
-    assert "error" not in proc.stderr.lower()
 
 
 # A Trainer script in the shape of the HF fine-tuning guides, for the other model kinds: a causal LM with GQA and
