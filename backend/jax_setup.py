@@ -90,22 +90,14 @@ def local_devices() -> tuple:
 
 # --- 64-bit, scoped to the device --------------------------------------------------------------------------------
 
-X64 = None  # JAX's `jax_enable_x64` state, bound by `configure` (thread-local overrides through it)
 X64_SWAP = None  # X64_SWAP(True) turns 64-bit on for this thread and returns what to hand X64_SET to undo it
 X64_SET = None
 
 
 def _bind_x64(jax) -> None:
-    global X64, X64_SWAP, X64_SET
-    state = jax.enable_x64
-    X64 = state
-    X64_SWAP, X64_SET = state.swap_local, state.set_local
-
-
-def x64_on() -> bool:
-    """Whether JAX calls made now use 64-bit types (inside the device's scope, or turned on by the user)."""
-    configure()
-    return bool(X64.value)
+    """JAX's thread-local `jax_enable_x64` switch (the `jax.enable_x64` context's own calls, without its object)."""
+    global X64_SWAP, X64_SET
+    X64_SWAP, X64_SET = jax.enable_x64.swap_local, jax.enable_x64.set_local
 
 
 class device_x64:  # noqa: N801 - reads as a context manager
