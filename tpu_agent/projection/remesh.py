@@ -9,17 +9,18 @@ the widest fsdp axis stands for every such split (projection/rank.py's search re
 - the parameters and optimizer state split over fsdp (Traced.fsdp_state_bytes) are replicated d times over a data
   axis of size d: d x their bytes per chip, as inputs and as the updated outputs (aliased where the trace was);
 - a collective over fsdp alone that gathers weights (all-gather) runs over the smaller fsdp groups (F / d chips);
-  a reduce-scatter of gradients runs over them too, its result d times larger, and the gradients are then
-  all-reduced over data (a ring of d chips): the layout MaxText and FSDP2 use for data x fsdp (HSDP);
+  so does an all-to-all (a weight shard re-laid for its transpose in backward; with fsdp gone, pure data
+  parallelism, none: as `project` on that mesh reads it), its shards d times larger; a reduce-scatter of gradients
+  runs over them too, its result d times larger, and the gradients are then all-reduced over data (a ring of d
+  chips): the layout MaxText and FSDP2 use for data x fsdp (HSDP);
 - any other collective over fsdp (an all-reduce of a loss or a norm) keeps its group, now spanning data and fsdp;
   collectives over a tensor or expert axis are unchanged (that axis keeps its size and its place in the mesh).
 
 Left out: the optimizer's own traffic grows with the state a chip holds (d x a shard of the update's reads and
 writes, small beside a training step's), and XLA, given a data x fsdp mesh, may partition the step otherwise: on
-the tests' tiny Llama (2 slices of v5e-4), `project` alone on data=4,fsdp=2 got XLA:CPU gathering the batch-split
-activations over data and fsdp (37 all-gathers, 40 collective-permutes, 25% more dot FLOPs: 0.39 ms where the
-re-costed HSDP layout reads 0.21 ms), and on data=8 no all-to-all where the fsdp trace had 8 (0.21 ms against
-0.23 ms). The ranking says which plans were re-costed and from which trace (`recosted_from`).
+the tests' tiny Llama (2 slices of v5e-4), `project` alone on data=4,fsdp=2 got XLA:CPU re-laying the fsdp-split weights
+and gathering them over data and fsdp (40 collective-permutes, 37 all-gathers over the slice's 4 chips, 25% more
+dot FLOPs: 0.39 ms where the re-costed HSDP layout reads 0.20 ms; on data=8 both read 0.21 ms). The ranking says which plans were re-costed and from which trace (`recosted_from`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .results import Collective, Partitioned, Traced
 
 GATHERS = ("all-gather",)
 SCATTERS = ("reduce-scatter",)
+RESHARDS = ("all-to-all",)
 
 
 def data_split(traced_mesh: dict[str, int], mesh: dict[str, int]) -> int | None:
@@ -49,6 +51,9 @@ def _collectives(c: Collective, d: int) -> list[Collective]:
     alone = c.axes == ["fsdp"]
     if alone and c.kind in GATHERS:
         return [c.model_copy(update={"group_size": c.group_size // d, "groups": c.groups * d, "example_group": []})]
+    if alone and c.kind in RESHARDS:  # a weight shard re-laid among its fsdp group: d times larger, over F / d
+        return [c.model_copy(update={"group_size": c.group_size // d, "groups": c.groups * d,
+                                     "result_bytes": c.result_bytes * d, "example_group": []})]
     if alone and c.kind in SCATTERS:
         shard = c.model_copy(update={"group_size": c.group_size // d, "groups": c.groups * d,
                                      "result_bytes": c.result_bytes * d, "example_group": []})
