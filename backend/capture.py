@@ -14,6 +14,7 @@ import weakref
 import torch
 
 from . import modes, steps
+from .jax_setup import device_x64
 from .lazy import Lazy
 from .state import RNG
 from .tensor import Storage, TpuTensor
@@ -164,6 +165,7 @@ def autocast_state() -> tuple:
     return (enabled, torch.get_autocast_dtype("tpu") if enabled else None)
 
 
+@device_x64()  # a replay's inputs are read outside any op: the key of a 64-bit seed must be made as an op makes it
 def rng_input(kind: str, drawn: list):
     """A replay's RNG input: a fresh counter (as an op would draw), or the base key. The base is no
     draw: drawing one for it (graphs list the base before the first counter) shifted every mask

@@ -242,3 +242,22 @@ def test_a_compiled_float64_module_whose_second_output_is_unused_backpropagates(
     assert grads["tpu"].dtype == torch.float64
     torch.testing.assert_close(grads["tpu"], grads["cpu"], rtol=1e-12, atol=1e-12)
     _user_sees_32_bit()
+
+
+def test_a_compiled_steps_replay_draws_eagers_masks_under_a_64_bit_seed():
+    """A replay reads its RNG inputs outside any op; the key of a seed beyond 32 bits is made as an op makes it
+    (made 32-bit, it drew other dropout masks than eager mode)."""
+    x = torch.ones(4, 64).to("tpu")
+
+    def step(x):
+        return F.dropout(x, 0.5, training=True).sum(-1)
+
+    compiled = torch.tpu.compile(step)
+    compiled(x)
+    compiled(x)  # captured, then replayed
+    for seed in (7, 2**40 + 5):
+        torch.tpu.manual_seed(seed)
+        eager = step(x).cpu()
+        torch.tpu.manual_seed(seed)
+        assert torch.equal(compiled(x).cpu(), eager), seed
+    _user_sees_32_bit()
