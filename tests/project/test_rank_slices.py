@@ -81,3 +81,17 @@ def test_only_a_data_axis_carved_out_of_fsdp_is_re_costed():
     assert remesh.data_split({"fsdp": 4, "tensor": 2}, {"data": 4, "tensor": 2}) == 4
     assert remesh.data_split({"fsdp": 8}, {"data": 2, "fsdp": 2, "tensor": 2}) is None  # another tensor split
     assert remesh.data_split({"fsdp": 8}, {"data": 3, "fsdp": 2}) is None
+
+
+def test_tune_takes_several_slices_of_a_slice_target(capsys):
+    from tpu_agent.cli.app import run_cli
+    from tpu_agent.config import TuneOptions
+
+    options = TuneOptions(target="tpu7x-4x8x8", slices=32)
+    assert options.slice == "32xtpu7x-4x8x8" and TuneOptions(target="v6e-256").slice == "v6e-256"
+    sl = slices.read(options.slice)  # what the ranking reads (parallelism/target.py)
+    assert (sl.slices, sl.chips, sl.total_chips, sl.name) == (32, 256, 8192, "32xv7x-512")
+    assert "32 such slices joined by DCN: 8192 chips" in sl.read_as
+    assert run_cli(["tune", TINY, "--slices", "2"]) == 2  # the default target, this machine, has no slices
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "several slices need a slice --target" in err, err
