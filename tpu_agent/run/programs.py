@@ -23,7 +23,10 @@ def calls() -> dict[int, int]:
 def _text(exe) -> str:
     text = getattr(exe, "_programs_text", None)
     if text is None:
-        text = _MODULE_NAME.sub("module", exe.fn.lower(*exe.args).as_text())
+        from tpu_agent.backend.jax_setup import device_x64
+
+        with device_x64():  # lowered as the device runs it (outside, int64 arguments would lower as int32)
+            text = _MODULE_NAME.sub("module", exe.fn.lower(*exe.args).as_text())
         exe._programs_text = text  # one lowering per program per process
     return text
 
