@@ -8,7 +8,7 @@ their users run them, each against the same script run by plain PyTorch on the C
   (in the release matrix, `-m matrix`);
 - nanoGPT's `train.py` (CUDA as written: `torch.compile`, fused AdamW, bf16 autocast, a GradScaler, DDP, a checkpoint
   written from the compiled model and resumed) on a character dataset made from the README, at 1 and 2 ranks under
-  `--device-map cuda=tpu`.
+  `--device-map cuda=tpu` (2 ranks, bf16 autocast: in the release matrix).
 
 The CPU references: the word-language-model and nanoGPT at one rank have CPU paths of their own (no `--accel`,
 `--device=cpu`). A script that only runs on CUDA (the DDP tutorial, nanoGPT under torchrun) runs through
@@ -315,6 +315,8 @@ def test_nanogpt_compiled_float32_one_rank_and_its_checkpoint_resumed(tmp_path):
     _check_nanogpt(resumed, resumed_cpu, F32, relative=False, iterations=3)
 
 
+@pytest.mark.matrix  # the default pass: nanoGPT at one rank (above); DDP as a GPU script writes it under --device-map
+# (tests/distributed/test_device_map_nccl.py); bf16 autocast (tests/examples/test_autocast_cnn.py)
 def test_nanogpt_bf16_autocast_ddp_two_ranks(tmp_path):
     """torchrun's 2 ranks: init_process_group("nccl"), cuda:LOCAL_RANK, DDP with require_backward_grad_sync toggled
     per micro-batch, bf16 autocast, torch.compile. Against the same at 2 ranks on CPU gloo under CPU bf16 autocast:
