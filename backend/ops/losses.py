@@ -284,14 +284,17 @@ _torch_nn = torch.ops.torch_nn
 
 
 def _linear_ce(input, linear_weight, target, linear_bias, weight, reduction, ignore_index, label_smoothing):
-    """F.cross_entropy(input @ linear_weight.T + linear_bias, target, weight, ...) for class
-    index targets, with PyTorch's label smoothing (its weighted mean normalisation too)."""
+    """F.cross_entropy(input @ linear_weight.T + linear_bias, target, weight, ...) for class index targets, with
+    PyTorch's label smoothing (its weighted mean normalisation too), or for class-probability targets (PyTorch
+    2.14's chunked op takes those)."""
     x = input.astype(jnp.float32) if input.dtype in (jnp.float16, jnp.bfloat16) else input
     logits = jnp.matmul(x, linear_weight.T.astype(x.dtype))
     if linear_bias is not None:
         logits = logits + linear_bias.astype(x.dtype)
     logp = jax.nn.log_softmax(logits, axis=-1)
     classes = logp.shape[-1]
+    if jnp.issubdtype(target.dtype, jnp.floating):
+        return _probability_ce(logp, target, weight, reduction, label_smoothing)
     keep = target != ignore_index
     safe = jnp.where(keep, target, 0)
     w = weight.astype(x.dtype) if weight is not None else jnp.ones((classes,), x.dtype)
@@ -308,6 +311,26 @@ def _linear_ce(input, linear_weight, target, linear_bias, weight, reduction, ign
     if not label_smoothing:
         return nll_r
     return (1 - label_smoothing) * nll_r + smooth_r * (label_smoothing / classes)
+
+
+def _probability_ce(logp, target, weight, reduction, label_smoothing):
+    """Class-probability targets (one row of probabilities per input row), as F.cross_entropy: smoothing mixes
+    the target with the uniform distribution, a class weight scales each class's term, and the mean divides by
+    the number of rows, not by the weights."""
+    classes = logp.shape[-1]
+    t = target.astype(logp.dtype)
+    if label_smoothing:
+        t = t * (1 - label_smoothing) + label_smoothing / classes
+    if weight is not None:
+        t = t * weight.astype(logp.dtype)
+    per_row = -jnp.sum(logp * t, axis=-1)
+    if reduction == "none":
+        return per_row
+    if reduction == "sum":
+        return jnp.sum(per_row)
+    if not per_row.size:
+        return jnp.array(jnp.nan, logp.dtype)
+    return jnp.sum(per_row) / per_row.size
 
 
 @lower(_torch_nn._linear_cross_entropy_batch_chunked.default, static_floats=True)
