@@ -26,6 +26,7 @@ import torch
 from . import executables, lazy, modes, steps
 from .capture import (Capture, RebasedViews, autocast_state, compiling, constant_input, get_path, pair_storages,
                       rebuild, replay_key, signature, steps_suspended, tensor_paths)
+from .jax_setup import device_x64
 from .launch import launch
 from .lazy import RECORDER, Lazy
 from .state import RNG
@@ -443,6 +444,7 @@ class GraphFunction(torch.autograd.Function):
         return outputs
 
     @staticmethod
+    @device_x64()  # autograd calls it directly, not through an op: the device's 64-bit scope
     def backward(ctx, *grads):
         program = ctx.program
         if ctx.vjp is None and ctx.residuals is None:

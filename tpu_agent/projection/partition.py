@@ -309,6 +309,15 @@ def partition_graph(graph, mesh_axes: dict, rules, batch_axis, placements: dict,
 
 
 def run(request: dict) -> Partitioned:
+    """The request's script recorded, then each recorded program partitioned, with 64-bit types as the device
+    runs them (the device's lowerings are lowered here)."""
+    from tpu_agent.backend.jax_setup import device_x64
+
+    with device_x64():
+        return _run(request)
+
+
+def _run(request: dict) -> Partitioned:
     """The request's script recorded, then each recorded program partitioned (a device map, if any, was applied
     by the caller: its source device is in record.META_DEVICES)."""
     from . import lower, record
