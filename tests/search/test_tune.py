@@ -87,9 +87,18 @@ def result_of(proc) -> dict:
     return json.loads(proc.stdout)["result"]
 
 
-def test_tune_records_trials_writes_a_report_resume_repeats_nothing_and_other_settings_are_refused(project: Path):
-    """Two trials, then the same study resumed to four: each step of the resume is checked with two trials as well
-    as with three, in less of the suite's time (a trial here starts its own processes: about 15 s on a quiet host)."""
+FAILURES = {"crash": "crashed", "oom": "out_of_memory", "hang": "timed_out",
+            "kill": "crashed: the process was killed by SIGKILL"}
+
+
+def test_tune_records_trials_writes_a_report_resume_repeats_nothing_failures_are_trials_and_other_settings_are_refused(
+        project: Path):
+    """Two trials, then the same study resumed to six: each step of the resume is checked with two trials as well
+    as with three, in less of the suite's time (a trial here starts its own processes: about 15 s on a quiet host).
+    The resumed run's candidates fail in turn: a crash, an out-of-memory error, a hang past --trial-timeout and a
+    SIGKILL; each is a failed trial with its own reason, and the search goes on to the next (4 new trials, one per
+    kind: the sampler never proposes a measured plan again). One study for both, so that the resume's baseline
+    profile and warm baseline serve the failures too (a tune's start-up fewer)."""
     # --processes 1: the verification's one fresh process pair is enough for the report checked here (the
     # interval over several process pairs: tests/measure/test_process_pairs.py, tests/verify/test_tune_ablation.py)
     proc = tune(project, "--trials", "2", "--study", "s1", "--verify", "1", "--processes", "1")
@@ -107,42 +116,33 @@ def test_tune_records_trials_writes_a_report_resume_repeats_nothing_and_other_se
     again = tune(project, "--trials", "2", "--study", "s1")  # finished study, no --resume: refused
     assert again.returncode == 2 and "pass --resume" in again.stderr
 
-    # the resumed search is what is checked here; verification ran above (--verify 0: search only)
-    second = result_of(tune(project, "--trials", "4", "--study", "s1", "--resume", "--verify", "0"))
-    assert [t["number"] for t in second["trials"]] == list(range(4)), [(t["number"], t["state"], t["reason"][:60]) for t in second["trials"]]  # the report lists the earlier trials too
-    assert [t["earlier"] for t in second["trials"]] == [True] * 2 + [False] * 2
+    # the resumed search is what is checked here; verification ran above (--verify 0: search only). Its profile run
+    # and its first baseline process run normally; every later process (the candidates, in order) fails at step 3,
+    # each with the next failure of FAILURES (tiny.py's TINY_FAIL); the hang's limit is --trial-timeout (not one of
+    # the study's measuring settings).
+    env = {"TINY_FAIL": ",".join(FAILURES), "TINY_COUNTER": str(project / "counter")}
+    second = result_of(tune(project, "--trials", "6", "--study", "s1", "--resume", "--verify", "0",
+                            "--trial-timeout", "15", env=env))
+    assert [t["number"] for t in second["trials"]] == list(range(6)), [(t["number"], t["state"], t["reason"][:60]) for t in second["trials"]]  # the report lists the earlier trials too
+    assert [t["earlier"] for t in second["trials"]] == [True] * 2 + [False] * 4
     new = [t for t in second["trials"] if not t["earlier"]]
-    assert len(new) == 2  # 4 in all, 2 already done
+    assert len(new) == 4  # 6 in all, 2 already done
     assert "(earlier run)" in (Path(second["run_dir"]) / "report.md").read_text()
     for t in new:
         if json.dumps(t["plan"], sort_keys=True) in measured_plans:
             assert t["state"] == "repeated", t  # a measured configuration is not run twice
-    assert [n for n, _ in trials_in_db(project, "s1")] == list(range(4))
+    assert [n for n, _ in trials_in_db(project, "s1")] == list(range(6))
     assert not second["verdicts"] and second["best"] is None and second["phase"] == "done"
+    ran = [t for t in new if t["state"] != "repeated"]  # a repeated plan starts no process
+    assert len(ran) >= len(FAILURES), new
+    for i, trial in enumerate(ran):  # the i-th candidate process got the i-th failure
+        kind = FAILURES[list(FAILURES)[i % len(FAILURES)]]
+        assert trial["state"] == "failed" and trial["reason"].startswith(kind), (i, kind, trial)
 
     # the same study name with other measuring settings: refused before any run, its trials untouched
     other = tune(project, "--trials", "1", "--study", "s1", "--objective", "memory", "--resume")
     assert other.returncode == 2 and "exists with different settings" in other.stderr
-    assert [n for n, _ in trials_in_db(project, "s1")] == list(range(4))
-
-
-FAILURES = {"crash": "crashed", "oom": "out_of_memory", "hang": "timed_out",
-            "kill": "crashed: the process was killed by SIGKILL"}
-
-
-def test_failing_trials_are_recorded_each_with_its_kind_and_the_study_goes_on(project: Path):
-    """One tune whose candidates fail in turn: a crash, an out-of-memory error, a hang past --trial-timeout
-    and a SIGKILL; each is a failed trial with its own reason, and the search goes on to the next (4 trials, one
-    per kind: the sampler never proposes a measured plan again)."""
-    (project / "pyproject.toml").write_text("[tool.tpu-agent]\ntrial-timeout = 15.0\n")  # the hang's limit
-    env = {"TINY_FAIL": ",".join(FAILURES), "TINY_COUNTER": str(project / "counter")}
-    result = result_of(tune(project, "--trials", "4", "--study", "failures", env=env))
-    assert len(result["trials"]) == 4
-    ran = [t for t in result["trials"] if t["state"] != "repeated"]  # a repeated plan starts no process
-    assert len(ran) >= len(FAILURES), result["trials"]
-    for i, trial in enumerate(ran):  # the i-th candidate process got the i-th failure
-        kind = FAILURES[list(FAILURES)[i % len(FAILURES)]]
-        assert trial["state"] == "failed" and trial["reason"].startswith(kind), (i, kind, trial)
+    assert [n for n, _ in trials_in_db(project, "s1")] == list(range(6))
 
 
 def test_bad_inputs_are_one_line_and_exit_2(project: Path):
