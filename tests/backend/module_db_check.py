@@ -35,6 +35,11 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 MODES = ("eager", "fused", "compiled")
 RTOL, ATOL = 1.3e-5, 1e-5  # float32: torch.testing's rtol, and an absolute floor for values near zero
+# A gradient's absolute floor grows with its largest entry: an element near zero is a difference of large terms,
+# rounded differently by any two float32 implementations. nn.MultiheadAttention's in_proj_weight gradients (entries
+# up to 73) differ from float64 by up to 7e-5 on the CPU itself, and by as much on tpu.
+GRAD_ATOL = 1e-5
+INPUT_SEED = 0  # module_inputs_func draws its inputs from the global RNG: the same inputs in every run
 
 
 @dataclass
@@ -91,7 +96,8 @@ def _cpu(x):
     return x.cpu() if isinstance(x, torch.Tensor) and x.device.type == "tpu" else x
 
 
-def _close(actual, expected, what: str) -> None:
+def _close(actual, expected, what: str, scaled: bool = False) -> None:
+    """`scaled`: gradients, whose absolute floor is GRAD_ATOL times the largest magnitude (at least 1) in each."""
     a, a_spec = tree_flatten(tree_map(_cpu, actual))
     e, e_spec = tree_flatten(expected)
     if a_spec != e_spec:
@@ -103,7 +109,10 @@ def _close(actual, expected, what: str) -> None:
                 raise AssertionError(f"{where}: {type(x).__name__}, expected a tensor")
             if x.device.type != "cpu":
                 raise AssertionError(f"{where}: on {x.device}, expected a tpu tensor")
-            torch.testing.assert_close(x, y, rtol=RTOL, atol=ATOL, equal_nan=True, check_stride=False,
+            atol = ATOL
+            if scaled and y.numel() and y.is_floating_point():
+                atol = GRAD_ATOL * max(1.0, float(y.detach().abs().nan_to_num(0.0, 0.0, 0.0).max()))
+            torch.testing.assert_close(x, y, rtol=RTOL, atol=atol, equal_nan=True, check_stride=False,
                                        msg=lambda m, w=where: f"{w}: {m}")
         elif x != y and not (x != x and y != y):
             raise AssertionError(f"{where}: {x!r} != {y!r}")
@@ -243,11 +252,11 @@ def _check_case(info, module_input, training: bool, mode: str) -> None:
         _close(actual, expected, "output")
         _close(dict(tpu_module.named_buffers()), dict(cpu_module.named_buffers()), "buffers after forward")
         if training:
-            _close(_grads((targs, tkwargs)), _grads((cargs, ckwargs)), "input grads")
+            _close(_grads((targs, tkwargs)), _grads((cargs, ckwargs)), "input grads", scaled=True)
             names = [n for n, p in cpu_module.named_parameters() if p.requires_grad]
             tgrads = dict((n, p.grad) for n, p in tpu_module.named_parameters())
             _close([tgrads.get(n) for n in names], [dict(cpu_module.named_parameters())[n].grad for n in names],
-                   "parameter grads")
+                   "parameter grads", scaled=True)
         _state_dict_round_trip(cpu_module, tpu_module)
         if as_written is not None:  # the values matched; not being one program is its own failure
             raise RanAsWritten(f"compiled steps ran it as written: {as_written}")
@@ -263,6 +272,7 @@ def spread(items: list, most: int | None) -> list:
 
 
 def module_inputs(info, training: bool, most: int | None = None) -> list:
+    torch.manual_seed(INPUT_SEED)
     inputs = [mi for mi in info.module_inputs_func(info, device="cpu", dtype=torch.float32, requires_grad=training,
                                                     training=training) if mi.forward_input is not None]
     return spread(inputs, most)
