@@ -22,6 +22,7 @@ KEEP = Plan(actions=[FsdpReshard(reshard=False)])
 def test_a_plan_keeps_its_tensor_degree_on_the_slice_and_fsdp_spans_the_other_chips():
     assert point_for(TP2, 8) == (SlicePlan(mesh={"fsdp": 4, "tensor": 2}, per_chip_batch=None), None)
     assert point_for(DP2, 8)[0].mesh == {"fsdp": 8}
+    assert point_for(TP2, 8, slices=2)[0].mesh == {"data": 2, "fsdp": 4, "tensor": 2}  # data across the slices
     ckpt, note = point_for(CKPT, 8)
     assert (ckpt.mesh, ckpt.checkpoint, note) == ({"fsdp": 8}, True, None)
     keep, note = point_for(KEEP, 8)  # not in the projection's model: the script's own plan, said so

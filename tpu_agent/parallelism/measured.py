@@ -78,16 +78,17 @@ def measured_plans(trials: list[TrialRecord], world_size: int, host: str) -> Mea
     return MeasuredParallelism(world_size=world_size, host=host, plans=rows) if rows else None
 
 
-def point_for(plan: Plan, chips: int) -> tuple[SlicePlan, str | None]:
-    """The plan on a slice of `chips`: its tensor-parallel degree kept, FSDP over the other chips, checkpointing
-    as the plan says; a note where the projection does not model part of the plan."""
+def point_for(plan: Plan, chips: int, slices: int = 1) -> tuple[SlicePlan, str | None]:
+    """The plan on a slice of `chips` (each of `slices` such, data parallel across them): its tensor-parallel degree
+    kept, FSDP over the other chips, checkpointing as the plan says; a note where the projection does not model
+    part of the plan."""
     point = slice_plan(plan, chips) or SlicePlan(mesh={"fsdp": chips}, per_chip_batch=None)
     tensor = point.mesh.get("tensor", 1)
     notes = []
     if chips % tensor:
         notes.append(f"tp {tensor} does not divide the slice's {chips} chips: projected without a tensor axis")
         tensor = 1
-    mesh = {a: n for a, n in (("fsdp", chips // tensor), ("tensor", tensor)) if n > 1} or {"fsdp": 1}
+    mesh = {a: n for a, n in (("data", slices), ("fsdp", chips // tensor), ("tensor", tensor)) if n > 1} or {"fsdp": 1}
     unmodelled = [a.describe() for a in plan.actions if isinstance(a, (FsdpReshard, FsdpParamDtype))]
     if unmodelled:
         notes.append(f"{', '.join(unmodelled)}: not in the projection's model (projected as the script's own)")
@@ -109,7 +110,7 @@ def rank_for_slice(measured: MeasuredParallelism, ranking: SliceRanking,
     new = 0
     rows, notes = [], list(measured.notes)
     for row in measured.plans:
-        point, note = point_for(row.plan, ranking.chips)
+        point, note = point_for(row.plan, ranking.chips // ranking.slices, ranking.slices)
         projected = known.get(point.key())
         if projected is None and new < MAX_NEW_PROJECTIONS:
             projected, _ = project(point)
