@@ -89,6 +89,10 @@ def test_another_sharding_of_cpu_ranks_is_measured_but_never_claimed():
 
 
 @pytest.mark.slow  # two 2-rank jobs
+@pytest.mark.matrix  # the default pass: every trial of the 2-rank tune below is such a trial process (its steps each
+# rank's, its memory per rank measured, a parallelism action alone included), a ranked step is its slowest rank's
+# (the first test of this file), and FSDP2's reshard_after_forward=False raises each rank's in-step peak
+# (tests/profile/test_step_peak.py)
 def test_a_trial_process_steps_every_rank_together_and_its_memory_per_rank_is_its_in_step_peak(tmp_path):
     """A trial process at 2 ranks: each step is every rank's record, timed as the slowest rank's, each rank's loss
     its own data's; stopped at a step boundary, every rank leaves its process group and the launcher exits 0.
@@ -198,6 +202,13 @@ def test_tune_nproc_2_reports_every_rank(tmp_path):
         assert len(trial["rank_memory"]) == 2 and all(a > 0 and b > 0 for a, b in trial["rank_memory"])
     for verdict in report["verdicts"]:  # a plan the search found faster: verified or rejected, every rank checked
         assert "each step timed as its slowest rank's" in verdict["reason"] and len(verdict["rank_memory"]) == 2
+    # The trial's plan is the offline proposer's seed, every candidate's first option together, activation
+    # checkpointing among them: the parallelism step measures it alone against the baseline, each rank's memory.
+    parallelism = report["parallelism"]
+    assert parallelism["world_size"] == 2, parallelism
+    alone = [row for row in parallelism["plans"] if row["state"] == "alone"]
+    assert alone and all(len(row["rank_memory"]) == 2 and all(a > 0 and b > 0 for a, b in row["rank_memory"])
+                         for row in alone), parallelism
 
 
 @pytest.mark.slow
