@@ -22,6 +22,9 @@ def _close(a: float, b: float, rel: float = 1e-5) -> bool:
 
 
 @pytest.mark.slow  # two 2-rank jobs (about 35 s)
+@pytest.mark.matrix  # the default pass: DDP under compiled steps trains as the same model on the CPU does
+# (tests/distributed/test_collectives.py, in its 2-rank job); examples/ddp.py under `tpu-agent run --nproc 2` against
+# gloo eagerly, as a GPU script writes it (tests/distributed/test_device_map_nccl.py)
 def test_the_ddp_example_on_tpu_under_tpu_agent_run_nproc_2_matches_cpu_gloo_rank_by_rank(tmp_path):
     """Compiled (TPU_AGENT_COMPILE_STEPS=1: the model's forward and backward and the optimizer's update as
     compiled programs, the all-reduces between them; measured 2026-12-04: losses 8.9e-8 relative, parameters

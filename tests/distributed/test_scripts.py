@@ -20,14 +20,15 @@ The release matrix, `-m matrix` (docs/ci.md), runs every case x mode at 2 and 4 
 and the bf16 `reshard_after_forward=True` case among them) against gloo, as `cd tests && python -m
 support.rank_runs --matrix` does by hand.
 
-(a) tests/distributed/test_ddp.py; (b) one test, both modes against one gloo run: each run matches gloo and a
-fresh job resumes its checkpoint, and under compiled steps its AdamW program replays; (c)
-tests/plan/test_parallelism.py, whose run without a plan is the reference of its exact parallelism plan (the 2 x 2
-mesh, with its two groups in one program: tests/distributed/test_two_groups_in_program.py); (d)
-tests/distributed/test_device_map_nccl.py: examples/ddp.py's model and data as a GPU script writes it
-(tests/data/scripts/ddp_cuda.py), under --device-map cuda=tpu; (e) the eager run saves the checkpoint, and its
-resume by a fresh eager job (the same losses and parameters to the last bit) is the matrix's dcp-eager-2, which
-holds an eager resume to that.
+(a) tests/distributed/test_collectives.py: a DDP model under compiled steps against the same model on the CPU, in
+its 2-rank job (examples/ddp.py under compiled steps against gloo, tests/distributed/test_ddp.py: in the matrix);
+(b) one test, both modes against one gloo run: each run matches gloo, a fresh compiled job resumes the compiled run's
+checkpoint, and under compiled steps its AdamW program replays; (c) tests/plan/test_parallelism.py, whose run
+without a plan is the reference of its exact parallelism plan (the 2 x 2 mesh, with its two groups in one program:
+tests/distributed/test_two_groups_in_program.py); (d) tests/distributed/test_device_map_nccl.py: examples/ddp.py's
+model and data as a GPU script writes it (tests/data/scripts/ddp_cuda.py), under --device-map cuda=tpu; (e) the
+eager run saves the checkpoint, and its resume by a fresh eager job (the same losses and parameters to the last bit)
+is the matrix's dcp-eager-2, which holds an eager resume to that.
 
 The bfloat16 check depends on the device rounding as PyTorch does: the first test holds the ops where it did
 not (a Linear's product rounded before its bias was added; gelu, softmax and layer norm's backward computed
