@@ -38,6 +38,11 @@ if QUICK_COMPILE_FLAGS not in os.environ.get("XLA_FLAGS", ""):
 # default, 29 s with one thread, back to back under load). A value set by the caller stays.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# JAX narrows int64/float64 with this warning when the device calls it outside its 64-bit scope: an error in
+# every process the tests start (the tool, its trials, torchrun's ranks), as pyproject's filterwarnings makes it
+# in pytest's own.
+os.environ.setdefault("PYTHONWARNINGS", "error:Explicitly requested dtype:UserWarning")
+
 from support.paths import EXAMPLES, REPO, TPU_AGENT  # noqa: E402,F401 - re-exported
 from support.processes import clean_env, one_error_line, run_python, run_tool  # noqa: E402,F401 - re-exported
 
