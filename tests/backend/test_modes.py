@@ -3,29 +3,42 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from support.examples import fused_programs, losses
+from support.examples import EXTRA, STEPS, STEPS_FOR, fused_programs, losses, run_each
+from support.paths import EXAMPLES as EXAMPLE_DIR
 
 MODES = {
     "fused": ({"TORCH_TPU_DEFER_AND_FUSE": "1"}, []),
-    "compiled step": ({}, ["--compile", "step"]),
-    "compiled model": ({}, ["--compile", "model"]),
+    # torch.compile of the step, then of the model: the example run twice in one process (one start-up of Python,
+    # torch and JAX for both), each run with its own seed, model and optimizer
+    "compiled step and model": ({}, [["--compile", "step"], ["--compile", "model"]]),
     "compiled steps": ({"TPU_AGENT_COMPILE_STEPS": "1"}, []),  # no change to the script
 }
 
 
 # The MLP (Linear, ReLU, cross-entropy, SGD) is a subset of the CNN (which adds convolutions, BatchNorm, pooling
-# and SGD's momentum): its four modes run in the release matrix (`-m matrix`, docs/ci.md).
+# and SGD's momentum): its four modes run in the release matrix (`-m matrix`, docs/ci.md). So does the transformer
+# under compiled steps, the longest case (its 50257-column LM head): compiled steps run on the other examples here
+# and on every Hugging Face family (tests/backend/test_hf_models.py), the transformer in every other mode.
 EXAMPLES = [pytest.param("mlp", marks=pytest.mark.matrix), "odd_shapes", "cnn", "transformer"]
+MATRIX_ONLY = {("transformer", "compiled steps")}
 
 
-@pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("name", EXAMPLES)
+def _cases():
+    for example in EXAMPLES:
+        name = example.values[0] if hasattr(example, "values") else example
+        for mode in MODES:
+            marks = [*getattr(example, "marks", ()), *([pytest.mark.matrix] if (name, mode) in MATRIX_ONLY else [])]
+            yield pytest.param(name, mode, marks=marks, id=f"{name}-{mode}")
+
+
+@pytest.mark.parametrize("name, mode", list(_cases()))
 def test_example_matches_cpu_in_fused_and_compiled_modes(name, mode, monkeypatch):
     cpu = losses(name, "cpu")
     env, extra = MODES[mode]
@@ -34,10 +47,23 @@ def test_example_matches_cpu_in_fused_and_compiled_modes(name, mode, monkeypatch
     if (name, mode) == ("transformer", "fused"):
         tpu, programs = fused_programs(name, *extra)
         transformer_runs_one_fused_program_per_step_without_recompiling(programs, len(cpu))
+        runs = {mode: tpu}
+    elif extra and isinstance(extra[0], list):
+        runs = dict(zip((" ".join(e) for e in extra), _losses_in_one_process(name, extra)))
     else:
-        tpu = losses(name, "tpu", *extra)
-    for step, (a, b) in enumerate(zip(cpu, tpu)):
-        assert b == pytest.approx(a, rel=1e-4), f"{mode}, step {step}: cpu {a} tpu {b}"
+        runs = {mode: losses(name, "tpu", *extra)}
+    for run, tpu in runs.items():
+        assert len(tpu) == len(cpu), run
+        for step, (a, b) in enumerate(zip(cpu, tpu)):
+            assert b == pytest.approx(a, rel=1e-4), f"{run}, step {step}: cpu {a} tpu {b}"
+
+
+def _losses_in_one_process(name: str, extras: list[list[str]]) -> list[list[float]]:
+    """The example's per-step losses on tpu with each of `extras`, the runs one after the other in one process."""
+    steps = STEPS_FOR.get(name, STEPS)
+    argv = [str(EXAMPLE_DIR / f"{name}.py"), "--device", "tpu", "--steps", str(steps), *EXTRA.get(name, [])]
+    printed = run_each([[*argv, *extra] for extra in extras])
+    return [[float(v) for v in re.findall(r"^step=\d+ loss=(\S+)$", out, re.M)] for out in printed]
 
 
 def transformer_runs_one_fused_program_per_step_without_recompiling(programs: dict, steps: int):
