@@ -43,27 +43,28 @@ def test_one_trace_ranks_every_data_split_across_slices_over_dcn(ranked):
 
 @pytest.fixture(scope="module")
 def alone(ranked):
-    """`project` run on each ranked plan alone (its own trace on its own mesh)."""
+    """`project` run alone on each re-costed plan (its own trace on its own mesh). The traced plan's projection is
+    `project`'s own: the same partition and cost calls on the same mesh."""
     r, _ = ranked
     sl = slices.read("2xv5e-4")
     return {tuple(sorted(p.plan.mesh.items())): project(TINY, ARGS, sl, p.plan.mesh, per_chip_batch=p.plan.per_chip_batch)[1]
-            for p in r.ranked}
+            for p in r.ranked if p.recosted_from is not None}
 
 
-def _alone(alone, p):
-    return alone[tuple(sorted(p.plan.mesh.items()))]
+def _key(p):
+    return tuple(sorted(p.plan.mesh.items()))
 
 
-def test_each_plan_reads_as_project_alone_reads_it_in_memory_dcn_and_the_traced_step(ranked, alone):
+def test_a_re_costed_plan_reads_as_project_alone_in_memory_and_dcn_and_pure_data_in_step_time(ranked, alone):
     r, _ = ranked
-    for p in r.ranked:
-        a = _alone(alone, p)
+    recosted = [p for p in r.ranked if p.recosted_from is not None]
+    assert len(recosted) == len(alone) == 2
+    for p in recosted:
+        a = alone[_key(p)]
         assert p.memory_per_chip_bytes == pytest.approx(a.hbm_bytes_per_chip, rel=0.1), p.plan.mesh
         assert p.dcn_s == pytest.approx(a.dcn_s, rel=0.01) and p.dcn_s > 0
-        if p.recosted_from is None:  # the traced plan: the same projection, figure for figure
-            assert p.step_s == pytest.approx(a.step_s, rel=1e-6) and p.mfu == pytest.approx(a.mfu, rel=1e-6)
-    data = next(p for p in r.ranked if p.plan.mesh == {"data": 8})  # pure data parallel: the same per-chip work
-    assert data.step_s == pytest.approx(_alone(alone, data).step_s, rel=0.02)
+    data = next(p for p in recosted if p.plan.mesh == {"data": 8})  # pure data parallel: the same per-chip work
+    assert data.step_s == pytest.approx(alone[_key(data)].step_s, rel=0.02)
 
 
 @pytest.mark.xfail(strict=True, reason="XLA:CPU partitions the tiny Llama on data=4,fsdp=2 otherwise: "
@@ -72,8 +73,9 @@ def test_each_plan_reads_as_project_alone_reads_it_in_memory_dcn_and_the_traced_
                    "HSDP layout: 0.39 ms alone against 0.20 ms re-costed (projection/remesh.py)")
 def test_the_ranking_orders_the_plans_as_project_alone_does(ranked, alone):
     r, _ = ranked
-    order = [tuple(sorted(p.plan.mesh.items())) for p in r.ranked]
-    assert order == sorted(order, key=lambda k: alone[k].step_s)
+    step = {_key(p): alone[_key(p)].step_s if p.recosted_from is not None else p.step_s for p in r.ranked}
+    order = [_key(p) for p in r.ranked]
+    assert order == sorted(order, key=step.get)
 
 
 def test_only_a_data_axis_carved_out_of_fsdp_is_re_costed():
