@@ -364,12 +364,18 @@ def _views_to_compute(returned, owned) -> dict:
     value, made contiguous, is all it can observe (the sizes, dtype and values it has in eager mode on tpu; an
     in-place write on it reaches nothing else). Views that share a base with another returned tensor, and views of
     arguments, parameters and buffers, keep aliasing them: made on the host after the run (`_returns`)."""
-    sharing: dict[int, int] = {}
+    sharing: dict[int, set] = {}  # storage -> the returned tensors on it (one tensor may be returned twice)
     for _, t in returned:
-        sharing[id(t._storage_box)] = sharing.get(id(t._storage_box), 0) + 1
-    return {path: t.jax() for path, t in returned
-            if t._view_chain and id(t._storage_box) not in owned and sharing[id(t._storage_box)] == 1
-            and type(t._storage_box.array) is Lazy}
+        sharing.setdefault(id(t._storage_box), set()).add(id(t))
+    value_of: dict[int, Lazy] = {}  # id(tensor) -> its value, read once
+    found = {}
+    for path, t in returned:
+        box = t._storage_box
+        if t._view_chain and id(box) not in owned and len(sharing[id(box)]) == 1 and type(box.array) is Lazy:
+            if id(t) not in value_of:
+                value_of[id(t)] = t.jax()
+            found[path] = value_of[id(t)]
+    return found
 
 
 def _returns(returned, own_views, index_of, outputs, owned, state):
@@ -398,7 +404,7 @@ def _returns(returned, own_views, index_of, outputs, owned, state):
             else:
                 return_map[path] = by_value[id(box.array)]
         else:
-            return {}, {}, "it returns a device tensor that it neither computes nor takes (a global tensor)"
+            return {}, {}, "it returns a tensor it neither computes on the device nor takes (a global tensor)"
     return return_map, view_map, None
 
 
