@@ -8,6 +8,10 @@ program that does not recompute the forward. A `torch.autograd.Function` joins
 the two to PyTorch autograd, so any loss, gradient clipping or optimizer works
 around it.
 
+A forward may return views: a view of a tensor it computed is an output of the program (its value), and a view
+of an argument, a parameter, a buffer or another returned tensor is made after the run by the same view ops, so it
+aliases that tensor as on the CPU (`_returns`).
+
 Like `torch.compile`, a program treats Python values read in the forward as
 constants: a signature is replayed only after two captures agreed on the graph,
 its Python numbers and its small CPU constants. A forward that never agrees, or
