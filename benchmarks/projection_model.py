@@ -29,10 +29,11 @@ def parse():
     p.add_argument("--experts", type=int, default=0)
     p.add_argument("--top-k", type=int, default=2)
     p.add_argument("--moe-mlp", type=int, help="each expert's intermediate size (default: --mlp)")
-    p.add_argument("--moe", choices=("dropping", "sorted"), default="dropping",
+    p.add_argument("--moe", choices=("dropping", "sorted", "gathered"), default="dropping",
                    help="dropping: MaxText's dense-dispatch MoE with a capacity factor; sorted: MaxText's sparse_matmul "
                         "(tokens sorted by expert, each expert's rows one matmul) with routing balanced, as the Ironwood "
-                        "recipes run it (use_random_routing: every expert gets seq x top_k / experts rows of a sequence)")
+                        "recipes run it (use_random_routing: every expert gets seq x top_k / experts rows of a sequence); "
+                        "gathered: sorted with the sort's gathers traced (an experiment: docs/benchmarks.md)")
     p.add_argument("--capacity-factor", type=float, default=1.0,
                    help="MaxText's capacity_factor: each expert takes ceil(seq x top_k / experts) x this tokens of a "
                         "sequence (MaxText's generate_masks)")
@@ -101,6 +102,48 @@ class SortedMoE(nn.Module):
         xs = x[:, :, None, :].expand(b, s, self.top_k, h).reshape(b, self.experts, rows // self.experts, h)
         act = nn.functional.silu(torch.einsum("bech,ehm->becm", xs, self.w1)) * torch.einsum("bech,ehm->becm", xs, self.w3)
         out = torch.einsum("becm,emh->bech", act, self.w2).reshape(b, s, self.top_k, h)
+        return (out * weights[..., None].to(out.dtype)).sum(2)
+
+
+class _Rows(torch.autograd.Function):
+    """The rows of x [b, n, h] taken in the order `index` [b, m] (a gather per sequence); backward takes the
+    gradient's rows back by `inverse` [b, m] and sums the m / n copies of each row, as MaxText's _sort_activations
+    (a custom VJP: a gather both ways, no scatter). A gather with a batch dim is split by the batch when partitioned."""
+
+    @staticmethod
+    def forward(ctx, x, index, inverse):
+        ctx.save_for_backward(inverse)
+        ctx.n = x.shape[1]
+        return torch.gather(x, 1, index[..., None].expand(*index.shape, x.shape[-1]))
+
+    @staticmethod
+    def backward(ctx, grad):
+        (inverse,) = ctx.saved_tensors
+        back = torch.gather(grad, 1, inverse[..., None].expand(*inverse.shape, grad.shape[-1]))
+        b, m, h = back.shape
+        return back.reshape(b, ctx.n, m // ctx.n, h).sum(2), None, None
+
+
+class GatheredMoE(SortedMoE):
+    """SortedMoE with the sort itself: each sequence's (token, choice) rows sorted by expert (an argsort and a
+    gather), run as SortedMoE's balanced groups, then gathered back into token order (MaxText's sparse_matmul
+    permute and unpermute, _sort_activations both ways). Traced, the gathers stay split by the batch (no
+    collectives), but XLA:CPU runs torch's gather element-wise, in f32, with a coordinate triple per element: their
+    traffic reads about 3.5x the rows' bytes (docs/benchmarks.md), so the table's rows keep SortedMoE."""
+
+    def forward(self, x):
+        b, s, h = x.shape
+        rows = s * self.top_k
+        if rows % self.experts:
+            raise SystemExit(f"sorted MoE: seq x top_k = {rows} does not divide by {self.experts} experts")
+        probs = self.router(x).softmax(-1)
+        weights, chosen = probs.topk(self.top_k, dim=-1)  # [b, s, k]
+        order = chosen.reshape(b, rows).argsort(-1)  # each sequence's (token, choice) rows by expert
+        inverse = order.argsort(-1)
+        xs = _Rows.apply(x, order // self.top_k, inverse).reshape(b, self.experts, rows // self.experts, h)
+        act = nn.functional.silu(torch.einsum("bech,ehm->becm", xs, self.w1)) * torch.einsum("bech,ehm->becm", xs, self.w3)
+        out = torch.einsum("becm,emh->bech", act, self.w2).reshape(b, rows, h)
+        out = _Rows.apply(out, inverse, order).reshape(b, s, self.top_k, h)  # back in token order
         return (out * weights[..., None].to(out.dtype)).sum(2)
 
 
@@ -201,7 +244,8 @@ def build(a):
         if a.experts:
             for layer in model.model.layers:
                 mlp = a.moe_mlp or a.mlp
-                layer.mlp = (SortedMoE(a.hidden, mlp, a.experts, a.top_k) if a.moe == "sorted" else
+                kind = {"sorted": SortedMoE, "gathered": GatheredMoE}.get(a.moe)
+                layer.mlp = (kind(a.hidden, mlp, a.experts, a.top_k) if kind else
                              DenseMoE(a.hidden, mlp, a.experts, a.top_k, a.capacity_factor)).to(torch.bfloat16)
     if a.remat == "full":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
