@@ -46,3 +46,11 @@ def test_the_console_verdict_says_the_host():
     out = console.export_text().splitlines()
     assert out[0].startswith("  measured on ") and "JAX platform cpu" in out[0]
     assert "figures for v5e" in out[1]
+
+
+def test_several_slices_are_named_as_the_target_the_estimates_are_for():
+    result = _result("v5e-4").model_copy(update={"settings": TuneOptions(target="v5e-4", slices=2)})
+    assert "*Measured here, estimated for 2xv5e-4:*" in markdown(result, {})
+    console = Console(record=True, width=300)
+    TuneLines(console).host(result)
+    assert "figures for 2xv5e-4" in console.export_text()

@@ -44,7 +44,7 @@ def markdown(result: TuneResult, files: dict[str, Path]) -> str:
         lines += [f"*Measured on:* {result.host}.", ""]
     split = target_split(result)
     if split:
-        lines += [f"*Measured here, estimated for {result.settings.target}:* {split}.", ""]
+        lines += [f"*Measured here, estimated for {result.settings.slice or result.settings.target}:* {split}.", ""]
     best = result.best
     if best is not None:
         s = best.speed

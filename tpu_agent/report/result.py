@@ -50,9 +50,9 @@ def measured_on(profile) -> str:
 def target_split(result: "TuneResult") -> str | None:
     """With --target naming a TPU generation (or slice) while this host is not a TPU: the line that separates what
     this host measured from what is only estimated for the target; None otherwise."""
-    target = result.settings.target
-    if target == "cpu" or (result.host or "").find("JAX platform tpu") >= 0:
+    if result.settings.target == "cpu" or (result.host or "").find("JAX platform tpu") >= 0:
         return None
+    target = result.settings.slice or result.settings.target  # `2xv5e-4` with --slices 2
     return (f"what this host measured (times, intervals, verified changes) is this host's; figures for "
             f"{target} (rooflines, projections, padding waste) are estimates, never verified here, and a change "
             f"whose benefit is only {target}'s is not called verified")
