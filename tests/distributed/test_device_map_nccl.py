@@ -84,6 +84,9 @@ def test_a_cuda_ddp_script_with_nccl_runs_on_tpu_and_matches_cpu_gloo(tmp_path):
 
 
 @pytest.mark.slow  # two 2-rank jobs (about 110 s at load 10)
+@pytest.mark.matrix  # the default pass: FSDP2 x tensor parallel on a 1 x 2 mesh against gloo
+# (tests/plan/test_parallelism.py), a CUDA script's backend strings mapped (the first tests here) and its DDP job
+# (above) under --device-map
 def test_an_fsdp2_tp_script_on_a_cuda_device_mesh_runs_on_tpu_and_matches_cpu_gloo(tmp_path):
     """init_process_group("cpu:gloo,cuda:nccl"), init_device_mesh("cuda", (1, 2)): tensor parallel over "tp", FSDP2
     over "dp", examples/fsdp2.py's model; within 1e-5 relative of gloo's."""
