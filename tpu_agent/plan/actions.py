@@ -4,7 +4,8 @@ A plan is a list of actions. Each action class owns what the rest of the tool
 asks of its kind: its `group` (what an ablation credits), its one-line
 `describe()`, the `instruction()` a person follows to get it without
 tpu-agent, how it is applied in the child at run time (`apply`), and the
-field hint the Claude proposer is shown. Adding a kind is one class here.
+field hint the Claude proposer is shown (the base class: action_base.py). Adding a kind is one class
+here or in distributed_actions.py (a torch.distributed script's own calls), named in ACTION_CLASSES.
 
 Each action says whether it preserves numerics (the same per-step losses
 within float32 summation-order noise); the verifier holds those to the
@@ -17,65 +18,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Callable, ClassVar, Literal, Union
+from typing import Annotated, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tpu_agent.paths import write_atomic
+from tpu_agent.plan.action_base import EFFECTS, ActionBase, Group
 from tpu_agent.plan.applied import Applied
+from tpu_agent.plan.distributed_actions import ActivationCheckpointing, FsdpParamDtype, FsdpReshard, MeshShape
 
 SCHEMA_VERSION = 1
 MeshAxes = dict[str, int]
-Group = Literal["padding", "execution", "precision", "sharding"]
-# What an action does to the model, for the user: the same math (exact), the same model with other rounding
-# (numerics), another architecture (model), another batch, sequence length or expert capacity (training), or other data (data:
-# the tuner never proposes it). The search covers exact and numerics unless `--allow` opens more.
-Effect = Literal["exact", "numerics", "model", "training", "data"]
-EFFECTS: tuple[str, ...] = ("exact", "numerics", "model", "training", "data")
-EFFECT_TEXT = {"exact": "same math", "numerics": "same model, other rounding", "model": "a different architecture",
-               "training": "different training (batch, sequence length, or the tokens an expert takes)", "data": "a change to the data"}
 
 
-class _Action(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    group: ClassVar[Group]  # and `effect` (see Effect), a field so that plan.json and report.json carry it
-    single: ClassVar[bool] = True  # at most one per plan
-    hint: ClassVar[str]  # its fields, as the Claude proposer's submit tool describes them
-
-    # For actions whose class follows from a field: (field, its value -> effect). Decided, never given.
-    effect_from: ClassVar[tuple[str, Callable[[object], str]] | None] = None
-
-    @property
-    def preserves_numerics(self) -> bool:
-        """Only an exact change keeps the baseline's losses; every other class is held to a tolerance."""
-        return self.effect == "exact"
-
-    @model_validator(mode="before")
-    @classmethod
-    def _derived_effect(cls, data):
-        if cls.effect_from is not None and isinstance(data, dict) and cls.effect_from[0] in data:
-            field, effect_of = cls.effect_from
-            data = {**data, "effect": effect_of(data[field])}
-        return data
-
-    def describe(self) -> str:
-        fields = {k: v for k, v in self.model_dump().items() if k not in ("kind", "effect")}
-        return f"{self.kind} {json.dumps(fields, separators=(',', ':'))}"
-
-    def instruction(self) -> str | None:
-        """How to get this action without tpu-agent, in the script or its environment (None: a source edit)."""
-        return None
-
-    def effect_note(self) -> str | None:
-        """What its class means for the user's training, beyond the class's name (None: nothing more)."""
-        return None
-
-    def apply(self, applied: Applied) -> None:
-        """Configure the backend in the child, before the script runs (source actions were applied to a copy)."""
-
-
-class PadDim(_Action):
+class PadDim(ActionBase):
     """Rewrite one integer literal of the user's source (a tensor dim) to a padded value."""
 
     group: ClassVar[Group] = "padding"
@@ -101,7 +57,7 @@ class PadDim(_Action):
         return f"{self.name or 'literal'} {self.old}->{self.new} ({self.file}:{self.line})"
 
 
-class PadOps(_Action):
+class PadOps(ActionBase):
     """The backend zero-pads matmul/convolution operand dims to a multiple and slices results: every dim, or only
     dims of the target `sizes` (the vocabulary dim of an LM head, say)."""
 
@@ -135,7 +91,7 @@ class PadOps(_Action):
         applied.notes.append(f"matmul operands padded to multiples of {self.multiple}{only}")
 
 
-class PadBatch(_Action):
+class PadBatch(ActionBase):
     """Batches padded where they leave the DataLoader, along `dim`, to the smallest of a few lengths: the step then
     compiles once per bucket instead of once per batch length. Each listed tensor is padded with its value (the
     pad id, -100 for labels, 0 for a mask): the values the script's own collate pads with."""
@@ -192,7 +148,7 @@ class PadBatch(_Action):
         applied.notes.append(f"{self.describe()}, as batches leave the DataLoader")
 
 
-class Mesh(_Action):
+class Mesh(ActionBase):
     """A device mesh over the available devices, e.g. {"data": 4} or {"data": 2, "model": 2}."""
 
     group: ClassVar[Group] = "sharding"
@@ -222,7 +178,7 @@ class Mesh(_Action):
         applied.mesh = dict(self.axes)  # placed on the model the script builds, at its first forward
 
 
-class ShardRule(_Action):
+class ShardRule(ActionBase):
     """Parameters whose name matches the glob `pattern` are split with this PartitionSpec."""
 
     group: ClassVar[Group] = "sharding"
@@ -240,7 +196,7 @@ class ShardRule(_Action):
         applied.rules.append((self.pattern, tuple(self.spec)))
 
 
-class BatchSharding(_Action):
+class BatchSharding(ActionBase):
     """The model's tensor inputs are split along dim 0 over mesh axis `axis` (data parallel)."""
 
     group: ClassVar[Group] = "sharding"
@@ -256,7 +212,7 @@ class BatchSharding(_Action):
         applied.batch_axis = self.axis
 
 
-class Compile(_Action):
+class Compile(ActionBase):
     """How the step executes: op by op, fused at sync points, or compiled as one program."""
 
     group: ClassVar[Group] = "execution"
@@ -292,7 +248,7 @@ class Compile(_Action):
         applied.compile_model = self.mode == "compiled"
 
 
-class MatmulPrecision(_Action):
+class MatmulPrecision(ActionBase):
     """Matmul precision: `default` is one bf16 pass on TPUs; `highest` is full float32."""
 
     group: ClassVar[Group] = "precision"
@@ -313,7 +269,7 @@ class MatmulPrecision(_Action):
         applied.notes.append(f"matmul precision {self.precision}")
 
 
-class ExpertsImplementation(_Action):
+class ExpertsImplementation(ActionBase):
     """A Hugging Face MoE's experts computed with static shapes instead of a Python loop over the experts hit:
     the loop's `torch.where` gives each expert a token count that changes every step, so on XLA each count is
     a new program. `grouped_mm` sorts the tokens by expert and multiplies in one grouped matmul; `batched_mm`
@@ -339,7 +295,7 @@ class ExpertsImplementation(_Action):
         use_experts_implementation(self.implementation, applied)
 
 
-class ExpertCapacity(_Action):
+class ExpertCapacity(ActionBase):
     """A script's own MoE block (a router, a list of experts and a loop picking each expert's tokens with
     `torch.where`, as in Mixtral's code) run with capacity padding: each expert takes a fixed number of slots, so
     no shape depends on the routing. `capacity_factor` null: room for every token in every expert, none dropped,
@@ -379,132 +335,11 @@ class ExpertCapacity(_Action):
         use_expert_capacity(self.capacity_factor, applied)
 
 
-class FsdpReshard(_Action):
-    """FSDP2's `reshard_after_forward` on every `fully_shard` call of a torch.distributed script: True frees each
-    block's gathered parameters after its forward and gathers them again for its backward; False keeps them from
-    forward to backward (one all-gather per block per step instead of two, the block's full parameters held)."""
-
-    group: ClassVar[Group] = "sharding"
-    effect: Literal["exact"] = "exact"
-    hint: ClassVar[str] = "{reshard: true|false}"
-    kind: Literal["fsdp_reshard_after_forward"] = "fsdp_reshard_after_forward"
-    reshard: bool
-
-    def describe(self) -> str:
-        return f"FSDP2 reshard_after_forward={self.reshard}"
-
-    def effect_note(self) -> str:
-        return ("memory per rank: the gathered parameters of every block are freed after its forward (less memory, "
-                "a second all-gather in backward)" if self.reshard else "memory per rank: every block's gathered "
-                "parameters are held from its forward to its backward (more memory, one all-gather fewer per block)")
-
-    def instruction(self) -> str:
-        return f"`fully_shard(module, reshard_after_forward={self.reshard})` on each `fully_shard` call"
-
-    def apply(self, applied: Applied) -> None:
-        from tpu_agent.plan.parallelism import settings
-
-        settings(applied).reshard_after_forward = self.reshard
-
-
-class FsdpParamDtype(_Action):
-    """The dtype FSDP2 gathers parameters in and computes with (MixedPrecisionPolicy param_dtype); gradients are
-    still reduced in float32 unless the script set its own reduce_dtype."""
-
-    group: ClassVar[Group] = "precision"
-    effect: Literal["numerics"] = "numerics"
-    hint: ClassVar[str] = "{param_dtype: bfloat16|float32}"
-    kind: Literal["fsdp_param_dtype"] = "fsdp_param_dtype"
-    param_dtype: Literal["bfloat16", "float32"]
-
-    def describe(self) -> str:
-        return f"FSDP2 param_dtype {self.param_dtype}"
-
-    def instruction(self) -> str:
-        return (f"`fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=torch.{self.param_dtype}, "
-                "reduce_dtype=torch.float32))` on each `fully_shard` call")
-
-    def apply(self, applied: Applied) -> None:
-        from tpu_agent.plan.parallelism import settings
-
-        settings(applied).param_dtype = self.param_dtype
-
-
-class ActivationCheckpointing(_Action):
-    """The model's blocks (those the script passes to `fully_shard`, else its largest list of repeated blocks) run
-    under `torch.utils.checkpoint`: backward recomputes a block's forward instead of keeping its activations.
-    `every`: 1 checkpoints every block, k every k-th (blocks 0, k, 2k, ...)."""
-
-    group: ClassVar[Group] = "execution"
-    effect: Literal["exact"] = "exact"
-    hint: ClassVar[str] = "{every: 1 (every block) or k (every k-th block)}"
-    kind: Literal["activation_checkpointing"] = "activation_checkpointing"
-    every: int = Field(1, ge=1, le=64)
-
-    def describe(self) -> str:
-        return "activation checkpointing of " + ("every block" if self.every == 1 else f"one block in {self.every}")
-
-    def effect_note(self) -> str:
-        return "memory per rank: a checkpointed block keeps only its input for backward, and recomputes its forward"
-
-    def instruction(self) -> str:
-        which = "each block" if self.every == 1 else f"blocks 0, {self.every}, {2 * self.every}, ..."
-        return (f"wrap {which} before `fully_shard`: `block = checkpoint_wrapper(block)` "
-                "(torch.distributed.algorithms._checkpoint.checkpoint_wrapper), or call "
-                "`torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)` in the model's forward")
-
-    def apply(self, applied: Applied) -> None:
-        from tpu_agent.plan.parallelism import settings
-
-        settings(applied).checkpoint_every = self.every
-
-
-class MeshShape(_Action):
-    """The script's 2-D `init_device_mesh(device, (dp, tp), ...)` built with `shape` = (dp, tp) instead (the same
-    world size). Tensor-parallel ranks compute the same math split another way; `dp_batches`: the script reads one
-    batch per dp coordinate (its data follows the mesh), so another dp trains on another global batch (training);
-    false: every rank reads the same batch, the same math (exact)."""
-
-    group: ClassVar[Group] = "sharding"
-    hint: ClassVar[str] = "{shape: [dp, tp], dp_batches (the script reads one batch per dp coordinate)}"
-    kind: Literal["mesh_shape"] = "mesh_shape"
-    shape: tuple[int, int]
-    dp_batches: bool = True
-    effect: Literal["exact", "training"] = "training"
-
-    effect_from: ClassVar = ("dp_batches", lambda dp_batches: "training" if dp_batches else "exact")
-
-    @field_validator("shape")
-    @classmethod
-    def _positive(cls, shape):
-        if min(shape) < 1:
-            raise ValueError("mesh_shape sizes must be positive")
-        return shape
-
-    def describe(self) -> str:
-        return f"mesh dp {self.shape[0]} x tp {self.shape[1]}"
-
-    def effect_note(self) -> str:
-        if self.dp_batches:
-            return (f"each of the {self.shape[0]} dp coordinates reads its own batch: the global batch is "
-                    f"{self.shape[0]} per-rank batches, so training changes with dp; the losses were held to the loss "
-                    "tolerance")
-        return "every rank reads the same batch: the same math split another way over the ranks"
-
-    def instruction(self) -> str:
-        return f"`init_device_mesh(device, {tuple(self.shape)}, mesh_dim_names=(\"dp\", \"tp\"))`"
-
-    def apply(self, applied: Applied) -> None:
-        from tpu_agent.plan.parallelism import settings
-
-        settings(applied).mesh = tuple(self.shape)
-
-
-ACTION_CLASSES: tuple[type[_Action], ...] = (PadDim, PadOps, PadBatch, Mesh, ShardRule, BatchSharding, Compile,
-                                             MatmulPrecision, ExpertsImplementation, ExpertCapacity, FsdpReshard,
-                                             FsdpParamDtype, ActivationCheckpointing, MeshShape)
+ACTION_CLASSES: tuple[type[ActionBase], ...] = (PadDim, PadOps, PadBatch, Mesh, ShardRule, BatchSharding, Compile,
+                                                 MatmulPrecision, ExpertsImplementation, ExpertCapacity,
+                                                 FsdpReshard, FsdpParamDtype, ActivationCheckpointing, MeshShape)
 Action = Annotated[Union[ACTION_CLASSES], Field(discriminator="kind")]  # noqa: UP007 - a tuple of classes
-ACTION_MODELS: dict[str, type[_Action]] = {cls.model_fields["kind"].default: cls for cls in ACTION_CLASSES}
+ACTION_MODELS: dict[str, type[ActionBase]] = {cls.model_fields["kind"].default: cls for cls in ACTION_CLASSES}
 ACTION_KINDS: tuple[str, ...] = tuple(ACTION_MODELS)
 ActionKind = Literal[ACTION_KINDS]  # type: ignore[valid-type]
 GROUPS: dict[str, Group] = {kind: cls.group for kind, cls in ACTION_MODELS.items()}

@@ -3,7 +3,8 @@ change (exact, numerics, model, training) and what it means for the user's train
 
 from __future__ import annotations
 
-from tpu_agent.plan.actions import EFFECT_TEXT, Compile, MatmulPrecision, PadDim, Plan
+from tpu_agent.plan.action_base import EFFECT_TEXT
+from tpu_agent.plan.actions import Compile, MatmulPrecision, PadDim, Plan
 
 
 def effect_line(action, parameters: list[int | None]) -> str:

@@ -10,7 +10,8 @@ from tpu_agent.measure.numerics import NumericsCheck
 from tpu_agent.measure.runner import Runner, steady_enough
 from tpu_agent.measure.stats import MemoryEstimate, SpeedupEstimate
 from tpu_agent.measure.trials import TrialFailed
-from tpu_agent.plan.actions import Effect, Group, Plan
+from tpu_agent.plan.action_base import Effect, Group
+from tpu_agent.plan.actions import Plan
 
 
 class Attribution(BaseModel):
