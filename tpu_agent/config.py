@@ -64,6 +64,75 @@ def _either(choices) -> str:
     return " | ".join(get_args(choices))
 
 
+class Declared(BaseModel):
+    """An option more than one command takes (tune, profile, run), declared once: every command builds its flag
+    from this (cli/options.py), and TuneOptions its field (`declared`). No command has its own help or bounds."""
+
+    model_config = ConfigDict(frozen=True)
+
+    default: Any
+    help: str
+    metavar: str | None = None
+    short: str | None = None
+    ge: int | None = None  # the lower bound: pydantic's for tune and [tool.tpu-agent], click's for profile and run
+
+
+SHARED: dict[str, Declared] = {
+    # None: the script as python runs it. 1: one rank with torchrun's variables set, so that a torchrun script's
+    # init_process_group() finds a group of one (run, profile). A tune's warm processes are not given those variables
+    # (two of them alive at once would share one MASTER_PORT): tune --nproc 1 is its default single process.
+    "nproc": Declared(
+        default=None, metavar="N", ge=1,
+        help="Ranks on this host, each a process started by PyTorch's launcher (as torchrun --nproc-per-node N); "
+             "profile gathers every rank's profile, tune times a step by its slowest rank. Default: one process, as "
+             "python runs it; 1: one rank with torchrun's variables set (run, profile; in tune, the default)."),
+    # At least 1 in every command: a tune times its pairs after the warm-up, so 0 would time compilation; a profile
+    # with 0 counted the first step's compilation in its step statistics, FLOPs and MFU. The compile cost has its own
+    # line in both (the warm-up summary), and a script that ends inside the warm-up is still measured whole.
+    "warmup": Declared(default=2, ge=1,
+                       help="Steps each process runs before timing, left out of the statistics (compilation, >= 1)."),
+    "target": Declared(
+        default="cpu", metavar="TARGET",
+        help=f"What to measure for: {_either(Target)} (this machine, or a TPU generation's cost model: roofline "
+             "estimates and the padding report), or a TPU slice such as v6e-256, tpu7x-4x4x4 or 2xv5e-4 (its "
+             "generation's estimates; tune also ranks plans by projection onto the slice, an estimate)."),
+    "output_dir": Declared(default=None, metavar="DIR", short="-o",
+                           help="Where run directories go (default ./.tpu-agent/runs)."),
+}
+
+
+def declared(name: str, **checks: Any) -> Any:
+    """TuneOptions' field for a shared option, from its declaration (`checks`: pydantic's, for the field only)."""
+    d = SHARED[name]
+    bounds = {"ge": d.ge} if d.ge is not None else {}
+    return option(d.default, d.help, metavar=d.metavar, short=d.short, **bounds, **checks)
+
+
+def check_target(value: str) -> str:
+    """A generation, or a slice as `tpu-agent project` parses it (one the generation offers); ValueError else."""
+    if value in get_args(Target):
+        return value
+    from tpu_agent.slices import read
+
+    try:
+        read(value)
+    except InputError as exc:  # its message starts `--target 'v6e-7': `; the caller names where it came from
+        reason = str(exc).split(": ", 1)[-1]
+        if reason.startswith("expected a slice"):
+            reason = f"expected {_either(Target)}, or a slice such as v6e-256 (a generation, a dash, its size)"
+        raise ValueError(reason) from None
+    return value
+
+
+def target_generation(value: str) -> str:
+    """The generation a checked --target models: itself, or a slice's (`v5e-8`: v5e); `cpu` is this machine."""
+    if value in get_args(Target):
+        return value
+    from tpu_agent.slices import read
+
+    return read(value).generation
+
+
 class TuneOptions(BaseModel):
     """Every `tune` option, declared once. A field here is a key in [tool.tpu-agent] and a flag."""
 
@@ -74,7 +143,7 @@ class TuneOptions(BaseModel):
     trial_timeout: float = option(600.0, "A trial step running longer is stopped and recorded as failed.", gt=0)
     steps: int = option(20, f"Interleaved baseline/candidate pairs per trial (>= {MIN_PAIRS}); every measured process "
                         "runs this length.", ge=MIN_PAIRS)
-    warmup: int = option(2, "Steps each process runs before timing (compilation, >= 1).", ge=1)
+    warmup: int = declared("warmup")
     pairs: int = option(20, f"Pairs a verification or an ablation measures (>= {MIN_PAIRS}), shared out over "
                         "--processes fresh process pairs.", ge=MIN_PAIRS)
     processes: int = option(3, "Fresh baseline/candidate process pairs a verification and each ablation unit "
@@ -82,16 +151,12 @@ class TuneOptions(BaseModel):
                             "spread between them (a two-level bootstrap).", ge=1)
     verify: int = option(3, "How many of the best plans to verify in fresh processes (0: search only, nothing "
                          "verified).", ge=0)
-    target: str = option("cpu", f"What to tune for: {_either(Target)} (this machine, or a TPU generation's cost "
-                         "model), or a TPU slice such as v6e-256 (plans for it also ranked by projection, estimates).",
-                         metavar="TARGET")
+    target: str = declared("target")
     slices: int = option(1, "With a slice --target: N such slices joined by the data-center network (multislice, the "
                          "data axis spanning them), for the projected ranking.", metavar="N", ge=1)
     objective: Objective = option("time", f"{_either(Objective)}: step time, peak memory, or both.")
     devices: int = option(1, "Simulated devices on a CPU host (for sharding).", ge=1)
-    nproc: int = option(1, "Ranks on this host: the baseline, every trial and the verification run the script once "
-                        "per rank under PyTorch's launcher (torch.distributed.run, as torchrun --nproc-per-node N); "
-                        "a step's time is its slowest rank's.", metavar="N", ge=1)
+    nproc: int | None = declared("nproc", validate_default=True)  # None (not given) and 1: one process, as python
     seed: int = option(0, "Seed of the sampler and the bootstrap.")
     study: str | None = option(None, "Optuna study name (default: from the script and settings).")
     storage: str | None = option(None, "Optuna storage URL (default: SQLite under .tpu-agent/).")
@@ -106,8 +171,7 @@ class TuneOptions(BaseModel):
     loss_tol: float = option(0.02, "A shape-changing plan may end with a loss this much worse.", ge=0, lt=1)
     apply: bool = option(False, "Write the verified source change into your files (backup kept).")
     force: bool = option(False, "With --apply: overwrite files with uncommitted changes.")
-    output_dir: str | None = option(None, "Where run directories go (default ./.tpu-agent/runs).", metavar="DIR",
-                                    short="-o")
+    output_dir: str | None = declared("output_dir")
     playbooks: list[str] = option([], "Extra playbook directories (in [tool.tpu-agent]: a folder or a list).",
                                   metavar="DIR")
     proposer: ProposerName = option("auto", f"{_either(ProposerName)} (auto: claude when ANTHROPIC_API_KEY is set).")
@@ -123,19 +187,13 @@ class TuneOptions(BaseModel):
     @field_validator("target")
     @classmethod
     def _generation_or_slice(cls, value: str) -> str:
-        """A generation, or a slice as `tpu-agent project` parses it (one the generation offers)."""
-        if value in get_args(Target):
-            return value
-        from tpu_agent.slices import read
+        return check_target(value)
 
-        try:
-            read(value)
-        except InputError as exc:  # its message starts `--target 'v6e-7': `; resolve() names where it came from
-            reason = str(exc).split(": ", 1)[-1]
-            if reason.startswith("expected a slice"):
-                reason = f"expected {_either(Target)}, or a slice such as v6e-256 (a generation, a dash, its size)"
-            raise ValueError(reason) from None
-        return value
+    @field_validator("nproc")
+    @classmethod
+    def _one_process(cls, value: int | None) -> int:
+        """Not given: one process, as a tune has always measured it (--nproc 1 is the same here; see SHARED)."""
+        return 1 if value is None else value
 
     @field_validator("slices")
     @classmethod
@@ -154,11 +212,7 @@ class TuneOptions(BaseModel):
     @property
     def generation(self) -> str:
         """The TPU generation the estimates model (`cpu`: this machine); a slice's generation for a slice."""
-        if self.slice is None:
-            return self.target
-        from tpu_agent.slices import read
-
-        return read(self.target).generation
+        return target_generation(self.target)
 
     @field_validator("allow", mode="before")
     @classmethod

@@ -16,6 +16,31 @@ DeviceMapOption = Annotated[str | None, typer.Option(
          ".to(\"cuda\"), device=\"cuda\" and CUDA autocast/GradScaler to tpu for this run.")]
 JsonOutput = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
 
+
+def help_text(help: str, default: object, shown: str | None = None) -> str:
+    """An option's help as every command prints it: the declared text, then `[default: ...]` where a default is
+    worth showing (`shown`: one better said in words), escaped for rich."""
+    from rich.markup import escape
+
+    if shown is None and default is not None and default is not False and default != []:
+        shown = f"{default:g}" if isinstance(default, float) else str(default)
+    return escape(help + (f" [default: {shown}]" if shown else ""))
+
+
+def declared_option(name: str, *, bounds: bool = True):
+    """The typer option of a shared option (config.SHARED: --nproc, --warmup, --target, --output-dir), as every
+    command that takes it declares it. `bounds`: click checks the lower bound (tune leaves it to pydantic, which
+    checks [tool.tpu-agent] the same way)."""
+    from tpu_agent.config import SHARED
+
+    d = SHARED[name]
+    names = [f"--{name.replace('_', '-')}", *([d.short] if d.short else [])]
+    limits = {"min": d.ge} if bounds and d.ge is not None else {}
+    return typer.Option(*names, metavar=d.metavar, help=help_text(d.help, d.default), show_default=False, **limits)
+
+
+NprocOption = Annotated[int | None, declared_option("nproc")]
+
 PROG = "tpu-agent"
 NPROC_WITH_DEVICES = ("--devices simulates devices in one process; with --nproc each rank is one process with one "
                       "device: give one or the other")  # profile's and tune's one line (exit 2)

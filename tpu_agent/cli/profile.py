@@ -24,8 +24,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from tpu_agent import envvars
 from tpu_agent.cli.inputs import check_script
-from tpu_agent.cli.options import (NPROC_WITH_DEVICES, DeviceMapOption, ScriptArg, ScriptArgs, device_map_env,
-                                    stderr_console, stdout_console)
+from tpu_agent.cli.options import (NPROC_WITH_DEVICES, DeviceMapOption, NprocOption, ScriptArg, ScriptArgs,
+                                    declared_option, device_map_env, stderr_console, stdout_console)
+from tpu_agent.config import SHARED
 from tpu_agent.errors import InputError, TpuAgentError
 from tpu_agent.cli.format import ms
 from tpu_agent.paths import CANNOT_WRITE_EXIT, RUNS_SUBDIR, CannotWrite, refusal_of_run, shown_path, writable_dir
@@ -197,12 +198,18 @@ class ProfileMode(str, enum.Enum):
     compiled = "compiled-if-available"
 
 
-class TargetGeneration(str, enum.Enum):
-    v4 = "v4"
-    v5e = "v5e"
-    v5p = "v5p"
-    v6e = "v6e"
-    v7x = "v7x"
+def target_generation(target: str) -> str | None:
+    """The generation --target models (a slice's: v5e-8 is v5e); None for cpu, this machine (no estimate).
+    A target neither names is click's usage error (exit 2, one line)."""
+    from tpu_agent.config import check_target
+    from tpu_agent.config import target_generation as generation
+
+    try:
+        check_target(target)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--target'") from None
+    chosen = generation(target)
+    return None if chosen == "cpu" else chosen
 
 
 def _default(name: str):
@@ -217,13 +224,10 @@ def profile(
         int | None,
         typer.Option("--steps", min=1, help="Stop the script cleanly after N measured steps (after warm-up). Default: run it to the end.", show_default=False),
     ] = None,
-    warmup: Annotated[int, typer.Option("--warmup", min=0, help="First K steps (compilation) left out of the statistics.")] = _default("warmup"),
+    warmup: Annotated[int, declared_option("warmup")] = SHARED["warmup"].default,
     mode: Annotated[ProfileMode, typer.Option("--mode", help="How the device runs ops: op by op, fused into one program per step, or compiled where the backend can.")] = ProfileMode(_default("mode")),
     devices: Annotated[int, typer.Option("--devices", min=1, help="Simulate N devices on the CPU.")] = _default("devices"),
-    target: Annotated[
-        TargetGeneration | None,
-        typer.Option("--target", help="TPU generation for a roofline estimate (and the padding report).", show_default=False),
-    ] = None,
+    target: Annotated[str, declared_option("target")] = SHARED["target"].default,
     dump_hlo: Annotated[bool, typer.Option("--dump-hlo/--no-dump-hlo", help="Write the optimized HLO of every executable that ran to the run directory.")] = _default("dump_hlo"),
     xla_dump: Annotated[bool, typer.Option("--xla-dump", help="Also turn on XLA's own dump (--xla_dump_to) into the run directory.")] = _default("xla_dump"),
     trace: Annotated[
@@ -232,17 +236,14 @@ def profile(
     ] = None,
     time_executables: Annotated[bool, typer.Option("--time-executables", help="Wait for every executable so its recorded time is execution time (slower).")] = _default("time_executables"),
     host_device_steps: Annotated[int, typer.Option("--host-device-steps", min=0, metavar="K", help="Run K more steps (after the measured ones) with every executable waited for, to split the step into host overhead and device time; 0: none.")] = _default("host_device_steps"),
-    output_dir: Annotated[
-        Path | None,
-        typer.Option("--output-dir", "-o", metavar="DIR", help="Where run directories go (default ./.tpu-agent/runs).", show_default=False),
-    ] = None,
+    output_dir: Annotated[Path | None, declared_option("output_dir")] = SHARED["output_dir"].default,
     json_output: Annotated[bool, typer.Option("--json", help="Print profile.json to stdout (the script's output goes to stderr).")] = False,
     timeout: Annotated[
         float | None,
         typer.Option("--timeout", min=0.001, metavar="SECONDS", help="Stop the script after this many seconds (exit 124).", show_default=False),
     ] = None,
     device_map: DeviceMapOption = None,
-    nproc: Annotated[int | None, typer.Option("--nproc", min=1, metavar="N", help="Ranks on this host: PyTorch's launcher (torch.distributed.run, as torchrun --nproc-per-node N) starts the script once per rank, each profiled; profile.json gathers them (per-rank step time, memory, collectives, communication share, the slowest rank). --nproc 1 profiles one rank with torchrun's variables set.", show_default=False)] = None,
+    nproc: NprocOption = SHARED["nproc"].default,
 ) -> int:
     """Profile SCRIPT on the bundled `tpu` device: step time, FLOPs, MFU, memory, hot ops, padding waste.
 
@@ -254,7 +255,7 @@ def profile(
     [bold]tpu-agent profile --nproc 2 train.py --steps 10[/bold]
     """
     settings = Settings(
-        steps=steps, warmup=warmup, mode=mode.value, devices=devices, target=target.value if target else None,
+        steps=steps, warmup=warmup, mode=mode.value, devices=devices, target=target_generation(target),
         dump_hlo=dump_hlo, xla_dump=xla_dump, trace_dir=str(trace) if trace else None,
         time_executables=time_executables, host_device_steps=host_device_steps,
     )

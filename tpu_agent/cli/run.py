@@ -12,7 +12,8 @@ from rich.markup import escape
 
 from tpu_agent import envvars
 from tpu_agent.cli.inputs import check_script
-from tpu_agent.cli.options import PROG, DeviceMapOption, ScriptArg, ScriptArgs, device_map_env, stderr_console
+from tpu_agent.cli.options import (PROG, DeviceMapOption, NprocOption, ScriptArg, ScriptArgs, device_map_env,
+                                    stderr_console)
 from tpu_agent.errors import InputError, TpuAgentError, validation_line
 from tpu_agent.paths import RUNS_SUBDIR, shown_path
 
@@ -60,7 +61,7 @@ def run(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary line after the run.")] = False,
     plan: Annotated[str | None, typer.Option("--plan", metavar="PLAN.json", help="Run with a plan: source edits on a copy, run-time actions in the backend.", show_default=False)] = None,
     device_map: DeviceMapOption = None,
-    nproc: Annotated[int | None, typer.Option("--nproc", min=1, metavar="N", help="Ranks on this host: PyTorch's launcher (torch.distributed.run, as torchrun --nproc-per-node N) starts the script once per rank; --nproc 1 runs one rank with torchrun's variables set.", show_default=False)] = None,
+    nproc: NprocOption = None,
 ) -> int:
     """Run SCRIPT with the bundled `tpu` device loaded, as `python SCRIPT ARGS...` would.
 

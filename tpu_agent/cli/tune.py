@@ -12,8 +12,8 @@ import typer
 from rich.markup import escape
 
 from tpu_agent.cli.inputs import check_script
-from tpu_agent.cli.options import (NPROC_WITH_DEVICES, DeviceMapOption, ScriptArg, ScriptArgs, device_map_env,
-                                    stderr_console, stdout_console)
+from tpu_agent.cli.options import (NPROC_WITH_DEVICES, DeviceMapOption, ScriptArg, ScriptArgs, declared_option,
+                                    device_map_env, help_text, stderr_console, stdout_console)
 from tpu_agent.config import TuneOptions, resolve
 from tpu_agent.paths import shown_path
 from tpu_agent.report.effects import effect_lines
@@ -22,25 +22,17 @@ if TYPE_CHECKING:
     from tpu_agent.propose import ProposerChoice
 
 
-def shown_default(name: str) -> str | None:
-    """The `[default: ...]` text of a tune option, from its declaration (None: nothing worth showing)."""
-    field = TuneOptions.model_fields[name]
-    extra = field.json_schema_extra or {}
-    if "shown" in extra:
-        return extra["shown"]
-    default = field.get_default(call_default_factory=True)
-    if default is None or default is False or default == []:
-        return None
-    return f"{default:g}" if isinstance(default, float) else str(default)
-
-
 def flag(name: str):
-    """The `--name` option of a TuneOptions field: its help and default as declared there. A flag not given is
-    None, so that [tool.tpu-agent] and then the declared default apply (config.resolve)."""
+    """The `--name` option of a TuneOptions field: its help and default as declared there (a shared option's as
+    config.SHARED declares it for every command). A flag not given is None, so that [tool.tpu-agent] and then the
+    declared default apply (config.resolve)."""
+    from tpu_agent.config import SHARED
+
+    if name in SHARED:
+        return declared_option(name, bounds=False)
     field = TuneOptions.model_fields[name]
     extra = field.json_schema_extra or {}
-    shown = shown_default(name)
-    text = escape(field.description + (f" [default: {shown}]" if shown else ""))
+    text = help_text(field.description, field.get_default(call_default_factory=True), extra.get("shown"))
     names = [f"--{name.replace('_', '-')}", *([extra["short"]] if "short" in extra else [])]
     return typer.Option(*names, metavar=extra.get("metavar"), help=text)
 
