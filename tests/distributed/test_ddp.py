@@ -83,7 +83,7 @@ def test_nproc_1_runs_and_profiles_a_torchrun_script_as_one_rank(tmp_path):
     proc = run_tool("run", "--nproc", "1", "one.py", cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "world 1 rank 0 local 0 sum 2.0" in proc.stdout
-    proc = run_tool("profile", "--nproc", "1", "one.py", "--steps", "1", "--warmup", "0", cwd=tmp_path, timeout=120)
+    proc = run_tool("profile", "--nproc", "1", "one.py", "--steps", "1", "--warmup", "1", cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "world 1 rank 0" in proc.stdout + proc.stderr
     proc = run_tool("run", "one.py", cwd=tmp_path, timeout=120)
