@@ -79,13 +79,14 @@ class Declared(BaseModel):
 
 SHARED: dict[str, Declared] = {
     # None: the script as python runs it. 1: one rank with torchrun's variables set, so that a torchrun script's
-    # init_process_group() finds a group of one (run, profile). A tune's warm processes are not given those variables
-    # (two of them alive at once would share one MASTER_PORT): tune --nproc 1 is its default single process.
+    # init_process_group() finds a group of one; in a tune every process gets its own MASTER_PORT (run.launch, as
+    # the tune's warm processes run side by side). TuneOptions holds 1 for both (one process to measure); the tune
+    # tells them apart by where the value came from (ResolvedOptions.sources).
     "nproc": Declared(
         default=None, metavar="N", ge=1,
         help="Ranks on this host, each a process started by PyTorch's launcher (as torchrun --nproc-per-node N); "
              "profile gathers every rank's profile, tune times a step by its slowest rank. Default: one process, as "
-             "python runs it; 1: one rank with torchrun's variables set (run, profile; in tune, the default)."),
+             "python runs it; 1: one rank with torchrun's variables set."),
     # At least 1 in every command: a tune times its pairs after the warm-up, so 0 would time compilation; a profile
     # with 0 counted the first step's compilation in its step statistics, FLOPs and MFU. The compile cost has its own
     # line in both (the warm-up summary), and a script that ends inside the warm-up is still measured whole.
@@ -192,7 +193,7 @@ class TuneOptions(BaseModel):
     @field_validator("nproc")
     @classmethod
     def _one_process(cls, value: int | None) -> int:
-        """Not given: one process, as a tune has always measured it (--nproc 1 is the same here; see SHARED)."""
+        """Not given: one process (given as 1, a rank of one: cli/tune.py reads that from the sources)."""
         return 1 if value is None else value
 
     @field_validator("slices")

@@ -101,6 +101,9 @@ TRIAL = EnvVar("TPU_AGENT_TRIAL", "child", "a timing trial: run.messages.TrialRe
 PLAN = EnvVar("TPU_AGENT_PLAN", "child", "`tpu-agent run --plan`: the plan whose run-time actions the child applies")
 DEVICE_MAP = EnvVar("TPU_AGENT_DEVICE_MAP", "child",
                     "`--device-map cuda=tpu`: the script's CUDA calls run on tpu (run.device_map)")
+ONE_RANK = Flag("TPU_AGENT_ONE_RANK", "tool",
+                "`1` (tune --nproc 1): every one-process child the tool launches gets torchrun's variables for a "
+                "group of one, each with a MASTER_PORT of its own (run.launch)")
 
 # --- the device's flags (read by backend/)
 DEVICE = EnvVar("TPU_AGENT_DEVICE", "backend", "`bundled`: ours even beside Google's torch_tpu; `off`: not registered")
@@ -125,7 +128,7 @@ DEFER_AND_FUSE = Flag("TORCH_TPU_DEFER_AND_FUSE", "backend",
                       "`1`: start in fused mode (Google TorchTPU's variable, honoured by the bundled device)")
 
 ALL: tuple[EnvVar, ...] = (CACHE_DIR, MEASURE_SLOTS, ANTHROPIC_API_KEY, RUN_DIR, PROFILE, PROGRESS_FD, TRIAL, PLAN,
-                           DEVICE_MAP, DEVICE, DEVICES, GENERATION, CPU_FALLBACK, PAD_OPS, TIME_EXECUTABLES, MAX_GRAPH_OPS,
+                           DEVICE_MAP, ONE_RANK, DEVICE, DEVICES, GENERATION, CPU_FALLBACK, PAD_OPS, TIME_EXECUTABLES, MAX_GRAPH_OPS,
                            COMPILE_STEPS, XLA_CACHE, COLLECTIVES_IN_PROGRAM, DEFER_AND_FUSE)
 NAMES = frozenset(v.name for v in ALL)
 

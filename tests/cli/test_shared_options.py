@@ -116,14 +116,54 @@ def test_pyproject_warmup_zero_is_refused(tmp_path):
         resolve(tmp_path / "train.py")
 
 
-def test_tune_nproc_one_is_its_single_process(tmp_path):
-    """tune keeps one process as python runs it for --nproc 1 (its warm processes would share a MASTER_PORT): the
-    same options and the same study as no --nproc; 2 is another study."""
+def test_tune_nproc_one_is_one_rank_of_a_torchrun_job(tmp_path, monkeypatch):
+    """Given (a flag or [tool.tpu-agent]), --nproc 1 makes every process the tune launches one rank with torchrun's
+    variables, as run and profile do; not given, the script runs as python runs it. Both measure one process."""
+    from tpu_agent import envvars
+
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
     default, one, two = (resolve(script, flags) for flags in ({}, {"nproc": 1}, {"nproc": 2}))
     assert default.options.nproc == one.options.nproc == 1 and two.options.nproc == 2
     assert one.sources["nproc"] == "flag" and default.sources["nproc"] == "default"
-    assert default.options.fingerprint(script, []) == one.options.fingerprint(script, [])
-    assert two.options.fingerprint(script, []) != one.options.fingerprint(script, [])
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def tune(*args, **kwargs):
+        seen.append((kwargs.get("proposer"), envvars.ONE_RANK.read(), args[2].nproc))
+        raise Stop
+
+    monkeypatch.setattr("tpu_agent.pipeline.tune", tune)
+    monkeypatch.chdir(tmp_path)
+    for flags in ([], ["--nproc", "1"]):
+        assert isinstance(invoke("tune", str(script), "--offline", *flags).exception, Stop)
+    (tmp_path / "pyproject.toml").write_text("[tool.tpu-agent]\nnproc = 1\n")
+    assert isinstance(invoke("tune", str(script), "--offline").exception, Stop)
+    assert [(marked, nproc) for _, marked, nproc in seen] == [(False, 1), (True, 1), (True, 1)]
+    assert not envvars.ONE_RANK.read()  # the tune's own environment is left as it was
     assert "--nproc" in refusal(invoke("tune", str(script), "--nproc", "0"))
+
+
+def test_each_one_rank_child_gets_its_own_port(monkeypatch):
+    """What launch gives a child under TPU_AGENT_ONE_RANK=1: a group of one, a MASTER_PORT per child, and the
+    marker itself left out of the script's environment; nothing at N ranks (torchrun sets its own) or unmarked."""
+    from tpu_agent import envvars
+    from tpu_agent.run import launch
+
+    envs = []
+    monkeypatch.setattr(launch.subprocess, "Popen", lambda command, **kw: envs.append(kw["env"]))
+    marked = {"PATH": "/bin", envvars.ONE_RANK.name: "1"}
+    launch.launch("train.py", [], env=marked)
+    launch.launch("train.py", [], env=marked)
+    launch.launch("train.py", [], env=marked, nproc=2)
+    launch.launch("train.py", [], env={"PATH": "/bin"})
+    first, second, ranks, plain = envs
+    for env in (first, second):
+        assert {k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")} == {
+            "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    assert first["MASTER_PORT"] != second["MASTER_PORT"]
+    assert all(envvars.ONE_RANK.name not in env for env in envs)
+    assert "RANK" not in ranks and "MASTER_PORT" not in ranks and plain == {"PATH": "/bin"}

@@ -86,7 +86,7 @@ def tune(
     [bold]tpu-agent tune --nproc 2 train.py --trials 10[/bold] (a torchrun script, every rank)
     """
     given = {name: value for name, value in locals().items() if name in TuneOptions.model_fields}  # the flags
-    from tpu_agent import interrupts, pipeline
+    from tpu_agent import envvars, interrupts, pipeline
     from tpu_agent.plan.patch import apply_patch
     from tpu_agent.propose import choose_proposer
     from tpu_agent.report.console import TuneLines
@@ -95,14 +95,17 @@ def tune(
     check_script(script)
     mapped = device_map_env(device_map)
     flags = {**given, "playbooks": playbooks or None}
-    opts = resolve(script, flags).options
+    resolved = resolve(script, flags)
+    opts = resolved.options
+    if opts.nproc == 1 and resolved.sources["nproc"] != "default":  # one rank of a torchrun job, as run/profile
+        mapped[envvars.ONE_RANK.name] = "1"
     chosen = choose_proposer(opts.proposer, offline)  # the one decision: which proposer, and why
     check_before_the_baseline(Path(script), opts, chosen)
     console = stderr_console() if json_output else stdout_console()
-    if opts.join:
-        return join_study(Path(script), script_args or [], opts, console)
-    os.environ.update(mapped)  # every child of this tune (baseline, trials, verification) inherits the map
+    os.environ.update(mapped)  # every child of this tune (baseline, trials, verification) inherits them
     try:
+        if opts.join:
+            return join_study(Path(script), script_args or [], opts, console)
         result, files = pipeline.tune(Path(script), script_args or [], opts, console=console, proposer=chosen)
     finally:
         for name in mapped:

@@ -73,8 +73,16 @@ def launch(script: str | Path, args: Sequence[str], *, env: Mapping[str, str], c
            new_session: bool = False, nproc: int = 1) -> subprocess.Popen:
     """Start `python -P -m tpu_agent.run.child SCRIPT ARGS...` (what the child does is in `env`), once per
     rank under torch.distributed.run when `nproc` > 1. `stdin`: inherited unless given (a tune's processes
-    get the null device: no one answers a prompt there)."""
-    return subprocess.Popen(child_command(script, args, nproc), cwd=cwd, env=dict(env), stdin=stdin, stdout=stdout,
+    get the null device: no one answers a prompt there). `TPU_AGENT_ONE_RANK=1` in `env` (tune --nproc 1): a
+    one-process child gets torchrun's variables for a group of one, a free MASTER_PORT each (a tune's warm
+    processes run side by side)."""
+    env = dict(env)
+    if envvars.ONE_RANK.read(env) and nproc == 1:
+        from tpu_agent.run.rendezvous import one_rank_variables
+
+        env.update(one_rank_variables(env))
+    envvars.ONE_RANK.pop(env)
+    return subprocess.Popen(child_command(script, args, nproc), cwd=cwd, env=env, stdin=stdin, stdout=stdout,
                             stderr=stderr, pass_fds=tuple(pass_fds), start_new_session=new_session)
 
 
