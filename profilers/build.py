@@ -15,8 +15,8 @@ from tpu_agent.backend.generations import DEFAULT_GENERATION
 
 from . import analysis, flopcheck, hlo, peaks, shapes, warmup
 from .collected import Collected, RunInfo
-from .schema import (Device, Executable, Files, Flops, GraphBreaks, GraphBreakSite, Memory, Profile, Recompilation, Steps,
-                     Transfers)
+from .recompile_schema import GraphBreaks, GraphBreakSite, Recompilation
+from .schema import Device, Executable, Files, Flops, Memory, Profile, Steps, Transfers
 
 HOT_OPS = 25
 

@@ -15,44 +15,12 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from .environment import Environment
+from .recompile_schema import GraphBreaks, Recompilation, Recompiling
+
 SCHEMA_VERSION = 1
-ENVIRONMENT_SCHEMA_VERSION = 1
 
 Mode = Literal["eager", "fused", "compiled-if-available"]
-
-
-class JaxDevice(BaseModel):
-    id: int
-    platform: str
-    device_kind: str
-    process_index: int
-
-
-class Environment(BaseModel):
-    schema_version: int = ENVIRONMENT_SCHEMA_VERSION
-    tpu_agent_version: str
-    python_version: str
-    python_executable: str
-    os: str
-    machine: str
-    cpu_count: int | None
-    torch_version: str | None
-    torch_tpu_device: bool | None = Field(
-        description="torch's PrivateUse1 backend is registered as `tpu` (None: torch did not import)"
-    )
-    jax_version: str | None
-    jaxlib_version: str | None
-    jax_default_backend: str | None
-    jax_devices: list[JaxDevice]
-    torch_tpu_importable: bool = Field(description="Google's TorchTPU (`torch_tpu`) can be imported")
-    anthropic_api_key_set: bool
-    cache_dir: str
-    runs_dir: str
-    peak_flops_per_s: float | None = Field(
-        None, description="the device's peak FLOP/s for MFU: a TPU's datasheet figure, else the cached calibration"
-    )
-    peak_source: str | None = Field(None, description="where the peak comes from; None: not calibrated yet")
-    problems: list[str] = Field(default_factory=list)
 
 
 class Estimate(BaseModel):
@@ -305,85 +273,6 @@ class Padding(BaseModel):
     ops: list[PaddedOp] = Field(default_factory=list, description="every dot and convolution of the measured steps")
     varying_left_out: list[int] = Field(default_factory=list, description="sizes that change from step to step "
                                         "(see recompiling), left out of dims: padding them one by one fixes nothing")
-
-
-class Recompilation(BaseModel):
-    step: int | None = Field(description="the step it happened in; None: outside steps")
-    executable: str
-    kind: str
-    shapes: list[str] = Field(default_factory=list, description="fused: input shapes new since the previous "
-                              "graph; eager: the new executable's argument shapes")
-    reason: str
-    compile_s: float | None = None
-
-
-class VaryingDim(BaseModel):
-    """A dim of a batch tensor that took several sizes: the lengths a fix pads."""
-
-    tensor: str = Field(description="its path in the batch: ['input_ids'], [0]; '' for a bare tensor")
-    dim: int
-    sizes: list[int] = Field(description="the sizes seen, ascending")
-    by_batch: list[int] = Field(default_factory=list, description="its size in each batch, in order (first 200)")
-    dtype: str = ""
-    rows: list[int] = Field(default_factory=list, description="the batch sizes (dim 0) seen with it")
-    pad_value: float | None = Field(None, description="what fills the padded rows' last position")
-    pad_value_seen: bool = Field(False, description="True: observed in the batches; False: assumed from its name")
-
-
-class ProgramShapes(BaseModel):
-    """One program compiled for several input shapes (the same ops; eager: the same aten op)."""
-
-    program: str = Field(description="its first executable's name")
-    kind: str
-    shapes: int = Field(description="how many shapes it was compiled for")
-    varying: list[str] = Field(default_factory=list, description="'arg 0 dim 1: 17, 23, 31': the inputs' dims "
-                               "that differ between its shapes, with the sizes seen")
-    compile_s: float | None = Field(None, description="seconds compiling its shapes, where measured (fused graphs)")
-
-
-class DimBound(BaseModel):
-    """A dim the script declares dynamic, with bounds (`mark_dynamic(x, dim, min, max)`, torch._dynamo's or
-    TorchTPU's): the lengths it says may come, so buckets cover them."""
-
-    dim: int
-    min: int | None = None
-    max: int | None = None
-    source: str = Field(description="file:line of the call")
-
-
-class Recompiling(BaseModel):
-    """Shapes that change from step to step, so that programs compile again and again."""
-
-    verdict: str = Field(description="one line: 'recompiling: 21 shapes of dim 1 in 30 steps, 62 % of the run "
-                         "compiling'")
-    steps: int
-    compiling_steps: int = Field(description="measured steps that compiled something")
-    compile_s: float = Field(description="seconds compiling, every step")
-    run_s: float = Field(description="seconds of every step together")
-    compile_share: float
-    batch_dims: list[VaryingDim] = Field(default_factory=list, description="batch dims that vary, where a "
-                                         "DataLoader yields the batches")
-    programs: list[ProgramShapes] = Field(default_factory=list)
-    sources: list[str] = Field(default_factory=list, description="where the lengths are made: the collate "
-                               "function, padding calls in the script, the line that copies the batch to the device")
-    bounds: list[DimBound] = Field(default_factory=list, description="dims the script marks dynamic with bounds")
-
-
-class GraphBreakSite(BaseModel):
-    op: str | None = Field(description="what needed a concrete value: an aten op with a data-dependent output "
-                           "shape, Tensor.item(), a copy to the CPU")
-    reason: str = Field(description="data-dependent shape | value read on the host | graph size limit")
-    source: str | None = Field(description="file:line of the code that ran it (a model's own file counts)")
-    count: int
-    first_step: int | None = None
-
-
-class GraphBreaks(BaseModel):
-    """Fused graphs cut mid-step: each break runs what was recorded and starts a new graph."""
-
-    count: int = 0
-    per_step: float = Field(0.0, description="in the measured steps")
-    sites: list[GraphBreakSite] = Field(default_factory=list, description="most frequent first")
 
 
 class Transfers(BaseModel):

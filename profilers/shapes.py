@@ -16,7 +16,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from .batches import BatchWatch
-from .schema import DimBound, ProgramShapes, Recompiling, Step, VaryingDim
+from .recompile_schema import DimBound, ProgramShapes, Recompiling, VaryingDim
+from .schema import Step
 
 # Calls that pad a batch to its own longest sequence (or bound its length): where a length is made.
 _PADDING_CALLS = ("pad_sequence", "DataCollatorWithPadding", "DataCollatorForSeq2Seq", "DataCollatorForLanguageModeling",

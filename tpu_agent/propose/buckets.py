@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tpu_agent.profilers.padding import round_up
-from tpu_agent.profilers.schema import Profile, VaryingDim
+from tpu_agent.profilers.recompile_schema import VaryingDim
+from tpu_agent.profilers.schema import Profile
 
 BUCKET_COUNTS = (1, 2, 4)  # one fixed length, and two ways to trade programs for padding
 LONG = 256  # from this length on, buckets are multiples of 128

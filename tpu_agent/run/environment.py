@@ -16,7 +16,7 @@ from pathlib import Path
 from tpu_agent import __version__, envvars
 from tpu_agent.errors import one_line
 from tpu_agent.paths import cache_dir, runs_dir
-from tpu_agent.profilers.schema import Environment, JaxDevice
+from tpu_agent.profilers.environment import Environment, JaxDevice
 
 __all__ = ["Environment", "JaxDevice", "collect_environment"]
 
