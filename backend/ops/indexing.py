@@ -1,4 +1,4 @@
-"""Backwards of indexing ops (their forwards are with the gathers and scatters, in shape.py)."""
+"""Backwards of indexing ops (their forwards are with the gathers and scatters, in gather_scatter.py)."""
 
 from __future__ import annotations
 
