@@ -111,9 +111,9 @@ def test_search_and_verify_are_siblings():
     assert {m: d for m, d in crossing.items() if d} == {}
 
 
-def test_every_module_is_under_600_lines_and_few_sit_at_the_top():
+def test_every_module_is_under_500_lines_and_few_sit_at_the_top():
     lines = {name: len(path.read_text().splitlines()) for name, path in _modules().items()}
-    assert {n: k for n, k in lines.items() if k > 600} == {}
+    assert {n: k for n, k in lines.items() if k > 500} == {}
     top = [p for p in (REPO / "tpu_agent").glob("*.py")]
     assert len(top) <= 10, sorted(p.name for p in top)  # 10: slices, the slice table beside config
 
