@@ -102,6 +102,14 @@ SHARED: dict[str, Declared] = {
 }
 
 
+def one_rank() -> bool:
+    """Whether this tune runs the script as one rank of a torchrun job (`--nproc 1` given: cli/tune.py sets
+    TPU_AGENT_ONE_RANK for every child it launches), which makes another study than one process as python runs it."""
+    from tpu_agent import envvars
+
+    return envvars.ONE_RANK.value
+
+
 def declared(name: str, **checks: Any) -> Any:
     """TuneOptions' field for a shared option, from its declaration (`checks`: pydantic's, for the field only)."""
     d = SHARED[name]
@@ -259,7 +267,7 @@ class TuneOptions(BaseModel):
         """What makes two runs the same study: the script, its args and the measuring settings."""
         keep = self.model_dump(include={"steps", "warmup", "target", "objective", "min_gain", "loss_tol"})
         keep["devices"] = self.devices if self.devices > 1 else None  # as studies made before recorded it
-        if self.nproc > 1:  # another job: absent at 1 rank, as studies made before recorded it
+        if self.nproc > 1 or one_rank():  # another job: absent as python runs it, as studies made before recorded it
             keep["nproc"] = self.nproc
         if self.slices > 1:  # another target: absent at one slice, as studies made before recorded it
             keep["slices"] = self.slices

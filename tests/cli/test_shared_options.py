@@ -167,3 +167,20 @@ def test_each_one_rank_child_gets_its_own_port(monkeypatch):
     assert first["MASTER_PORT"] != second["MASTER_PORT"]
     assert all(envvars.ONE_RANK.name not in env for env in envs)
     assert "RANK" not in ranks and "MASTER_PORT" not in ranks and plain == {"PATH": "/bin"}
+
+
+def test_one_rank_is_another_study(tmp_path, monkeypatch):
+    """A torchrun rank of one runs another program than the script as python runs it: the study's fingerprint and
+    the key a joining worker must match both tell them apart (and a worker joining without --nproc 1 is refused)."""
+    from tpu_agent import envvars
+    from tpu_agent.search.study import _differs, worker_key
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    options = TuneOptions()
+    plain, plain_key = options.fingerprint(script, []), worker_key(script, [], options)
+    monkeypatch.setenv(envvars.ONE_RANK.name, "1")
+    ranked, ranked_key = options.fingerprint(script, []), worker_key(script, [], options)
+    assert plain != ranked and plain_key["settings"]["nproc"] is None and ranked_key["settings"]["nproc"] == 1
+    assert _differs(ranked_key, plain_key) == "it was made for another search space: --nproc 1, here None"
+    assert _differs(plain_key, ranked_key) == "it was made for another search space: --nproc None, here 1"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import optuna
 
-from tpu_agent.config import TuneOptions
+from tpu_agent.config import TuneOptions, one_rank
 from tpu_agent.errors import InputError
 from tpu_agent.measure.compare import median
 from tpu_agent.plan.actions import Plan
@@ -129,7 +129,8 @@ def worker_key(script: Path, args: list[str], options: TuneOptions) -> dict:
 
     keep = options.model_dump(include={"steps", "warmup", "target", "objective", "min_gain", "loss_tol",
                                        "devices", "allow"})
-    keep["nproc"] = options.nproc if options.nproc > 1 else None  # None as studies made before recorded it
+    # None: one process as python runs it, as studies made before recorded it; 1: one torchrun rank (--nproc 1)
+    keep["nproc"] = options.nproc if options.nproc > 1 or one_rank() else None
     return {"script": script.name, "sha256": hashlib.sha256(Path(script).read_bytes()).hexdigest()[:16],
             "args": list(args), "settings": keep}
 
