@@ -1,4 +1,4 @@
-"""What a plan's run-time actions ask of the run: each action writes its part here (actions.py, `Action.apply`),
+"""What a plan's run-time actions ask of the run: each action writes its part here (its `apply`),
 and runtime.py does it in the child before the script runs."""
 
 from __future__ import annotations

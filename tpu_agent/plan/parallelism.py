@@ -1,7 +1,7 @@
 """The parallelism of a torch.distributed script, changed at run time in each rank's child without editing it.
 
-A plan's parallelism actions (actions.py: FsdpReshard, FsdpParamDtype, ActivationCheckpointing, MeshShape) set
-a `Parallelism` here; `install` then wraps what the script calls, before it runs:
+A plan's parallelism actions (distributed_actions.py: FsdpReshard, FsdpParamDtype, ActivationCheckpointing,
+MeshShape) set a `Parallelism` here; `install` then wraps what the script calls, before it runs:
 
 - `torch.distributed.fsdp.fully_shard` (and its other import paths): every call gets the plan's
   `reshard_after_forward` and the plan's MixedPrecisionPolicy `param_dtype` (reduce_dtype float32 unless the script
