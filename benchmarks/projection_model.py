@@ -92,16 +92,24 @@ class SortedMoE(nn.Module):
         self.w2 = nn.Parameter(torch.empty(experts, mlp, hidden))
         self.experts, self.top_k = experts, top_k
 
-    def forward(self, x):
-        b, s, h = x.shape
-        rows = s * self.top_k
+    def route(self, x):
+        """The router's top-k weights and choices [b, s, k], and the (token, choice) rows per sequence."""
+        rows = x.shape[1] * self.top_k
         if rows % self.experts:
             raise SystemExit(f"sorted MoE: seq x top_k = {rows} does not divide by {self.experts} experts")
-        probs = self.router(x).softmax(-1)
-        weights, _chosen = probs.topk(self.top_k, dim=-1)  # [b, s, k]
-        xs = x[:, :, None, :].expand(b, s, self.top_k, h).reshape(b, self.experts, rows // self.experts, h)
+        weights, chosen = self.router(x).softmax(-1).topk(self.top_k, dim=-1)
+        return weights, chosen, rows
+
+    def expert_mlp(self, xs):
+        """Each expert's SwiGLU MLP over its group of rows, xs [b, experts, rows per expert, h]."""
         act = nn.functional.silu(torch.einsum("bech,ehm->becm", xs, self.w1)) * torch.einsum("bech,ehm->becm", xs, self.w3)
-        out = torch.einsum("becm,emh->bech", act, self.w2).reshape(b, s, self.top_k, h)
+        return torch.einsum("becm,emh->bech", act, self.w2)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        weights, _chosen, rows = self.route(x)
+        xs = x[:, :, None, :].expand(b, s, self.top_k, h).reshape(b, self.experts, rows // self.experts, h)
+        out = self.expert_mlp(xs).reshape(b, s, self.top_k, h)
         return (out * weights[..., None].to(out.dtype)).sum(2)
 
 
@@ -133,16 +141,11 @@ class GatheredMoE(SortedMoE):
 
     def forward(self, x):
         b, s, h = x.shape
-        rows = s * self.top_k
-        if rows % self.experts:
-            raise SystemExit(f"sorted MoE: seq x top_k = {rows} does not divide by {self.experts} experts")
-        probs = self.router(x).softmax(-1)
-        weights, chosen = probs.topk(self.top_k, dim=-1)  # [b, s, k]
+        weights, chosen, rows = self.route(x)
         order = chosen.reshape(b, rows).argsort(-1)  # each sequence's (token, choice) rows by expert
         inverse = order.argsort(-1)
         xs = _Rows.apply(x, order // self.top_k, inverse).reshape(b, self.experts, rows // self.experts, h)
-        act = nn.functional.silu(torch.einsum("bech,ehm->becm", xs, self.w1)) * torch.einsum("bech,ehm->becm", xs, self.w3)
-        out = torch.einsum("becm,emh->bech", act, self.w2).reshape(b, rows, h)
+        out = self.expert_mlp(xs).reshape(b, rows, h)
         out = _Rows.apply(out, inverse, order).reshape(b, s, self.top_k, h)  # back in token order
         return (out * weights[..., None].to(out.dtype)).sum(2)
 
