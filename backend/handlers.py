@@ -12,6 +12,7 @@ import jax
 import torch
 
 from . import dtypes
+from .distributed import functional  # noqa: F401  (the functional collectives' handlers, registered with these)
 from .opinfo import handler
 from .state import STATE, STATS
 from .tensor import DEVICE, TpuTensor, device_index

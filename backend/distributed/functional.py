@@ -2,7 +2,7 @@
 all_reduce, all_gather_into_tensor, reduce_scatter_tensor (sum, avg), broadcast and all_to_all_single (equal
 splits) are recorded into the pending graph, which runs as one program over the ranks (in_program.py);
 otherwise, and for what cannot be recorded, their lowerings in ops/collectives.py run as before. Imported by
-ops/collectives.py once the lowerings are registered."""
+handlers.py (after execute, whose `execute` the handlers call); it loads the lowerings it wraps first."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 
 from ..execute import execute
 from ..opinfo import handler
+from ..ops import collectives as _lowerings  # noqa: F401  (registers the lowerings the handlers here wrap)
 from ..registry import LOWERINGS
 from ..tensor import TpuTensor
 from . import in_program

@@ -81,6 +81,3 @@ def wait_tensor(x):
 @lower(functional._wrap_tensor_autograd.default)
 def wrap_tensor_autograd(x):
     return x  # PyTorch wraps a collective's result for a later wait; ours has completed: nothing to wrap
-
-
-from ..distributed import functional  # noqa: E402, F401  (their handlers: in fused mode, recorded into the graph)

@@ -1,4 +1,4 @@
-"""The backend's modules depend in one direction (the order docs/layout.md gives)."""
+"""The backend's modules depend in one direction (the order docs/layout.md gives), distributed/'s included."""
 
 from __future__ import annotations
 
@@ -6,12 +6,20 @@ import ast
 from pathlib import Path
 
 BACKEND = Path(__file__).resolve().parents[2] / "backend"
+PACKAGES = ("ops", "distributed")  # backend's sub-packages: ops/ is one unit, distributed/'s modules each one
 
-# Each module may import (at module level) only modules earlier in this list.
+# Each module may import (at module level) only modules earlier in this list. distributed/'s modules sit where
+# their imports put them: the process group and the collectives below the op lowerings that call them (ops/),
+# the in-program collectives above fused mode's recorder, the functional collectives' handlers above execute.
 ORDER = [
     "jax_setup", "dtypes", "state", "source", "registry", "executables", "generations", "modes", "padding",
-    "mesh", "memory", "launch", "lazy", "programs", "views", "tensor", "transfer", "ops",
-    "opinfo", "arguments", "fallback", "execute", "writes", "view_ops", "handlers", "dispatch",
+    "mesh", "memory", "launch", "lazy", "programs", "views", "tensor", "transfer",
+    "distributed.__init__", "distributed.faults", "distributed.topology", "distributed.runtime",
+    "distributed.group_mesh", "distributed.collectives", "distributed.process_group", "distributed.in_program",
+    "distributed.tensor_ops", "distributed.exchange",
+    "ops",
+    "opinfo", "arguments", "fallback", "execute", "distributed.functional", "writes", "view_ops", "handlers",
+    "dispatch",
     "steps", "sharding", "capture", "whole_step", "step_program", "module_program", "optimizer_program", "compile",
     "auto_compile", "pinned", "autocast", "attention", "recurrent", "transformer", "checkpoints", "lazy_modules", "module",
     "device",
@@ -19,35 +27,65 @@ ORDER = [
 ]
 
 
+def _unit(parts: list[str]) -> str:
+    """The ORDER entry of a module path under backend/ (["distributed", "faults"]: distributed/faults.py)."""
+    if parts[0] == "ops":
+        return "ops"
+    if parts[0] == "distributed":
+        return f"distributed.{parts[1]}" if len(parts) > 1 else "distributed.__init__"
+    return parts[0]
+
+
+def _me(path: Path) -> str:
+    package = path.parent.relative_to(BACKEND).parts
+    return _unit([*package, path.stem])
+
+
 def _imports(path: Path) -> set[str]:
     """Backend modules imported at module level (function-level imports are lazy loading)."""
+    package = list(path.parent.relative_to(BACKEND).parts)
     found = set()
     for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.ImportFrom) and node.level >= 1:
-            depth = node.level - (1 if path.parent.name == "ops" else 0)
-            if depth != 1:
-                if path.parent.name == "ops" and node.level == 1:
-                    continue  # ops importing ops
-                continue
-            if node.module:
-                found.add(node.module.split(".")[0])
+        if not (isinstance(node, ast.ImportFrom) and node.level >= 1):
+            continue
+        up = node.level - 1
+        if up > len(package):
+            continue  # above backend/
+        base = package[:len(package) - up]
+        if node.module:
+            target = base + node.module.split(".")
+            if (BACKEND.joinpath(*target)).is_dir():  # `from .distributed import x`: its modules
+                found.update(_unit(target + [alias.name]) for alias in node.names)
             else:
-                found.update(alias.name for alias in node.names)
+                found.add(_unit(target))
+        else:  # `from . import x`, `from .. import x`
+            found.update(_unit(base + [alias.name]) for alias in node.names)
     return found
 
 
+def _paths() -> list[Path]:
+    return list(BACKEND.glob("*.py")) + [p for package in PACKAGES for p in (BACKEND / package).glob("*.py")]
+
+
 def test_every_backend_module_is_placed():
-    modules = {p.stem for p in BACKEND.glob("*.py")} | {"ops"}
+    modules = {_me(p) for p in _paths()}
     assert modules <= set(ORDER), f"add to ORDER (and docs/layout.md): {sorted(modules - set(ORDER))}"
+    assert "distributed.collectives" in modules and "distributed.functional" in modules
+
+
+def test_the_imports_are_read():
+    assert _imports(BACKEND / "device.py") >= {"distributed.process_group", "steps"}
+    assert _imports(BACKEND / "ops" / "collectives.py") >= {"distributed.collectives", "distributed.process_group"}
+    assert _imports(BACKEND / "distributed" / "in_program.py") >= {"lazy", "state", "distributed.collectives",
+                                                                 "distributed.group_mesh"}
 
 
 def test_backend_imports_go_one_way():
     rank = {name: i for i, name in enumerate(ORDER)}
     problems = []
-    paths = list(BACKEND.glob("*.py")) + list((BACKEND / "ops").glob("*.py"))
-    for path in paths:
-        me = "ops" if path.parent.name == "ops" else path.stem
+    for path in _paths():
+        me = _me(path)
         for target in _imports(path):
-            if target in rank and rank[target] >= rank[me]:
+            if target != me and target in rank and rank[target] >= rank[me]:
                 problems.append(f"{path.relative_to(BACKEND)} imports {target}")
     assert not problems, problems
