@@ -16,7 +16,7 @@ from tpu_agent.backend.generations import DEFAULT_GENERATION
 from . import analysis, flopcheck, hlo, peaks, shapes, warmup
 from .collected import Collected, RunInfo
 from .recompile_schema import GraphBreaks, GraphBreakSite, Recompilation
-from .schema import Device, Executable, Files, Flops, Memory, Profile, Steps, Transfers
+from .schema import Device, Executable, Files, Flops, Memory, Profile, Refused, Steps, Transfers
 
 HOT_OPS = 25
 
@@ -31,6 +31,21 @@ def _guarded(notes: list[str], what: str, fn: Callable, default=None):
 
 def _file_name(index: int, name: str) -> str:
     return f"{index:04d}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)[:80]}.hlo.txt"
+
+
+def _write_hlo(path, text: str, refused: list[Refused]) -> str | None:
+    """One executable's HLO file; a refusal (a full disk) is recorded once, no half file is left, and the rest of
+    the profile is built as if the files had not been asked for."""
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        refused.append(Refused.of(exc, path, "the HLO files"))
+        try:
+            path.unlink()
+        except OSError:
+            pass
+        return None
+    return str(path)
 
 
 def build_profile(d: Collected, run: RunInfo, exit_code: int, error: str | None) -> Profile:
@@ -63,8 +78,12 @@ def build_profile(d: Collected, run: RunInfo, exit_code: int, error: str | None)
 
     ran = [e for e in executables.all() if e.calls > 0]
     hlo_dir = run.run_dir / "hlo" if s.dump_hlo else None
+    refused: list[Refused] = []  # the HLO files the environment refused: the figures stand without them
     if hlo_dir is not None:
-        hlo_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            hlo_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            refused.append(Refused.of(exc, hlo_dir, "the HLO files"))
 
     infos: list[analysis.ExeInfo] = []
     exe_rows: list[Executable] = []
@@ -77,10 +96,9 @@ def build_profile(d: Collected, run: RunInfo, exit_code: int, error: str | None)
         module = _guarded(notes, f"the HLO analysis of {exe.name}", lambda: hlo.parse_module(text), None) if text else None
         ops = hlo.hot_ops(module) if module is not None else []
         hlo_file = None
-        if hlo_dir is not None and text is not None:
+        if hlo_dir is not None and text is not None and not refused:
             path = hlo_dir / _file_name(index, exe.name)
-            path.write_text(text)
-            hlo_file = str(path)
+            hlo_file = _write_hlo(path, text, refused)
         per_step = in_window(exe) / window_steps if window_steps else 0.0
         info = analysis.ExeInfo(exe.name, exe.kind, exe.source, per_step, cost.get("flops", 0.0),
                                 cost.get("bytes_accessed", 0.0), ops)
@@ -193,6 +211,11 @@ def build_profile(d: Collected, run: RunInfo, exit_code: int, error: str | None)
     if d.stopped:
         exit_code = 0
     environment = _guarded(notes, "the environment", run.environment, None) if run.environment else None
+    if refused and hlo_dir is not None and not any(e.hlo_file for e in exe_rows):
+        try:  # no HLO file written: no empty folder left looking like one
+            hlo_dir.rmdir()
+        except OSError:
+            pass
     return Profile(
         status=status, exit_code=exit_code, error=error, created_at=datetime.now(timezone.utc),
         script=os.path.abspath(run.script), args=list(run.args), cwd=os.getcwd(),
@@ -203,9 +226,9 @@ def build_profile(d: Collected, run: RunInfo, exit_code: int, error: str | None)
         executables=sorted(exe_rows, key=lambda r: -(r.flops * r.calls_per_step)),
         hot_ops=hot, padding=pad, recompilations=recompiles, recompiling=recompiling, graph_breaks=breaks, transfers=transfers,
         fallbacks=dict(STATS.fallbacks), device_ops=STATS.ops, target=target,
-        files=Files(hlo_dir=str(hlo_dir) if hlo_dir else None,
+        files=Files(hlo_dir=str(hlo_dir) if hlo_dir and (not refused or any(e.hlo_file for e in exe_rows)) else None,
                     xla_dump_dir=str(run.run_dir / "xla_dump") if s.xla_dump else None,
-                    trace_dir=d.trace_dir),
+                    trace_dir=d.trace_dir, refused=refused),
         notes=notes,
     )
 

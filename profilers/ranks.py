@@ -166,6 +166,7 @@ def gather(run_dir: Path, world_size: int, exit_code: int) -> Profile | None:
         step_time_s=max(paces) if paces else None, comm_share=sum(shares) / len(shares) if shares else None,
         slowest_rank=slowest(entries), method=METHOD)
     merged.run_dir = str(run_dir)
+    merged.files.refused = [r for _, prof in sorted(profiles.items()) for r in prof.files.refused]  # every rank's
     failed = [e.rank for e in entries if e.status == "failed"]
     if failed or exit_code != 0:
         merged.status, merged.exit_code = "failed", exit_code

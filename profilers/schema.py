@@ -303,11 +303,27 @@ class Target(BaseModel):
                                    "labels it")
 
 
+class Refused(BaseModel):
+    """A file of the profile the environment refused (a full disk, a read-only folder): the profile stands without
+    it, and the command says why in one line."""
+
+    what: str = Field(description="what was being written: the HLO files, the step-time plot")
+    path: str
+    errno: int | None = Field(None, description="the refusal's errno (28: ENOSPC, the disk is full)")
+    strerror: str | None = None
+
+    @classmethod
+    def of(cls, exc: OSError, path, what: str) -> "Refused":
+        return cls(what=what, path=str(path), errno=exc.errno, strerror=exc.strerror or type(exc).__name__)
+
+
 class Files(BaseModel):
     hlo_dir: str | None = None
     xla_dump_dir: str | None = None
     trace_dir: str | None = None
     plot: str | None = None
+    refused: list[Refused] = Field(default_factory=list, description="files the environment refused, with the "
+                                   "cause; the figures above them stand")
 
 
 class ModuleSize(BaseModel):

@@ -372,14 +372,19 @@ class Session:
                 self.write_failed = exc
                 return
             from .plot import step_plot
+            from .schema import Refused
 
             try:
                 plot = step_plot(profile, self.run_dir / PLOT_FILE)
-            except OSError:  # no room for the plot: the profile written above stands, without it
+            except OSError as exc:  # no room for the plot: the profile written above stands, without it
                 plot = None
-            if plot is not None:
-                profile.files.plot = str(plot)
-                write_profile(profile, self.run_dir / PROFILE_FILE)
+                profile.files.refused.append(Refused.of(exc, self.run_dir / PLOT_FILE, "the step-time plot"))
+            if plot is not None or profile.files.refused:
+                profile.files.plot = str(plot) if plot is not None else None
+                try:  # the plot's path (or why it is missing) recorded
+                    write_profile(profile, self.run_dir / PROFILE_FILE)
+                except OSError:  # the profile written above stands: the plot goes unnamed
+                    pass
         except OSError as exc:
             self.write_failed = exc
         except Exception:  # noqa: BLE001 - a profiler bug must not hide the script's outcome

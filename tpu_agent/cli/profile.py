@@ -119,7 +119,7 @@ def profile_script(
     nproc: int | None = None,
 ) -> int:
     """`nproc`: None runs the script as `python` would; 1 as one rank of a torchrun job; N > 1 N ranks."""
-    from tpu_agent.run.profiled import gather_ranks, read_profile, run_profiled
+    from tpu_agent.run.profiled import gather_ranks, read_profile, refused_files, run_profiled
     from tpu_agent.run.rendezvous import one_rank_variables
 
     check_script(script)
@@ -189,6 +189,11 @@ def profile_script(
         # Piped output is not cut to 80 columns: the tables stay readable in a log.
         render(prof, stdout if stdout.is_terminal else Console(width=max(stdout.width, 140), soft_wrap=True,
                                                                   highlight=False, color_system=None))
+    files_refused = refused_files(prof)  # its HLO files or plot: the figures shown above stand, the cause said
+    if files_refused is not None:
+        sys.stdout.flush()
+        sys.stderr.write(f"error: {files_refused}\n")
+        return result.exit_code or 1
     return result.exit_code
 
 

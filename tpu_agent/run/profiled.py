@@ -39,7 +39,7 @@ def run_profiled(script: str | Path, args: list[str], settings: Settings, *, run
 def gather_ranks(run_dir: Path, nproc: int, exit_code: int) -> None:
     """The ranks' profiles (ranks/rank<R>/profile.json) gathered into the run's profile.json (profile --nproc and
     tune --nproc)."""
-    from tpu_agent.paths import CannotWrite, shown_path
+    from tpu_agent.paths import CannotWrite, refused, shown_path
     from tpu_agent.profilers.ranks import gather
     from tpu_agent.profilers.schema import write_profile
 
@@ -49,8 +49,20 @@ def gather_ranks(run_dir: Path, nproc: int, exit_code: int) -> None:
             write_profile(merged, run_dir / PROFILE_FILE)
         except OSError as exc:
             ranks = shown_path(run_dir / "ranks")
-            raise CannotWrite(f"cannot write the profile {shown_path(run_dir / PROFILE_FILE)}: "
-                              f"{exc.strerror or exc} (the ranks' own are in {ranks})") from None
+            raise CannotWrite(f"{refused(exc, shown_path(run_dir / PROFILE_FILE), 'the profile')} (the ranks' own "
+                              f"are in {ranks})") from None
+
+
+def refused_files(profile: Profile) -> str | None:
+    """The one line for the files of a written profile that the environment refused (its HLO files, its plot),
+    with the cause (`the disk is full`); None when every file was written."""
+    from tpu_agent.paths import refused, shown_path
+
+    if not profile.files.refused:
+        return None
+    first = profile.files.refused[0]
+    return (f"{refused(OSError(first.errno, first.strerror), shown_path(first.path), first.what)}; the profile "
+            f"{shown_path(Path(profile.run_dir) / PROFILE_FILE)} holds every figure measured")
 
 
 def read_profile(path: Path) -> Profile:
