@@ -54,3 +54,12 @@ def test_several_slices_are_named_as_the_target_the_estimates_are_for():
     console = Console(record=True, width=300)
     TuneLines(console).host(result)
     assert "figures for 2xv5e-4" in console.export_text()
+
+
+def test_an_n_rank_baseline_names_its_processes():
+    from tpu_agent.profilers.schema import Distributed
+
+    profile = Profile.model_validate_json((DATA / "profile_odd_mlp.json").read_text())
+    assert "processes" not in measured_on(profile)
+    profile.distributed = Distributed(world_size=2)
+    assert measured_on(profile).endswith(f"{profile.device.count} device in each of 2 processes (ranks)")

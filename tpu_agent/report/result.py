@@ -44,7 +44,9 @@ def measured_on(profile) -> str:
     cores = (env.cpu_count if env is not None else None) or os.cpu_count()
     devices = "" if count is None else f", {count} device{'s' if count != 1 else ''}"
     simulated = " (simulated on the CPU)" if platform == "cpu" and (count or 1) > 1 else ""
-    return f"{cpu_model()} ({cores} cores), JAX platform {platform or 'unknown'}{devices}{simulated}"
+    dist = getattr(profile, "distributed", None)
+    ranks = f" in each of {dist.world_size} processes (ranks)" if dist is not None and dist.world_size > 1 else ""
+    return f"{cpu_model()} ({cores} cores), JAX platform {platform or 'unknown'}{devices}{ranks}{simulated}"
 
 
 def target_split(result: "TuneResult") -> str | None:

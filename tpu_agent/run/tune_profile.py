@@ -15,7 +15,7 @@ from tpu_agent.plan.actions import PadDim, Plan
 from tpu_agent.profilers.schema import Profile, Settings
 from tpu_agent.run.device_use import profile_touched, refusal
 from tpu_agent.run.launch import READ_STDIN, READ_STDIN_MARK
-from tpu_agent.run.profiled import StepWatch, gather_ranks, read_profile, run_profiled
+from tpu_agent.run.profiled import StepWatch, gather_ranks, read_profile, refused_files, run_profiled
 
 
 class BaselineFailed(TpuAgentError):
@@ -80,10 +80,15 @@ def profile_for_tune(script: Path, args: list[str], run_dir: Path, options: Tune
         profile = read_profile(path)
     except FileNotFoundError:
         raise BaselineFailed(f"the {what} run wrote no profile; its output is in {shown}") from None
-    if profile.steps.whole_run:  # no step boundary: a trial has nothing to time, every one would fail
-        raise BaselineFailed(f"no training step was seen in {script.name}: the tool times a step from one "
-                             "optimizer.step() (any torch optimizer) or torch.tpu.mark_step() to the next, and the "
-                             f"script called neither; its output is in {shown}")
+    files_refused = refused_files(profile)  # its HLO files or plot: a full disk stops the tune, its cause said
+    if files_refused is not None:
+        raise CannotWrite(files_refused)
     if not profile_touched(profile):  # nothing to measure on the device: every trial would time the CPU
         raise BaselineFailed(f"{refusal(script.name, 'tune')}; its output is in {shown}")
+    if profile.steps.whole_run:  # no step boundary: a trial has nothing to time, every one would fail
+        used = (f" ({profile.device_ops} op(s) of it reached the tpu device, none inside a step)"
+                if profile.device_ops else "")
+        raise BaselineFailed(f"no training step was seen in {script.name}{used}: the tool times a step from one "
+                             "optimizer.step() (any torch optimizer) or torch.tpu.mark_step() to the next, and the "
+                             f"script called neither; its output is in {shown}")
     return profile, path
