@@ -84,4 +84,5 @@ def test_output_to_a_full_disk_is_one_line_and_exit_1(tmp_path, command):
         proc = subprocess.run([str(TPU_AGENT), *command], cwd=tmp_path, env=clean_env(), stdout=full,
                               stderr=subprocess.PIPE, text=True, timeout=120)
     assert proc.returncode == 1, proc.stderr[-2000:]
-    assert proc.stderr.splitlines() == ["error: cannot write the output (standard output): No space left on device"]
+    assert proc.stderr.splitlines() == ["error: cannot write the output (standard output): the disk is full "
+                                        "(ENOSPC: No space left on device)"]
