@@ -4,15 +4,17 @@
 Python backend does not have (PyTorch fails an internal assert). JAX owns device memory:
 where its device reports statistics (TPU, GPU) they are used; otherwise (the CPU
 platform) the bytes held by live arrays are counted. Peaks are the highest figure seen,
-since the start or the last `reset_peak_memory_stats()`.
+since the start or the last `reset_peak_memory_stats()` (STATE.memory_peaks).
 """
 
 from __future__ import annotations
 
+import sys
+import types
 import weakref
 from collections import OrderedDict
 
-_PEAK = {"allocated": 0, "reserved": 0}
+from .state import STATE
 
 
 def _device():
@@ -41,13 +43,14 @@ def live_bytes(arrays) -> int:
 
 def memory_stats(device=None) -> OrderedDict:
     used, reserved, _ = _current()
-    _PEAK["allocated"] = max(_PEAK["allocated"], used)
-    _PEAK["reserved"] = max(_PEAK["reserved"], reserved)
+    peaks = STATE.memory_peaks
+    peaks.allocated = max(peaks.allocated, used)
+    peaks.reserved = max(peaks.reserved, reserved)
     return OrderedDict(sorted({
         "allocated_bytes.all.current": used,
-        "allocated_bytes.all.peak": _PEAK["allocated"],
+        "allocated_bytes.all.peak": peaks.allocated,
         "reserved_bytes.all.current": reserved,
-        "reserved_bytes.all.peak": _PEAK["reserved"],
+        "reserved_bytes.all.peak": peaks.reserved,
     }.items()))
 
 
@@ -68,7 +71,7 @@ def max_memory_reserved(device=None) -> int:
 
 
 def reset_peak_memory_stats(device=None) -> None:
-    _PEAK.update(allocated=0, reserved=0)
+    STATE.memory_peaks.allocated = STATE.memory_peaks.reserved = 0
 
 
 def reset_accumulated_memory_stats(device=None) -> None:
@@ -91,7 +94,7 @@ def mem_get_info(device=None) -> tuple[int, int]:
 
 
 # torch.accelerator's name -> ours
-ACCELERATOR_FUNCTIONS = {
+ACCELERATOR_FUNCTIONS = types.MappingProxyType({
     "memory_stats": memory_stats,
     "memory_allocated": memory_allocated,
     "max_memory_allocated": max_memory_allocated,
@@ -101,7 +104,7 @@ ACCELERATOR_FUNCTIONS = {
     "reset_accumulated_memory_stats": reset_accumulated_memory_stats,
     "empty_cache": empty_cache,
     "get_memory_info": mem_get_info,
-}
+})
 
 
 def route_accelerator_memory() -> None:
@@ -210,12 +213,22 @@ def _device_bytes(array) -> int:
     return size
 
 
-WATCH: StepPeak | None = None  # launch.py reports every launch here while set
-
-
 def watch_step_peaks() -> StepPeak:
-    """Start measuring each step's in-step peak (the profiler and the tuner's trial child do)."""
-    global WATCH
-    if WATCH is None:
-        WATCH = StepPeak()
-    return WATCH
+    """Start measuring each step's in-step peak (the profiler and the tuner's trial child do); one watcher per
+    process, held in STATE.memory_watch, which launch.py reports every launch to."""
+    if STATE.memory_watch is None:
+        STATE.set_memory_watch(StepPeak())
+    return STATE.memory_watch
+
+
+class _Module(types.ModuleType):
+    """launch.py reads `memory.WATCH` on every launch: the name kept, as a read-only view of STATE.memory_watch
+    (a property of the module's class: Python's documented way to give a module one), until it reads STATE."""
+
+    @property
+    def WATCH(self) -> StepPeak | None:  # noqa: N802 - the name launch.py reads
+        """STATE.memory_watch, read-only: launch.py's name for it."""
+        return STATE.memory_watch
+
+
+sys.modules[__name__].__class__ = _Module

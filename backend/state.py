@@ -1,4 +1,5 @@
-"""The device's state in one object: eager mode, matmul precision, PadOps, mesh, launch flags, RNG, counters.
+"""The device's state in one object: eager mode, matmul precision, PadOps, mesh, launch flags, RNG, counters,
+memory peaks, and what torch.distributed on the device keeps between calls.
 
 `STATE` (a `DeviceState`) is the only instance. Its fields are written through its setters alone, and
 each setter recomputes what the hot path reads, so an op reads one attribute where it would read several:
@@ -6,6 +7,9 @@ each setter recomputes what the hot path reads, so an op reads one attribute whe
 (record into the pending graph rather than run) and `blocking` (wait for every launch). The environment
 variables that set the initial values are read where they were (modes.py, padding.py); the user-facing
 switches (`torch.tpu.set_eager_mode`, `precision`, `sharding.set_mesh`, the PadOps action) call these setters.
+The objects it holds (the RNG, the counters, the memory peaks, the distributed state) are written field by field
+by the modules that own them; no backend module keeps mutable state of its own at module level
+(tests/backend/test_state.py).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import enum
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import count
 
 from tpu_agent import envvars
 
@@ -47,6 +52,85 @@ class Stats:
 
     def reset(self) -> None:
         self.__init__()
+
+
+@dataclass
+class MemoryPeaks:
+    """The most device bytes seen allocated and reserved, since the start or `reset_peak_memory_stats()`
+    (memory.py)."""
+
+    allocated: int = 0
+    reserved: int = 0
+
+
+class Recording:
+    """What the profiler reads of the collectives (collectives.record): whether each is timed, the totals by
+    (op, the group's global ranks), and how many were met while tracing a program (not timed)."""
+
+    __slots__ = ("on", "totals", "untimed")
+
+    def __init__(self) -> None:
+        self.on = False
+        self.totals: dict = {}  # (op, ranks) -> collectives.Totals
+        self.untimed = 0
+
+
+class CollectiveState:
+    """collectives.py's: each group's one-axis mesh and each (collective, group, static arguments)' program, built
+    once; how many collective programs ran on their own (between other programs); the profiler's record."""
+
+    __slots__ = ("meshes", "programs", "runs", "recording")
+
+    def __init__(self) -> None:
+        self.meshes: dict = {}  # the group's global ranks -> jax.sharding.Mesh
+        self.programs: dict = {}  # (kind, ranks, static) -> a jitted shard_map
+        self.runs = 0
+        self.recording = Recording()
+
+
+class InProgramState:
+    """in_program.py's: the collectives as nodes of fused graphs (one per key, with ids counting down from -1,
+    below the executables'), and the pending graph's collectives: their outputs kept until it runs, their
+    groups, each group's mesh axis while a graph over several groups is traced, and the reasons already said
+    for graphs over groups that share no mesh."""
+
+    __slots__ = ("programs", "ids", "kept", "groups", "axes", "unmeshed")
+
+    def __init__(self) -> None:
+        self.programs: dict = {}  # (kind, ranks, shape, dtype, static) -> in_program.CollectiveProgram
+        self.ids = count(-1, -1)
+        self.kept: list = []
+        self.groups: list[tuple[int, ...]] = []
+        self.axes: dict = {}  # ranks -> a mesh axis name, or a tuple of them
+        self.unmeshed: set[str] = set()
+
+
+class FaultState:
+    """faults.py's: the groups watched (their global ranks -> store, rank, timeout), the collectives this rank
+    entered over each (count, last op), the one running now, and the thread that watches them."""
+
+    __slots__ = ("groups", "entered", "current", "thread")
+
+    def __init__(self) -> None:
+        self.groups: dict = {}
+        self.entered: dict[tuple[int, ...], tuple[int, str]] = {}
+        self.current = None  # faults._Waiting while a collective runs
+        self.thread = None
+
+
+class DistributedState:
+    """torch.distributed on the device (backend/distributed/): the job this process joined (runtime.Launch, None
+    until it joins one), how many tpu process groups it made (each one's gloo gets its own store prefix), and
+    the state of the collectives, of the collectives inside programs and of the watch."""
+
+    __slots__ = ("joined", "groups_made", "collectives", "in_program", "faults")
+
+    def __init__(self) -> None:
+        self.joined = None
+        self.groups_made = 0
+        self.collectives = CollectiveState()
+        self.in_program = InProgramState()
+        self.faults = FaultState()
 
 
 class Rng:
@@ -112,7 +196,7 @@ class DeviceState:
         # derived by _derive, read on the hot path
         "cache_key_extra", "fused", "blocking",
         # objects held
-        "rng", "stats", "recorder",
+        "rng", "stats", "recorder", "memory_peaks", "memory_watch", "distributed",
     )
 
     def __init__(self) -> None:
@@ -134,6 +218,9 @@ class DeviceState:
         self.rng = Rng()
         self.stats = Stats()
         self.recorder = None  # lazy.RECORDER, attached when lazy.py loads
+        self.memory_peaks = MemoryPeaks()
+        self.memory_watch = None  # a memory.StepPeak while the in-step peak is measured (launch.py reports to it)
+        self.distributed = DistributedState()
         self._derive()
 
     def _derive(self) -> None:
@@ -183,6 +270,10 @@ class DeviceState:
 
     def attach_recorder(self, recorder) -> None:
         self.recorder = recorder
+
+    def set_memory_watch(self, watch) -> None:
+        """Measure each step's in-step peak with `watch` (a memory.StepPeak), or stop with None."""
+        self.memory_watch = watch
 
 
 STATE = DeviceState()

@@ -11,6 +11,8 @@ the group must call the same collective in the same order, as with NCCL or gloo.
 While the profiler records (`record(True)`, `tpu-agent profile`), each collective is timed on its rank: its
 input waited for first, then from issue to its result's completion (`block_until_ready`), so the time is the
 collective's own, waiting for the other ranks to join included; with its bytes, by (op, group) in `RECORDED`.
+What this keeps between calls (meshes, programs, the count of programs run, the record) lives in
+STATE.distributed.collectives.
 """
 
 from __future__ import annotations
@@ -25,15 +27,12 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ..state import STATE
 from . import faults
 from .runtime import devices_of
 
 AXIS = "ranks"
 REDUCE_OPS = ("sum", "avg", "max", "min", "product", "band", "bor", "bxor")
-
-_meshes: dict[tuple, Mesh] = {}
-_programs: dict[tuple, object] = {}
-runs = 0  # collective programs run between other programs (each its own XLA program), counted
 
 
 @dataclass
@@ -45,14 +44,7 @@ class Totals:
     seconds: float = 0.0  # issue to completion, the input waited for first
 
 
-class Recording:
-    def __init__(self) -> None:
-        self.on = False
-        self.totals: dict[tuple[str, tuple[int, ...]], Totals] = {}  # (op, the group's global ranks) -> totals
-        self.untimed = 0  # collectives met while tracing a program (none today: they are not traceable)
-
-
-RECORDED = Recording()
+RECORDED = STATE.distributed.collectives.recording  # the same object (the profiler reads it): (op, ranks) -> Totals
 
 
 def record(on: bool) -> None:
@@ -61,19 +53,21 @@ def record(on: bool) -> None:
 
 
 def mesh_of(ranks: tuple[int, ...]) -> Mesh:
-    mesh = _meshes.get(ranks)
+    meshes = STATE.distributed.collectives.meshes
+    mesh = meshes.get(ranks)
     if mesh is None:
-        mesh = _meshes[ranks] = Mesh(np.array(devices_of(ranks)), (AXIS,))
+        mesh = meshes[ranks] = Mesh(np.array(devices_of(ranks)), (AXIS,))
     return mesh
 
 
 def _program(kind: str, ranks: tuple[int, ...], fn, **static):
     key = (kind, ranks, tuple(sorted(static.items())))
-    program = _programs.get(key)
+    programs = STATE.distributed.collectives.programs
+    program = programs.get(key)
     if program is None:
         mesh = mesh_of(ranks)
         body = partial(fn, n=len(ranks), **static)
-        program = _programs[key] = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS)))
+        program = programs[key] = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS)))
     return program
 
 
@@ -93,8 +87,7 @@ def _run(kind: str, ranks: tuple[int, ...], local, fn, *, size: int | None = Non
         start = time.perf_counter()
     elif RECORDED.on:
         RECORDED.untimed += 1
-    global runs
-    runs += 1
+    STATE.distributed.collectives.runs += 1  # collective programs run between other programs, counted
     with faults.watching(kind, ranks):  # a collective some rank never joins times out, naming it
         out = _program(kind, ranks, fn, **static)(global_array)
         if timed:

@@ -12,7 +12,8 @@
 - A mesh the job cannot take (`init_device_mesh("tpu", (3,))` at world size 2) and a port in use are one
   `error:` line and exit 2 (`usage_error`): written to torchrun's error file for the launcher to print once
   (printed here when there is no such file).
-No torch, no JAX here.
+What the watch keeps (the groups, the collectives entered, the one running, its thread) lives in
+STATE.distributed.faults. No torch, no JAX here.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from tpu_agent.partner_gone import CONSEQUENCE_MARK, gloo_partner_gone
+
+from ..state import STATE
 
 TORCH_DEFAULT_TIMEOUT = timedelta(minutes=30)  # torch's default_pg_timeout: what a group gets when none is given
 DEFAULT_TIMEOUT = timedelta(minutes=10)  # NCCL's default
@@ -59,12 +62,6 @@ class _Waiting:
     since: float  # time.monotonic()
 
 
-_groups: dict[tuple[int, ...], _Group] = {}
-_entered: dict[tuple[int, ...], tuple[int, str]] = {}  # ranks -> (collectives entered over them, the last op)
-_current: _Waiting | None = None
-_thread: threading.Thread | None = None
-
-
 def attach(ranks, store, rank: int, timeout: timedelta) -> None:
     """Watch collectives over `ranks` (a tpu process group's global ranks) with the group's store and timeout.
     Called when the group is made; of groups with the same ranks, the last made is watched (every rank makes
@@ -72,19 +69,20 @@ def attach(ranks, store, rank: int, timeout: timedelta) -> None:
     ranks = tuple(ranks)
     given = timeout != TORCH_DEFAULT_TIMEOUT
     group = _Group(store, rank, (timeout if given else DEFAULT_TIMEOUT).total_seconds(), given)
-    count, op = _entered.get(ranks, (0, "-"))
+    state = STATE.distributed.faults
+    count, op = state.entered.get(ranks, (0, "-"))  # ranks -> (collectives entered over them, the last op)
     store.set(PROGRESS_KEY.format(rank=rank), f"{count} {op}")  # there from the start: absent, not a member yet
-    _groups[ranks] = group
+    state.groups[ranks] = group
     _start()
 
 
 def _start() -> None:
-    global _thread
-    if _thread is not None:
+    state = STATE.distributed.faults
+    if state.thread is not None:
         return
     _install_excepthook()
-    _thread = threading.Thread(target=_watch, name="tpu-collective-watch", daemon=True)
-    _thread.start()
+    state.thread = threading.Thread(target=_watch, name="tpu-collective-watch", daemon=True)
+    state.thread.start()
 
 
 class watching:  # noqa: N801 - used as a context manager, named as one
@@ -97,15 +95,14 @@ class watching:  # noqa: N801 - used as a context manager, named as one
         self.op, self.ranks = op, ranks
 
     def __enter__(self) -> None:
-        global _current
-        number = _entered.get(self.ranks, (0, ""))[0] + 1
-        _entered[self.ranks] = (number, self.op)
-        self.outer = _current
-        _current = _Waiting(self.op, self.ranks, number, time.monotonic())
+        state = STATE.distributed.faults
+        number = state.entered.get(self.ranks, (0, ""))[0] + 1
+        state.entered[self.ranks] = (number, self.op)
+        self.outer = state.current
+        state.current = _Waiting(self.op, self.ranks, number, time.monotonic())
 
     def __exit__(self, kind, value, tb) -> bool:
-        global _current
-        _current = self.outer
+        STATE.distributed.faults.current = self.outer
         if value is not None and another_rank_left(value):
             stop(f"tpu: rank {_my_rank(self.ranks)}: {self.op} over ranks {list(self.ranks)} stopped: "
                  f"{_partner_gone(value)}", CONSEQUENCE, EXIT_FAILED)
@@ -129,29 +126,30 @@ def another_rank_left(exc: BaseException) -> bool:
 
 
 def _my_rank(ranks) -> int | str:
-    group = _groups.get(tuple(ranks))
+    group = STATE.distributed.faults.groups.get(tuple(ranks))
     return group.rank if group is not None else os.environ.get("RANK", "?")
 
 
 # --- the watch thread ------------------------------------------------------------------------------------------
 
 def _watch() -> None:
+    state = STATE.distributed.faults
     published: dict[int, tuple[int, str]] = {}  # id of a group -> what it was told last
     while True:
         time.sleep(TICK_S)
-        for ranks, group in list(_groups.items()):
+        for ranks, group in list(state.groups.items()):
             try:
-                entered = _entered.get(ranks)
+                entered = state.entered.get(ranks)
                 if entered is not None and entered != published.get(id(group)):
                     group.store.set(PROGRESS_KEY.format(rank=group.rank), f"{entered[0]} {entered[1]}")
                     published[id(group)] = entered
-                waiting = _current
+                waiting = state.current
                 if (waiting is not None and waiting.ranks == ranks
                         and time.monotonic() - waiting.since > group.timeout_s):
                     stop(timeout_line(waiting, group, _progress_of(ranks, group)), CAUSE, EXIT_FAILED)
             except Exception:  # noqa: BLE001 - its store gone (the group destroyed): no longer watched
-                if _groups.get(ranks) is group:
-                    del _groups[ranks]
+                if state.groups.get(ranks) is group:
+                    del state.groups[ranks]
 
 
 def _progress_of(ranks, group: _Group) -> dict[int, tuple[int, str] | None]:

@@ -23,7 +23,8 @@ its collectives between programs as without this (correct wherever the ranks' co
 order, as they must on any backend), and says so once. Every run is also watched as a collective is (faults.py):
 a rank that never joins ends the job with one line naming the graph. Every recorded collective is an output of its
 graph, so no rank's graph drops one whose result it does not read. A torch.compile(step) capture records them
-too: the captured program is this one, replayed with the same check each call.
+too: the captured program is this one, replayed with the same check each call. What this keeps between calls (the
+programs, the pending graph's collectives) lives in STATE.distributed.in_program.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import hashlib
 import re
 import sys
 from dataclasses import dataclass
-from itertools import count
+from types import MappingProxyType
 
 import jax
 import jax.numpy as jnp
@@ -64,20 +65,18 @@ def recording() -> bool:
     return STATE.fused and not collectives.RECORDED.on and enabled()
 
 
-_BODIES = {
+_BODIES = MappingProxyType({
     "all_reduce": collectives.all_reduce_body,
     "all_gather": collectives.all_gather_body,
     "reduce_scatter": collectives.reduce_scatter_body,
     "broadcast": collectives.broadcast_body,
     "all_to_all": collectives.all_to_all_body,
-}
-_BETWEEN = {  # the same collective as its own program, for a graph run op by op
+})
+_BETWEEN = MappingProxyType({  # the same collective as its own program, for a graph run op by op
     "all_reduce": collectives.all_reduce, "all_gather": collectives.all_gather,
     "reduce_scatter": collectives.reduce_scatter, "broadcast": collectives.broadcast,
     "all_to_all": collectives.all_to_all,
-}
-_ids = count(-1, -1)  # program ids below the executables' (which count up from 0)
-_programs: dict[tuple, "CollectiveProgram"] = {}
+})
 
 
 @dataclass(eq=False)
@@ -109,7 +108,8 @@ class CollectiveProgram(lazy.Program):
 
 def _program(kind: str, ranks: tuple[int, ...], shape, dtype, static: dict) -> CollectiveProgram:
     key = (kind, ranks, shape, str(dtype), tuple(sorted(static.items())))
-    program = _programs.get(key)
+    state = STATE.distributed.in_program
+    program = state.programs.get(key)
     if program is None:
         body, between, n = _BODIES[kind], _BETWEEN[kind], len(ranks)
 
@@ -117,14 +117,15 @@ def _program(kind: str, ranks: tuple[int, ...], shape, dtype, static: dict) -> C
             # Traced inside the graph's SPMD program (over the group's axis of its mesh); called on an array when
             # the graph runs op by op.
             if isinstance(x, jax.core.Tracer):
-                out = body(x, n, axis=_axes.get(ranks, collectives.AXIS), **static)
+                out = body(x, n, axis=STATE.distributed.in_program.axes.get(ranks, collectives.AXIS), **static)
             else:
                 out = between(x, ranks, **static)
             out = out if shape is None else out.reshape(shape)
             return out if dtype is None or out.dtype == dtype else out.astype(dtype)
 
         name = f"c10d.{kind}" + "".join(f"({v})" for _, v in sorted(static.items()))
-        program = _programs[key] = CollectiveProgram(next(_ids), name, raw, {}, scope=name, ranks=ranks)
+        # ids count down from -1, below the executables' (which count up from 0)
+        program = state.programs[key] = CollectiveProgram(next(state.ids), name, raw, {}, scope=name, ranks=ranks)
     return program
 
 
@@ -140,16 +141,10 @@ class _Kept:
         """A captured step's replay writes each output back to the storage it came from: here, nobody's."""
 
 
-_kept: list[_Kept] = []  # this graph's collectives' outputs, until it runs
-_groups: list[tuple[int, ...]] = []  # the groups (their global ranks) of this graph's collectives
-_axes: dict[tuple[int, ...], str | tuple[str, ...]] = {}  # while a graph over several groups is traced: each
-# group's mesh axis (or neighbouring axes, as the world beside tp)
-_unmeshed: set[str] = set()  # the reasons already said
-
-
 def _flushed(exe, reason) -> None:
-    _kept.clear()
-    _groups.clear()
+    state = STATE.distributed.in_program
+    state.kept.clear()  # this graph's collectives' outputs, until it runs
+    state.groups.clear()  # the groups (their global ranks) of this graph's collectives
 
 
 RECORDER.listeners.append(_flushed)
@@ -158,19 +153,20 @@ RECORDER.listeners.append(_flushed)
 def record(kind: str, ranks: tuple[int, ...], value, shape=None, dtype=None, **static):
     """Record `kind` over `ranks` on `value` (an array or a pending one) into the graph; its pending result,
     reshaped to `shape` and cast to `dtype` where given."""
-    if _groups and ranks not in _groups and not _one_mesh(_groups + [ranks]):
+    state = STATE.distributed.in_program
+    if state.groups and ranks not in state.groups and not _one_mesh(state.groups + [ranks]):
         RECORDER.flush(GROUP_CHANGE, also=[value], op=f"c10d.{kind}")
-        _kept.clear()
-        _groups.clear()
+        state.kept.clear()
+        state.groups.clear()
         if type(value) is lazy.Lazy and value.value is not None:
             value = value.value
-    if ranks not in _groups:
-        _groups.append(ranks)
+    if ranks not in state.groups:
+        state.groups.append(ranks)
     dtype = None if dtype is None else jnp.dtype(dtype)
     out = RECORDER.record(_program(kind, ranks, None if shape is None else tuple(shape), dtype, static), [value])
     kept = _Kept(out)
     RECORDER.track(kept)
-    _kept.append(kept)
+    state.kept.append(kept)
     return out
 
 
@@ -180,8 +176,9 @@ def _one_mesh(groups) -> bool:
     layout = mesh_for(groups, collectives.my_rank(), jax.process_count())
     if isinstance(layout, GroupMesh):
         return True
-    if layout not in _unmeshed:
-        _unmeshed.add(layout)
+    said = STATE.distributed.in_program.unmeshed  # the reasons already said
+    if layout not in said:
+        said.add(layout)
         print(f"tpu: rank {collectives.my_rank()}: a fused graph's collectives over groups "
               f"{', '.join(str(list(g)) for g in groups)} cannot be one program ({layout}): the graph ends at each "
               "change of group", file=sys.stderr, flush=True)
@@ -228,12 +225,13 @@ class SpmdGraph:
         else:
             mesh = Mesh(np.array(devices_of(ranks)).reshape(layout.shape), layout.names)
 
-            def body(*args):  # each collective traced over its group's axis
-                _axes.update(layout.axes)
+            def body(*args):  # each collective traced over its group's axis (or neighbouring axes, as the world
+                axes = STATE.distributed.in_program.axes  # beside tp)
+                axes.update(layout.axes)
                 try:
                     return graph(*args)
                 finally:
-                    _axes.clear()
+                    axes.clear()
         self.device = mesh.devices.flat[collectives._position(mesh)]
         self.sharding = NamedSharding(mesh, P())  # each rank's array as it is (unchecked: they differ)
         self.jitted = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False))

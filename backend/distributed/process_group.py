@@ -15,19 +15,22 @@ its Work is a completed future holding the output tensors, which is what DDP's c
 from __future__ import annotations
 
 from datetime import timedelta
+from types import MappingProxyType
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup, ProcessGroupGloo, ReduceOp, _create_work_from_future
 from torch.futures import Future
 
+from ..state import STATE
 from . import faults
 
 NAME = "tpu"
 DEVICE_TYPE = "tpu"
 
-_REDUCE_OPS = {ReduceOp.SUM: "sum", ReduceOp.AVG: "avg", ReduceOp.MAX: "max", ReduceOp.MIN: "min",
-               ReduceOp.PRODUCT: "product", ReduceOp.BAND: "band", ReduceOp.BOR: "bor", ReduceOp.BXOR: "bxor"}
+_REDUCE_OPS = MappingProxyType({ReduceOp.SUM: "sum", ReduceOp.AVG: "avg", ReduceOp.MAX: "max", ReduceOp.MIN: "min",
+                               ReduceOp.PRODUCT: "product", ReduceOp.BAND: "band", ReduceOp.BOR: "bor",
+                               ReduceOp.BXOR: "bxor"})
 
 
 def reduce_op_name(op) -> str:
@@ -129,18 +132,15 @@ class _TpuBackendInfo:
         return NAME
 
 
-_created = 0
-
-
 class TpuProcessGroup(ProcessGroup):
     """A process group whose tpu collectives are XLA collectives across the ranks' JAX processes."""
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta, ranks: list[int]):
         super().__init__(rank, size)
         self.ranks = tuple(ranks) if ranks else tuple(range(size))  # the group's global ranks, in group order
-        global _created
-        _created += 1  # every rank creates its groups in the same order: a fresh store prefix for each gloo
-        self._gloo = ProcessGroupGloo(dist.PrefixStore(f"tpu-gloo/{_created}/", store), rank, size, timeout)
+        state = STATE.distributed
+        state.groups_made += 1  # every rank creates its groups in the same order: a fresh store prefix for each gloo
+        self._gloo = ProcessGroupGloo(dist.PrefixStore(f"tpu-gloo/{state.groups_made}/", store), rank, size, timeout)
         self._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, self._gloo)
         faults.attach(self.ranks, store, self.ranks[rank], timeout)  # collectives that never complete time out
         self._posted: list[tuple[str, object, int]] = []  # ("send" | "recv", tensor or its value, global peer)

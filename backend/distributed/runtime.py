@@ -23,6 +23,7 @@ import sys
 import threading
 from dataclasses import dataclass
 
+from ..state import STATE
 from . import faults
 
 PORT_OFFSET = 1  # the coordinator's port without torchrun's store: MASTER_PORT + 1 (MASTER_PORT is the store's)
@@ -34,9 +35,6 @@ class Launch:
     rank: int
     world_size: int
     coordinator: str  # host:port of JAX's coordination service
-
-
-_joined: Launch | None = None
 
 
 def from_environment(environ=os.environ) -> Launch | None:
@@ -58,9 +56,8 @@ def from_environment(environ=os.environ) -> Launch | None:
 
 def join() -> Launch | None:
     """Join the job's JAX runtime (once; before any JAX computation). Called by jax_setup.configure."""
-    global _joined
-    if _joined is not None:
-        return _joined
+    if STATE.distributed.joined is not None:
+        return STATE.distributed.joined
     launch = from_environment()
     if launch is None:
         return None
@@ -88,7 +85,7 @@ def join() -> Launch | None:
     if main:
         signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
     _exit_promptly_after_a_failure()
-    _joined = launch
+    STATE.distributed.joined = launch
     return launch
 
 
@@ -178,7 +175,7 @@ def port_in_use(port: int) -> bool:
 
 
 def joined() -> Launch | None:
-    return _joined
+    return STATE.distributed.joined
 
 
 def devices_of(ranks) -> list:

@@ -28,11 +28,11 @@ from pathlib import Path
 
 BASE_PORT = 8476  # PyTorch/XLA's base_port: local rank r's TPU runtime listens on BASE_PORT + r
 GOOGLE_PCI_VENDOR = "0x1ae0"
-TPU_PCI_DEVICES = {"0x0027", "0x005e", "0x0063", "0x006f", "0x0076"}  # v2/v3, v4, v5e, v6e, 7x (PyTorch/XLA's list)
+TPU_PCI_DEVICES = frozenset({"0x0027", "0x005e", "0x0063", "0x006f", "0x0076"})  # v2/v3, v4, v5e, v6e, 7x
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/instance/attributes/"
 _TYPE = re.compile(r"^(v2|v3|v4|v5p|v5e|v5litepod|v6e|tpu7x)-(\d+)$")
 # Families whose accelerator-type suffix counts TensorCores (two per chip), not chips.
-_CORES_IN_NAME = {"v2", "v3", "v4", "v5p", "tpu7x"}
+_CORES_IN_NAME = frozenset({"v2", "v3", "v4", "v5p", "tpu7x"})
 
 
 @dataclass(frozen=True)

@@ -86,14 +86,14 @@ for i in range(8):
         xb = torch.randn(8, 16, generator=g)
         x, y = xb.to("tpu"), xb[:, :4].to("tpu")
     torch.tpu.synchronize()
-    p0 = sum(e.calls for e in executables.all()) + collectives.runs
-    b0 = collectives.runs
+    p0 = sum(e.calls for e in executables.all()) + STATE.distributed.collectives.runs
+    b0 = STATE.distributed.collectives.runs
     t0 = time.perf_counter()
     loss = run(x, y)
     torch.tpu.synchronize()
     seconds.append(time.perf_counter() - t0)
-    counts.append(sum(e.calls for e in executables.all()) + collectives.runs - p0)
-    between.append(collectives.runs - b0)
+    counts.append(sum(e.calls for e in executables.all()) + STATE.distributed.collectives.runs - p0)
+    between.append(STATE.distributed.collectives.runs - b0)
     loss.item()
 print("COUNTS", rank, which, how, "old" if old else "one-group" if os.environ.get("ONE_GROUP") == "1" else "new",
       counts, between, f"median step {statistics.median(seconds[4:]) * 1e3:.1f} ms (steps 5-8)", flush=True)

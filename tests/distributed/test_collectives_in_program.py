@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent("""
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel as DDP
     from tpu_agent.backend import executables
-    from tpu_agent.backend.distributed import collectives
+    from tpu_agent.backend.state import STATE
 
     dist.init_process_group()
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -38,7 +38,7 @@ SCRIPT = textwrap.dedent("""
         out = {}
 
         def programs():  # every XLA program run: fused graphs, eager ops, collectives between programs
-            return sum(e.calls for e in executables.all()) + collectives.runs
+            return sum(e.calls for e in executables.all()) + STATE.distributed.collectives.runs
 
         def graphs_with_collectives():
             return sum(e.calls for e in executables.all()
@@ -57,13 +57,13 @@ SCRIPT = textwrap.dedent("""
         for step in range(4):
             xs = [torch.randn(8, 16, generator=g) for g in batches]
             for d in ("tpu", "cpu"):
-                p0, b0, g0 = programs(), collectives.runs, graphs_with_collectives()
+                p0, b0, g0 = programs(), STATE.distributed.collectives.runs, graphs_with_collectives()
                 loss = F.mse_loss(models[d](xs[rank].to(d)), xs[rank][:, :4].to(d))
                 loss.backward(); opts[d].step(); opts[d].zero_grad()
                 if d == "tpu":
                     torch.tpu.synchronize()
                     ddp["programs"].append(programs() - p0)
-                    ddp["between"].append(collectives.runs - b0)
+                    ddp["between"].append(STATE.distributed.collectives.runs - b0)
                     ddp["in_graph"].append(graphs_with_collectives() - g0)
                 ddp[d].append(loss.item())
         ddp["params"] = [(p.cpu() - q.detach()).abs().max().item() for p, q in
@@ -181,15 +181,16 @@ def test_a_collective_is_a_node_of_the_fused_graph_and_the_graph_runs_over_its_r
 
     from tpu_agent.backend import executables
     from tpu_agent.backend.distributed import collectives, in_program, tensor_ops
+    from tpu_agent.backend.state import STATE
 
     monkeypatch.setenv(in_program.SWITCH.name, switch)
     with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
         y = torch.arange(4.0, device="tpu") * 2
-        before, known = collectives.runs, len(executables.all())
+        before, known = STATE.distributed.collectives.runs, len(executables.all())
         tensor_ops.all_reduce_(y, (collectives.my_rank(),), "sum")
         assert (y + 1).cpu().tolist() == [1.0, 3.0, 5.0, 7.0]
     holding = [e for e in executables.all()[known:] if "c10d.all_reduce(sum)" in e.ops]
-    assert (len(holding), collectives.runs - before) == (graphs, between)
+    assert (len(holding), STATE.distributed.collectives.runs - before) == (graphs, between)
 
 
 NEVER_JOINS = textwrap.dedent("""

@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent("""
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel as DDP
     from tpu_agent.backend import executables
-    from tpu_agent.backend.distributed import collectives
+    from tpu_agent.backend.state import STATE
 
     STEPS = int(sys.argv[1])
     dist.init_process_group()
@@ -34,7 +34,7 @@ SCRIPT = textwrap.dedent("""
     out = {}
 
     def programs():  # every XLA program run: fused graphs, replays, eager ops, collectives between programs
-        return sum(e.calls for e in executables.all()) + collectives.runs
+        return sum(e.calls for e in executables.all()) + STATE.distributed.collectives.runs
 
     def net():
         torch.manual_seed(0)

@@ -25,7 +25,8 @@ SCRIPT = textwrap.dedent("""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     from tpu_agent.backend import executables
-    from tpu_agent.backend.distributed import collectives, in_program
+    from tpu_agent.backend.distributed import in_program
+    from tpu_agent.backend.state import STATE
 
     STEPS = int(sys.argv[1])
     warnings.simplefilter("ignore")
@@ -35,7 +36,7 @@ SCRIPT = textwrap.dedent("""
     out = {}
 
     def programs():  # every XLA program run: fused graphs, replays, eager ops, collectives between programs
-        return sum(e.calls for e in executables.all()) + collectives.runs
+        return sum(e.calls for e in executables.all()) + STATE.distributed.collectives.runs
 
     def build(device):
         torch.manual_seed(0)

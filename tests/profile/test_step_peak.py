@@ -18,9 +18,10 @@ def test_a_buffer_made_and_freed_inside_a_step_is_in_its_peak_not_at_its_boundar
 
     import tpu_agent.backend  # noqa: F401 - the tpu device
     from tpu_agent.backend import memory
+    from tpu_agent.backend.state import STATE
 
-    was = memory.WATCH
-    memory.WATCH = None
+    was = STATE.memory_watch
+    STATE.set_memory_watch(None)
     try:
         watch = memory.watch_step_peaks()
         assert memory.watch_step_peaks() is watch  # one watcher per process
@@ -35,7 +36,7 @@ def test_a_buffer_made_and_freed_inside_a_step_is_in_its_peak_not_at_its_boundar
         (x + 1).sum().item()  # a step without the big buffers: their bytes are not carried over
         assert watch.end_step() - watch.current < 2**20
     finally:
-        memory.WATCH = was
+        STATE.set_memory_watch(was)
 
 
 # Three variants of one FSDP2 model, three steps each, in one job: reshard after forward (FSDP2's default), kept
