@@ -191,3 +191,20 @@ def probe_refusal(directory: Path | str) -> str | None:
         with contextlib.suppress(OSError):
             probe.unlink()
     return None
+
+
+# SQLite's words for a write the file system refused (it keeps no errno): the study storage's file
+_SQLITE_REFUSED = ("database or disk is full", "disk I/O error", "attempt to write a readonly database",
+                   "unable to open database file")
+
+
+def database_refusal(path: Path | str, exc: BaseException) -> str | None:
+    """Why a SQLite file (the study storage) refused a write, said as its cause: its folder probed (a full disk,
+    a read-only folder), else SQLite's own words when they name the disk; None for any other failure."""
+    text = str(exc)
+    if not any(words in text for words in _SQLITE_REFUSED):
+        return None
+    probed = probe_refusal(Path(path).parent)
+    if probed is not None:
+        return probed
+    return "the disk is full (SQLite: database or disk is full)" if _SQLITE_REFUSED[0] in text else None

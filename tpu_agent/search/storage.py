@@ -19,6 +19,7 @@ from optuna.storages._heartbeat import BaseHeartbeat
 
 from tpu_agent.config import redact_url
 from tpu_agent.errors import InputError, TpuAgentError
+from tpu_agent.paths import database_refusal
 
 STUDY_DB = "studies.db"
 JOURNAL = "journal:"
@@ -162,7 +163,8 @@ def first_line(exc: BaseException, url: str) -> str:
     """An exception as one line, the URL's password (should a driver echo it) as ***."""
     text = (str(exc).splitlines() or [""])[0][:200]
     secret = password_of(url)
-    return f"{type(exc).__name__}: {text.replace(secret, '***') if secret else text}"
+    refused = database_refusal(url[len("sqlite:///"):], exc) if url.startswith("sqlite:///") else None
+    return f"{type(exc).__name__}: {text.replace(secret, '***') if secret else text}" + (f"; {refused}" if refused else "")
 
 
 def lost_storage_errors() -> tuple[type[BaseException], ...]:
@@ -196,9 +198,15 @@ class Reconnect:
         self.shown = engine_url.render_as_string(hide_password=True) if engine_url is not None else ""
         self.secret = engine_url.password if engine_url is not None else None
         self.say, self.since, self.attempt = say, None, 0
+        sqlite = engine_url is not None and engine_url.drivername.startswith("sqlite")
+        self.sqlite = engine_url.database if sqlite else None  # a file: a refusal there has a cause to say
 
     def wait(self, exc: BaseException) -> None:
         where = f"the study storage {self.shown}".rstrip()
+        refused = database_refusal(self.sqlite, _root(exc)) if self.sqlite else None
+        if refused is not None:  # a SQLite file on a full disk is not unreachable: no retrying, its cause said
+            raise StorageLost(f"cannot write {where}: {refused}; the trials that finished are in it: --resume goes "
+                              "on once it takes writes again") from None
         self.since = self.since or time.monotonic()
         if time.monotonic() - self.since > RECONNECT_S:
             text = first_line(_root(exc), "")
