@@ -56,3 +56,14 @@ def test_a_full_disk_mid_search_stops_at_once_with_its_cause(tmp_path, full_disk
         Reconnect(study, said.append).wait(_sqlite_error("database or disk is full"))
     assert str(caught.value).startswith("cannot write the study storage sqlite:///") and FULL in str(caught.value)
     assert "unreachable" not in str(caught.value) and said == [] and slept == []  # no retrying
+
+
+def test_any_file_of_ours_the_disk_refused_is_named_with_its_cause(tmp_path):
+    """A write no command wrapped (a trial's log, say) still ends in one line naming the file and the cause."""
+    import subprocess
+    import sys
+
+    code = ("import errno, importlib, os; app = importlib.import_module('tpu_agent.cli.app'); "
+            f"app._stdout_refused(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), {str(tmp_path / 'trial-3.log')!r}))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stderr.splitlines() == [f"error: cannot write {tmp_path / 'trial-3.log'}: {FULL}"]

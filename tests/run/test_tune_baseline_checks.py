@@ -73,3 +73,23 @@ def test_a_baseline_whose_hlo_files_were_refused_stops_the_tune_with_the_cause(t
 def test_a_baseline_on_the_device_with_steps_goes_on(tmp_path, monkeypatch):
     profile, path = _baseline(tmp_path, monkeypatch, steps=True, device_ops=10)()
     assert profile.device_ops == 10 and path.name == "profile.json"
+
+
+def test_a_baseline_log_the_disk_cannot_hold_says_the_disk_is_full(tmp_path, monkeypatch):
+    import builtins
+    import os
+
+    opened = builtins.open
+
+    def full(file, mode="r", *args, **kwargs):
+        if str(file).endswith("baseline-profile.log"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
+        return opened(file, mode, *args, **kwargs)
+
+    run = _baseline(tmp_path, monkeypatch, steps=True, device_ops=10)
+    monkeypatch.setattr(builtins, "open", full)
+    with pytest.raises(CannotWrite) as caught:
+        run()
+    said = str(caught.value)
+    assert said.startswith("cannot write the baseline's log ") and said.endswith(
+        "baseline-profile.log: the disk is full (ENOSPC: No space left on device)"), said

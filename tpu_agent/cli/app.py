@@ -128,9 +128,9 @@ def _stdout_refused(exc: OSError) -> None:
     own flush at exit does not print a second complaint."""
     with contextlib.suppress(OSError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    from tpu_agent.paths import cause
+    from tpu_agent.paths import cause, shown_path
 
-    where = f"the output {exc.filename}" if exc.filename else "the output (standard output)"
+    where = shown_path(exc.filename) if exc.filename else "the output (standard output)"  # any file of ours
     sys.stderr.write(f"error: cannot write {where}: {cause(exc)}\n")  # the disk is full, not only refused
     sys.stderr.flush()
 

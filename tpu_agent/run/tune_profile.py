@@ -10,7 +10,7 @@ from pathlib import Path
 from tpu_agent import envvars
 from tpu_agent.config import TuneOptions
 from tpu_agent.errors import TpuAgentError
-from tpu_agent.paths import CANNOT_WRITE_EXIT, CannotWrite, refusal_of_run, shown_path
+from tpu_agent.paths import CANNOT_WRITE_EXIT, CannotWrite, refusal_of_run, shown_path, writing
 from tpu_agent.plan.actions import PadDim, Plan
 from tpu_agent.profilers.schema import Profile, Settings
 from tpu_agent.run.device_use import profile_touched, refusal
@@ -48,7 +48,9 @@ def profile_for_tune(script: Path, args: list[str], run_dir: Path, options: Tune
         watch = StepWatch(options.trial_timeout)
         launch = {"pass_fds": (watch.write_fd,), "monitor": watch, "deadline": watch.deadline}
         env.update(watch.env())
-    with open(log_path, "wb") as log:
+    with writing(log_path, f"the {what}'s log"):  # a full disk: its cause in one line
+        log = open(log_path, "wb")
+    with log:
         result, path = run_profiled(ran, args, settings, runs_root=run_dir, stdin=subprocess.DEVNULL,
                                     stdout=log.fileno(), stderr=log.fileno(), extra_env=env, **launch)
     if options.nproc > 1:  # each rank wrote its own profile: gathered as profile --nproc gathers them
