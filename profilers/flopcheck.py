@@ -116,6 +116,13 @@ def compare(region: str, xla_flops: float, xla_dot_conv_flops: float, counter_fl
             explanation="FlopCounterMode counted no matmul or convolution on the tpu device in this region"
             + ("" if xla_flops == 0 else "; XLA's FLOPs are all elementwise work it does not count"),
         )
+    if xla_flops <= 0:  # not a disagreement of two counts: nothing compiled ran the matmuls
+        return FlopCheck(
+            region=region, xla_flops=xla_flops, xla_dot_conv_flops=xla_dot_conv_flops,
+            flop_counter_flops=counter_flops, flop_counter_by_op=by_op, relative_difference=-1.0, agrees=False,
+            explanation="no XLA program that ran in this region did the matmuls FlopCounterMode saw dispatched "
+            "(fused execution runs them only when a value is read back), so XLA counted none",
+        )
     rel = xla_flops / counter_flops - 1.0
     adjusted = (xla_flops + conv_padding_flops) / counter_flops - 1.0
     dot_rel = xla_dot_conv_flops / counter_flops - 1.0 if xla_dot_conv_flops else None

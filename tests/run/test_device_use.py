@@ -37,6 +37,8 @@ def test_profile_of_a_noisy_script_with_one_matmul_and_no_step(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "ran on the tpu device" not in proc.stderr + proc.stdout
     assert "op(s) reached the tpu device but no program ran them" in proc.stdout
+    assert "both count the same matmuls" not in proc.stdout  # XLA's 0 FLOP: no program ran, not the same count
+    assert "no XLA program that ran in this region did the matmuls" in proc.stdout
     (run_dir,) = (tmp_path / ".tpu-agent" / "runs").iterdir()
     prof = json.loads((run_dir / "profile.json").read_text())
     assert prof["device_ops"] >= 1 and prof["transfers"]["h2d_count"] == 2
