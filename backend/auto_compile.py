@@ -44,6 +44,9 @@ def compile_steps(on: bool = True) -> None:
     """Switch compiled steps on (from the next model call and optimizer step) or off (for models and
     optimizers not yet found; those already compiled stay compiled)."""
     if on and not STATE.on:
+        from .optimizer_program import install_clip
+
+        install_clip()  # clip_grad_norm_ as one node of a step's graph (as written outside compiled steps)
         STATE.module_hook = torch.nn.modules.module.register_module_forward_pre_hook(_first_forward)
         STATE.optimizer_hook = register_optimizer_step_pre_hook(_first_step)
     elif not on and STATE.on:

@@ -18,16 +18,21 @@ program (`reason_not_replayed`).
 
 from __future__ import annotations
 
+import functools
 import types
 from itertools import chain
 
 import jax.numpy as jnp
 import torch
+import torch.nn.utils.clip_grad
 import torch.optim.optimizer as optimizer_module
 
-from . import modes
+from . import executables, lazy, modes
+from .lazy import RECORDER
+from .ops.reduction import vector_norm
 from .step_program import CompiledStep, make_capturable
 from .tensor import TpuTensor, on_device
+from .whole_step import recording
 
 
 def _fused_adam_meta(*args, **kwargs) -> None:
@@ -145,3 +150,69 @@ def install(optimizer) -> OptimizerProgram | None:
     optimizer.step = types.MethodType(_program_step, optimizer)
     optimizer.zero_grad = types.MethodType(_zero_grad, optimizer)
     return program
+
+
+# --- gradient clipping as one node -------------------------------------------------------------------------------
+# `clip_grad_norm_` on the device takes PyTorch's foreach path: a few ops a call, but `_foreach_norm` returns a
+# tensor per gradient (~300 wrappers a step for a 24-layer model, made, tracked and flushed every step). Inside a
+# compiled step's window the same math is recorded as one node of the step's graph: the gradients in, the total
+# norm and the clipped gradients out, written back into the gradients' storages (as `_foreach_mul_` writes them).
+
+_CLIP_NODES: dict[tuple, lazy.Program] = {}
+_ORIGINAL_CLIP = torch.nn.utils.clip_grad.clip_grad_norm_
+clip_nodes_recorded = 0  # calls recorded as one node (tests read it)
+
+
+def _clip_program(count: int, norm_type: float, max_norm: float) -> lazy.Program:
+    """PyTorch's math, op for op: each gradient's norm (`_foreach_norm`), the norm of their stack, then
+    `max_norm / (total + 1e-6)` (Tensor.__rdiv__: a reciprocal times the number), clamped at 1, times each
+    gradient. The numbers are constants of the program: another max_norm or norm_type is another node."""
+    key = (count, norm_type, max_norm)
+    program = _CLIP_NODES.get(key)
+    if program is None:
+        def clip(*grads):
+            total = vector_norm(jnp.stack([vector_norm(g, norm_type) for g in grads]), norm_type)
+            coef = jnp.minimum(jnp.reciprocal(total + 1e-6) * max_norm, 1.0)
+            return [total, *(g * coef.astype(g.dtype) for g in grads)]
+
+        program = _CLIP_NODES[key] = lazy.Program(next(executables._ids), "clip_grad_norm_", clip, {},
+                                                  scope="clip_grad_norm_")
+    return program
+
+
+def _recordable(grads) -> bool:
+    if not grads or not recording():
+        return False
+    first = grads[0]
+    if type(first) is not TpuTensor or not first.is_floating_point() or first.dtype not in (torch.float32,
+                                                                                           torch.float64):
+        return False
+    dtype, device = first.dtype, first.device
+    # A view (DDP's gradients as bucket views) is written through its base: left to the ops as written.
+    return all(type(g) is TpuTensor and not g._view_chain and g.dtype == dtype and g.device == device for g in grads)
+
+
+@functools.wraps(_ORIGINAL_CLIP)
+def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
+    """`torch.nn.utils.clip_grad_norm_`; inside a compiled step's window, one node of the step's graph."""
+    global clip_nodes_recorded
+    if error_if_nonfinite or not recording():  # the check reads the norm on the host: as written
+        return _ORIGINAL_CLIP(parameters, max_norm, norm_type, error_if_nonfinite, foreach)
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    grads = [p.grad for p in params if p.grad is not None]
+    if not _recordable(grads):
+        return _ORIGINAL_CLIP(params, max_norm, norm_type, error_if_nonfinite, foreach)
+    program = _clip_program(len(grads), float(norm_type), float(max_norm))
+    total, *clipped = RECORDER.record(program, [g.jax() for g in grads])
+    for g, value in zip(grads, clipped):
+        g._storage_box.write(value)
+    clip_nodes_recorded += 1
+    return TpuTensor(total)
+
+
+def install_clip() -> None:
+    """Route `torch.nn.utils.clip_grad_norm_` through the node above (as written outside a window)."""
+    import torch.nn.utils as utils
+
+    utils.clip_grad_norm_ = clip_grad_norm_
+    utils.clip_grad.clip_grad_norm_ = clip_grad_norm_
