@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from .lazy import RECORDER, Lazy
 from .registry import Lowering
 from .tensor import TpuTensor
 from .transfer import from_cpu
@@ -27,15 +28,24 @@ CPU_ARGS_OK = {aten.index.Tensor, aten.index_put.default}
 
 
 def signature(func, lowering: Lowering, flat):
-    """Split flat arguments into the cache key, the dynamic values and a template."""
+    """Split flat arguments into the cache key, the dynamic values and a template; and say whether a dynamic
+    value is pending (fused mode's Lazy, computed before an eager program can take it)."""
     key = [id(func)]  # ops live as long as the process; an OpOverload's __hash__ is Python code
     dynamic = []
     template = []
+    pending = False
     static_floats = lowering.static_floats
+    capture = RECORDER.capture
     for i, x in enumerate(flat):
         cls = type(x)
         if cls is TpuTensor:
-            a = x.jax()
+            # A base's array read here, not through x.jax() (a call per tensor); views and captures through it.
+            a = x._storage_box.array if capture is None and not x._view_chain else x.jax()
+            if type(a) is Lazy:
+                if a.value is None:
+                    pending = True
+                else:
+                    a = a.value
             dynamic.append(a)
             key.append(a.shape)
             key.append(a.dtype)
@@ -55,7 +65,7 @@ def signature(func, lowering: Lowering, flat):
         else:
             key.append(x)
             template.append(x)
-    return key, dynamic, template
+    return key, dynamic, template, pending
 
 
 def flatten(args, kwargs):

@@ -14,22 +14,38 @@ import torch
 
 from . import dtypes, modes
 from .arguments import DYNAMIC, flatten, signature, unflatten
-from .lazy import RECORDER, Lazy
+from .launch import launch
+from .lazy import DATA_DEPENDENT, RECORDER, Lazy
 from .opinfo import OpInfo, info_of
-from .programs import new_program, run_program
+from .programs import new_program
 from .registry import Lowering
 from .source import user_frame
 from .state import RNG, STATE
-from .tensor import DEVICE, TpuTensor
+from .tensor import DEVICE, TpuTensor, wrap
 
-CACHE: dict[tuple, tuple] = {}  # op signature -> (Executable, Program)
+CACHE: dict[tuple, "Entry"] = {}  # op signature -> its program (Entry)
+
+
+class Entry:
+    """An op signature's compiled program, and how its results come back."""
+
+    __slots__ = ("exe", "program", "single")
+
+    def __init__(self, exe, program, single: bool):
+        self.exe = exe
+        self.program = program
+        self.single = single  # one Tensor returned, nothing else: wrapped as is
+
+
+_EXTRA: dict[tuple, int] = {}  # STATE.cache_key_extra -> a small int (its Precision enum hashes in Python code)
+_extra_now: list = [None, 0]  # the setting last seen and its int
 
 
 def execute(func, lowering: Lowering, args, kwargs, info: OpInfo | None = None, extra: int = 0):
     """`extra`: the lowering returns that many values after the schema's results (the new values of arguments
     an op writes though its schema does not say so: opinfo.UNDECLARED_WRITES); they come back as a tuple."""
     flat, spec = flatten(args, kwargs)
-    key, dynamic, template = signature(func, lowering, flat)
+    key, dynamic, template, pending = signature(func, lowering, flat)
     key.append(spec)
     if lowering.random:
         base, counter = RNG.next()
@@ -37,25 +53,35 @@ def execute(func, lowering: Lowering, args, kwargs, info: OpInfo | None = None, 
         dynamic.append(counter)
         if RECORDER.capture is not None:
             RECORDER.capture.note_rng(base, counter)
-    key.append(STATE.cache_key_extra)  # matmul precision, PadOps multiple and sizes
+    setting = STATE.cache_key_extra  # matmul precision, PadOps multiple and sizes
+    if setting is not _extra_now[0]:
+        _extra_now[0], _extra_now[1] = setting, _EXTRA.setdefault(setting, len(_EXTRA))
+    key.append(_extra_now[1])
     jit = lowering.jit and not (lowering.eager_if is not None and lowering.eager_if(*args, **kwargs))
     key.append(jit)
+    key.append(extra)
     key = tuple(key)
     entry = CACHE.get(key)
     if entry is None:
         entry = CACHE[key] = _compile(func, lowering, flat, spec, template, dynamic, jit, extra)
     recorded = jit and STATE.fused
     try:
-        out = RECORDER.record(entry[1], dynamic) if recorded else run_program(*entry, dynamic, jit=jit)
+        if recorded:
+            out = RECORDER.record(entry.program, dynamic)
+        else:
+            if pending:  # a value still pending in fused mode's graph: computed first
+                RECORDER.flush(DATA_DEPENDENT, also=dynamic, op=entry.program.name)
+                dynamic = [a.value if type(a) is Lazy else a for a in dynamic]
+            out = launch(entry.exe, dynamic)
     except Exception as exc:  # a lowering bug or an invalid argument, named by op
         raise _naming(exc, func) from exc
+    if entry.single:
+        return wrap(out) if out is not None else None
     info = info or info_of(func)
     returns = info.returns
     if extra:
         own = _wrap_outputs(func, out[0] if len(returns) == 1 else tuple(out[: len(returns)]))
         return (own if len(returns) > 1 else (own,)) + tuple(_wrap_array(v) for v in out[len(returns):])
-    if len(returns) == 1 and returns[0] == "Tensor":
-        return _wrap_array(out)
     if recorded and info.scalar_results:
         out = _static_scalars(key, func, flat, spec, out, returns)
     return _wrap_outputs(func, out)
@@ -159,7 +185,9 @@ def _compile(func, lowering: Lowering, flat, spec, template, dynamic, jit: bool,
             return tuple(_conform(tuple(out[:-extra]), meta, func)) + tuple(out[-extra:])
         return _conform(out, meta, func)
 
-    return new_program(str(func), "eager", run, dynamic, jit=jit, source=user_frame())
+    exe, program = new_program(str(func), "eager", run, dynamic, jit=jit, source=user_frame())
+    returns = info_of(func).returns
+    return Entry(exe, program, not extra and len(returns) == 1 and returns[0] == "Tensor")
 
 
 _RETURN_CONVERTERS = {"bool": bool, "int": int, "float": float, "SymInt": int, "Scalar": lambda x: x.item()}
@@ -187,4 +215,4 @@ def _wrap_array(value):
         return None
     if type(value) is not Lazy and not isinstance(value, jax.Array):
         value = jnp.asarray(value)
-    return TpuTensor(value)
+    return wrap(value)

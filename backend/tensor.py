@@ -19,7 +19,7 @@ import jax
 import torch
 
 from . import jax_setup
-from .dtypes import to_torch_dtype
+from .dtypes import _JAX_TO_TORCH, to_torch_dtype
 from .lazy import RECORDER, Lazy
 from .state import STATE
 from .views import apply_chain, scatter_chain
@@ -96,31 +96,25 @@ class TpuTensor(torch.Tensor):
     """A tensor on the `tpu` device; see the module docstring."""
 
     _storage_box: Storage
-    _view_chain: tuple  # ((op, static args), ...) from the base; () for a base
-    _cache: object  # the view's value, valid while _cache_version matches
-    _cache_version: int
+    # A base tensor sets only its storage: the class gives the rest (one attribute written per new tensor, not four).
+    _view_chain: tuple = ()  # ((op, static args), ...) from the base; () for a base
+    _cache: object = None  # a view's value, valid while _cache_version matches
+    _cache_version: int = 0
 
     @staticmethod
     def __new__(cls, array, requires_grad: bool = False, *, storage=None, chain=()):
-        shape = tuple(array.shape)
         index = 0
         if STATE.device_count > 1:
             index = _index_of(array)
             if index and storage is None:
                 array = _commit(array, index)
-        r = torch.Tensor._make_wrapper_subclass(
-            cls,
-            shape,
-            dtype=to_torch_dtype(array.dtype),
-            device=_TORCH_DEVICES[index],
-            requires_grad=requires_grad,
-        )
-        if storage is None:
-            storage = Storage(array)
-        r._storage_box = storage
-        r._view_chain = chain
-        r._cache = array  # a view's value (run_view makes the tensor a view after this)
-        r._cache_version = storage.version
+        r = _new_wrapper(cls, tuple(array.shape), dtype=to_torch_dtype(array.dtype), device=_TORCH_DEVICES[index],
+                         requires_grad=requires_grad)
+        r._storage_box = Storage(array) if storage is None else storage
+        if chain:  # a view (detach or alias of a view): its value now, valid for the storage's current version
+            r._view_chain = chain
+            r._cache = array
+            r._cache_version = r._storage_box.version
         return r
 
     def __init__(self, *args, **kwargs):
@@ -162,13 +156,13 @@ class TpuTensor(torch.Tensor):
     def set_jax(self, value) -> None:
         """Replace this tensor's value in place (a write through a view updates its base)."""
         box = self._storage_box
-        if not self._view_chain:
+        if not self._view_chain:  # a base reads its storage: no cache to keep
             box.write(value)
-        else:
-            if RECORDER.capture is not None:  # the base it scatters into is a graph input
-                RECORDER.capture.note_base(self)
-            box.write(scatter_chain(box.array, self._view_chain, value))
-        self._cache = value if self._view_chain else None  # a base reads its storage: no second reference
+            return
+        if RECORDER.capture is not None:  # the base it scatters into is a graph input
+            RECORDER.capture.note_base(self)
+        box.write(scatter_chain(box.array, self._view_chain, value))
+        self._cache = value
         self._cache_version = box.version
 
     def __repr__(self, *, tensor_contents=None):
@@ -249,6 +243,21 @@ class TpuTensor(torch.Tensor):
             return on_device(index, _dispatch, func, args, kwargs)
         finally:
             _X64_SET(previous)
+
+
+_new_wrapper = torch.Tensor._make_wrapper_subclass
+_TORCH_DTYPES = _JAX_TO_TORCH  # np.dtype -> torch.dtype
+
+
+def wrap(array) -> TpuTensor:
+    """`TpuTensor(array)`, a new base tensor, on the path of every op: on one device, with no `__init__` call,
+    keyword parsing or device lookup."""
+    if STATE.device_count > 1:
+        return TpuTensor(array)
+    dtype = _TORCH_DTYPES.get(array.dtype)
+    r = _new_wrapper(TpuTensor, array.shape, dtype=dtype or to_torch_dtype(array.dtype), device=DEVICE)
+    r._storage_box = Storage(array)
+    return r
 
 
 # --- several local devices ------------------------------------------------------------------------------------

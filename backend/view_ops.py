@@ -47,6 +47,7 @@ def run_view(func, args, kwargs):
     outs = out if isinstance(out, (list, tuple)) else [out]
     for index, view in enumerate(outs):
         entry = chain_entry(func, args, kwargs, index if isinstance(out, (list, tuple)) else None)
+        view._cache = view._storage_box.array  # its value, made by the op; the storage becomes its source's
         view._storage_box = source._storage_box
         view._view_chain = source._view_chain + (entry,)
         view._cache_version = source._storage_box.version
