@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from tpu_agent.config import TuneOptions
+from tpu_agent.measure.context import Measuring
 from tpu_agent.measure.runner import Runner
 from tpu_agent.plan.actions import Compile, MatmulPrecision, Plan
 from tpu_agent.verify.verdict import verify
@@ -63,7 +64,7 @@ def verify_once(script: str, args: list[str], plan: Plan, options: TuneOptions, 
     try:
         runner = Runner(ROOT / script, args, options, run_dir)
         t0 = time.perf_counter()
-        verdict = verify(plan, runner, options, None)
+        verdict = verify(plan, Measuring(runner, options))
         return verdict, time.perf_counter() - t0
     finally:
         os.chdir(cwd)

@@ -31,6 +31,7 @@ from pathlib import Path
 import optuna
 
 from tpu_agent.config import TuneOptions
+from tpu_agent.measure.context import Measuring
 from tpu_agent.measure.compare import MIN_STEADY, median, steady_ratios
 from tpu_agent.measure.runner import Runner
 from tpu_agent.measure.trials import StepRecord, TrialFailed
@@ -149,14 +150,14 @@ def record(example: str, trials: int, seed: int, work: Path):
     runner = RecordingRunner(script, [], options, run_dir)
     study = open_study(options, "recorded", options.fingerprint(script, []), work, pruner="none")
     try:
-        search(study, space, runner, options, batch, {})
+        search(study, space, Measuring(runner, options, batch))
     finally:
         runner.close()
     rec = Recording(example, options, space, batch, [t.params for t in study.trials], runner.recorded,
                     time.perf_counter() - t0)
 
     def check(plan) -> str:
-        verdict = verify(plan, runner, options, batch, profile)
+        verdict = verify(plan, Measuring(runner, options, batch, profile))
         return ("accepted " if verdict.accepted else "rejected ") + (verdict.speed.text() if verdict.speed
                                                                     else verdict.reason)
     return rec, check
@@ -173,7 +174,7 @@ def replay(rec: Recording, work: Path, check=None) -> list[str]:
         for params in rec.order:
             study.enqueue_trial(params)
         runner = ReplayRunner(rec.recorded)
-        records = search(study, rec.space, runner, options, rec.batch, {})
+        records = search(study, rec.space, Measuring(runner, options, rec.batch))
         pruned = [r for r in records if r.state == "pruned"]
         wrong = [r for r in pruned if (rec.recorded[r.plan.key()].speedup or 0) > 1.0]
         best = ranked_plans(study)[:1]

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench import header  # noqa: E402
 
 from tpu_agent.config import TuneOptions  # noqa: E402
+from tpu_agent.measure.context import Measuring  # noqa: E402
 from tpu_agent.measure.runner import Runner  # noqa: E402
 from tpu_agent.plan.actions import PadOps  # noqa: E402
 from tpu_agent.propose.candidates import ActionTemplate, Candidate  # noqa: E402
@@ -57,7 +58,7 @@ def one(workers: int, script: Path, args: list[str], trials: int, steps: int, fo
     runner = Runner(script, args, options, run_dir)
     load_before, t0 = os.getloadavg()[0], time.perf_counter()
     try:
-        search(study, aa_space(4 * trials), runner, options, None, {}, on_note=lambda line: print("   ", line))
+        search(study, aa_space(4 * trials), Measuring(runner, options), on_note=lambda line: print("   ", line))
     finally:
         runner.close()
     wall = time.perf_counter() - t0

@@ -1,12 +1,15 @@
 """`tpu-agent tune`, stage by stage: run -> profile -> propose -> search -> verify -> report.
 
-Each phase hands the tune options to its stage once; what a phase finds goes to one recorder
+The measuring context (measure.context.Measuring: runner, options, the baseline's batch, profile and losses) is
+built once and handed to the search and the verification; what a phase finds goes to one recorder
 (report.progress.TuneProgress), which writes tune.json as it goes, says it, and is every phase's one interrupt
-path. Only verified changes are reported as gains.
+path. Only verified changes are reported as gains. `--join STUDY` is the same pipeline for a worker: its search
+phase measures another tune's study, and its verification phase runs only on the --verify-on host.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from pathlib import Path
@@ -16,6 +19,7 @@ from rich.console import Console
 from tpu_agent import interrupts
 from tpu_agent.config import ChosenProposer, TuneOptions
 from tpu_agent.errors import TpuAgentError
+from tpu_agent.measure.context import Measuring
 from tpu_agent.measure.runner import Runner
 from tpu_agent.paths import ignore_tool_dir, new_run_dir, writable_dir
 from tpu_agent.parallelism import target
@@ -43,6 +47,8 @@ def tune(script: Path, args: list[str], options: TuneOptions, *, console: Consol
     writable_dir(runs_root.parent, "the tool's folder")  # the studies' SQLite file; run dirs come after the checks
     ignore_tool_dir(runs_root.parent)
     with interrupts.stop_signals_interrupt():
+        if options.join:  # a worker: the tune that started the study writes the report
+            return join(script, args, options, console=console, runs_root=runs_root), {}
         result = run(script, args, options, console=console, proposer=proposer, runs_root=runs_root)
         return result, write_all(result, script)
 
@@ -54,10 +60,11 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
     study, out = _start(script, args, options, TuneLines(console), chosen, runs_root)
     run_dir = Path(out.result.run_dir)
     runner = Runner(script, args, options, run_dir)
-    knobs, batch = [], None  # the knobs in the search's classes; the batch size the unchanged script sets
+    measuring = Measuring(runner, options)  # the batch and the profile are the baseline's, once it has run
+    knobs = []  # the knobs in the search's classes
 
     def baseline() -> None:  # run + profile the unchanged script; its knobs
-        nonlocal knobs, batch
+        nonlocal knobs
         out.say.baseline(script.name, options)
         began = time.perf_counter()
         profile, path = profile_for_tune(script, args, run_dir, options)
@@ -65,22 +72,23 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
         for line in ranks_lines(profile):  # --nproc: each rank's step time and memory
             out.console.print(line, markup=False)
         every_knob = discover(script, profile=profile, script_args=args, profile_path=str(path)).knobs
-        batch = next((k.value for k in every_knob if k.batch and not k.overridden), None)
+        measuring.profile = profile
+        measuring.baseline_batch = next((k.value for k in every_knob if k.batch and not k.overridden), None)
         knobs, left_out = knobs_in_scope(every_knob, options.allow)
         out.left_out(left_out)
 
     def projection() -> None:  # --target SLICE: the slice's plans ranked by projection (estimates, never verified)
         say = lambda line: out.console.print(line, markup=False)  # noqa: E731
         try:
-            target.for_tune(str(script), args, options.slice, out.profile, batch, say, keep=out.projected)
+            target.for_tune(str(script), args, options.slice, out.profile, measuring.baseline_batch, say,
+                            keep=out.projected)
         except TpuAgentError as exc:  # the measured tune goes on
             say(f"projection: not run: {exc}")
 
     def search() -> None:  # propose + search, round after round
         claude = {"audit_dir": run_dir / "agent", "token_budget": options.token_budget,
                   "source_root": script.resolve().parent, **({"model": options.model} if options.model else {})}
-        search_rounds(study, runner, make_proposer(chosen, **claude), out.profile, knobs, options, batch, out,
-                      done=len(out.result.trials))
+        search_rounds(study, measuring, make_proposer(chosen, **claude), knobs, out, done=len(out.result.trials))
         runner.close()  # the search's warm processes: verification starts fresh ones
 
     def verification() -> None:
@@ -89,7 +97,7 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
         if options.verify_on and options.verify_on != socket.gethostname():  # a joined worker there verifies
             return out.say.console.print(f"verify: on {options.verify_on} (--verify-on), not on this host; its "
                                          "verdicts go into the study's attributes", markup=False)
-        verify_best(studies.ranked_plans(study), runner, options, batch, out.profile, out)
+        verify_best(studies.ranked_plans(study), measuring, out)
 
     def parallelism() -> None:  # --nproc N: each parallelism plan's memory per rank; --target: ranked by projection
         platform = out.profile.device.platform if out.profile.device is not None else "this host"
@@ -104,8 +112,8 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
         runner.close()
         measured = measured.model_copy(update={"plans": [*alone, *measured.plans]})
         if out.result.projection is not None:  # --target on a host that is not the slice
-            measured = target.for_measured(measured, out.result.projection, str(script), args, options.slice, batch,
-                                           say)
+            measured = target.for_measured(measured, out.result.projection, str(script), args, options.slice,
+                                           measuring.baseline_batch, say)
         out.result.parallelism = measured
         out.say.parallelism(measured)
         out.save()
@@ -132,6 +140,44 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
     best = out.result.best
     if best is not None and not (best.speed is not None and best.speed.per_sample):  # per sample: no step figures
         out.phase("profile", profile_plan)
+    out.enter("done")
+    return out.save()
+
+
+def join(script: Path, args: list[str], options: TuneOptions, *, console: Console, runs_root: Path) -> TuneResult:
+    """`--join STUDY`: this host's workers (this process and --workers - 1 more) measure the study's plans, round
+    after round of the tune that started it; with --verify-on this host, once no trial runs, the study's best plans
+    are verified here and the verdicts go into the study's attributes. tune.json in the worker's run directory says
+    how far it got; no report."""
+    from tpu_agent.search.worker import join_here, joined_study
+
+    study = joined_study(script, args, options)  # bad input: one line, before any run directory
+    run_dir = runs_root / f"{time.strftime('%Y%m%d-%H%M%S')}-{script.stem}-worker-{os.getpid()}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    result = TuneResult(script=str(script), args=args, settings=options, study=options.join,
+                        storage=studies.redact(studies.storage_url(options, runs_root)), run_dir=str(run_dir))
+    out = TuneProgress(result, TuneLines(console), time.perf_counter())
+
+    def search() -> None:
+        join_here(script, args, options, run_dir, say=lambda line: console.print(line, markup=False),
+                  on_trial=out.trial, study=study)
+
+    def verification() -> None:  # the study's trials over (other workers' too), in fresh processes
+        while studies.busy(study):
+            time.sleep(2.0)
+        runner = Runner(script, args, options, run_dir)
+        try:
+            verify_best(studies.ranked_plans(study), Measuring(runner, options, study.user_attrs.get("baseline_batch")),
+                        out)
+        finally:
+            runner.close()
+
+    out.phase("search", search)
+    if options.verify_on and options.verify_on == socket.gethostname():
+        try:
+            out.phase("verification", verification)
+        finally:
+            studies.note_verdicts(study, result.verdicts, result.best)
     out.enter("done")
     return out.save()
 

@@ -12,6 +12,7 @@ import torch
 from rich.console import Console
 
 from tpu_agent.config import TuneOptions
+from tpu_agent.measure.context import Measuring
 from tpu_agent.measure.runner import Runner
 from tpu_agent.measure.trials import TrialFailed
 from tpu_agent.plan.actions import Compile, PadBatch, PadOps, Plan
@@ -96,7 +97,7 @@ class NoChangeRunner:
 
 
 def test_no_change_is_never_verified_and_an_ablation_drops_it():
-    verdict = verify(Plan(actions=[PadOps(multiple=2)]), NoChangeRunner(), TuneOptions(), None)
+    verdict = verify(Plan(actions=[PadOps(multiple=2)]), Measuring(NoChangeRunner(), TuneOptions()))
     assert not verdict.accepted and verdict.reason.startswith("no change") and verdict.speed is None
     unit = Attribution(group="padding", actions="pad_ops", without="fused", reason="no change: ...", no_change=True)
     assert why_dropped(unit, 0.05) == "no change: ..."

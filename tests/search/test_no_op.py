@@ -11,6 +11,7 @@ from rich.console import Console
 
 from support.fake_runner import FakeRunner
 from tpu_agent.config import TuneOptions
+from tpu_agent.measure.context import Measuring
 from tpu_agent.measure.noop import effective, no_change
 from tpu_agent.plan.actions import Compile, MatmulPrecision, PadDim, PadOps, Plan
 from tpu_agent.propose.candidates import ActionTemplate, Candidate
@@ -97,7 +98,7 @@ def test_a_no_op_plan_is_never_measured_by_the_verification(tmp_path):
     runner, watcher = FakeRunner(), _Watcher()
     plans = [Plan(actions=[MatmulPrecision(precision="default")]),
              Plan(actions=[Compile(mode="fused"), MatmulPrecision(precision="default")])]
-    verify_best(plans, runner, TuneOptions(seed=0), None, profile(tmp_path), watcher)
+    verify_best(plans, Measuring(runner, TuneOptions(seed=0), profile=profile(tmp_path)), watcher)
     measured = {m[0].rsplit("-", 1)[0] for m in runner.measured}
     assert measured == {"verify-1"}  # the second plan only, as its real change alone
     assert {m[1:] for m in runner.measured} == {("execution (numerics)",)}
@@ -123,6 +124,6 @@ def test_the_search_never_spends_a_trial_on_a_no_op(tmp_path):
     assert without_no_ops(sp, profile(tmp_path, dims=((48, 136, 256),)), said) == []  # said once
     options = TuneOptions(trials=5, seed=0, steps=5, storage=f"sqlite:///{tmp_path / 'studies.db'}")
     runner = FakeRunner()
-    search(open_study(options, "s", "fp", tmp_path), sp, runner, options, None, {}, on_note=lambda _: None)
+    search(open_study(options, "s", "fp", tmp_path), sp, Measuring(runner, options), on_note=lambda _: None)
     assert runner.measured and all(m[1:] == ("padding",) for m in runner.measured)
     assert not any("precision" in u for m in runner.measured for u in m[1:])

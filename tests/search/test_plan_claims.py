@@ -8,6 +8,7 @@ import time
 import optuna
 
 from tpu_agent.config import TuneOptions
+from tpu_agent.measure.context import Measuring
 from tpu_agent.search.objective import Objective
 
 KEY = "pad_ops=24"
@@ -15,7 +16,7 @@ KEY = "pad_ops=24"
 
 def two_trials():
     study = optuna.create_study()
-    objective = Objective(None, None, TuneOptions(), None, {}, measured={}, study=study)
+    objective = Objective(None, Measuring(None, TuneOptions()), measured={}, study=study)
     return objective, study.ask(), study.ask()
 
 
@@ -83,7 +84,7 @@ def test_a_finished_trial_of_the_plan_is_yielded_to_and_a_killed_one_is_not():
 def test_many_threads_on_one_plan_measure_it_once():
     for _ in range(20):
         study = optuna.create_study()
-        objective = Objective(None, None, TuneOptions(), None, {}, measured={}, study=study)
+        objective = Objective(None, Measuring(None, TuneOptions()), measured={}, study=study)
         trials = [study.ask() for _ in range(4)]
         barrier, decisions = threading.Barrier(4), {}
 

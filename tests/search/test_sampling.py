@@ -8,6 +8,7 @@ import optuna
 
 from support.fake_runner import FakeRunner
 from tpu_agent.config import TuneOptions
+from tpu_agent.measure.context import Measuring
 from tpu_agent.propose.candidates import ActionTemplate, Candidate
 from tpu_agent.search.space import Space
 from tpu_agent.search.loop import search
@@ -28,7 +29,7 @@ def run(tmp_path, sp: Space, trials: int):
     options = TuneOptions(trials=trials, seed=0, steps=5, storage=f"sqlite:///{tmp_path / 'studies.db'}")
     study = open_study(options, "s", "fp", tmp_path)
     said: list[str] = []
-    records = search(study, sp, FakeRunner(), options, None, {}, on_note=said.append)
+    records = search(study, sp, Measuring(FakeRunner(), options), on_note=said.append)
     return study, records, said
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from support.processes import clean_env, one_error_line, run_tool
 from tpu_agent.config import TuneOptions
+from tpu_agent.measure.context import Measuring
 from tpu_agent.measure.compare import Comparison, aligned_losses, losses_by_step, rank_memory_line
 from tpu_agent.measure.runner import Runner
 from tpu_agent.measure.trials import RankedStep, StepRecord, TrialFailed, TrialProcess, rank_records
@@ -176,7 +177,7 @@ def test_a_verification_at_2_ranks_checks_each_rank_and_measures_its_memory(tmp_
     options = TuneOptions(nproc=2, steps=5, warmup=1, pairs=5, processes=1, trial_timeout=120)
     runner = Runner(script, [], options, tmp_path / "run")
     plan = Plan(actions=[PadOps(multiple=8)])  # exact: Linear(24, 4)'s 4 outputs padded to 8
-    verdict = verify(plan, runner, options, None)
+    verdict = verify(plan, Measuring(runner, options))
     assert verdict.numerics is not None and verdict.numerics.kind == "exact", verdict.reason
     assert verdict.numerics.passed, verdict.numerics.reason
     assert verdict.numerics.reason.startswith("each of the 2 ranks against the baseline's same rank")

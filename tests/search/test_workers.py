@@ -21,6 +21,7 @@ from support.paths import REPO
 from support.postgres import PASSWORD
 from support.tune import wait_for
 from tpu_agent.config import TuneOptions
+from tpu_agent.measure.context import Measuring
 from tpu_agent.errors import InputError
 from tpu_agent.propose.candidates import ActionTemplate, Candidate
 from tpu_agent.search import storage as storage_mod
@@ -58,7 +59,7 @@ def lead(project: Path, url: str, name: str, *, trials: int, n: int, said: list 
                        about={"script": "train.py"})
     runner = SlowRunner(gate=gate)
     runner.script, runner.args, runner.run_dir = script, [], project / "runs" / "lead"
-    records = search(study, padding_space(), runner, options, None, {},
+    records = search(study, padding_space(), Measuring(runner, options),
                      on_note=(said.append if said is not None else None))
     return optuna.load_study(study_name=name, storage=storage_mod.open_storage(url)), records
 
@@ -170,7 +171,7 @@ def test_a_server_down_for_good_is_one_line_and_resume_goes_on_once_it_is_back(p
     options = TuneOptions(trials=3, seed=0, storage=url, resume=True)
     again = open_study(options, "d", "fp", project / "runs", key=worker_key(project / "train.py", [], options))
     assert len(counted(again)) == 1  # the trial before the outage, kept; the one cut off is queued again
-    search(again, padding_space(), SlowRunner(), options, None, {}, seeded=False)
+    search(again, padding_space(), Measuring(SlowRunner(), options), seeded=False)
     measured = counted(again)
     assert len(measured) == 3 and len(set(plans_of(measured))) == 3
 
@@ -231,24 +232,33 @@ def test_the_command_line_refuses_bad_workers_storage_and_join_in_one_line_exit_
 
 
 def test_verify_on_a_joined_host_verifies_the_study_there_and_records_the_verdicts(project, monkeypatch):
+    """`tune --join STUDY --verify-on THIS_HOST` is the tune's pipeline as a worker: its search phase finds the
+    study's budget spent, its verification phase verifies the best plan here; tune.json and the study say so."""
     import io
+    import json
     import socket
 
     from rich.console import Console
 
     from support.fake_runner import FakeRunner
-    from tpu_agent.cli.tune import verify_joined
+    from tpu_agent import pipeline
     from tpu_agent.measure import runner as runner_mod
 
     url = f"sqlite:///{project / 'studies.db'}"
     lead(project, url, "v", trials=2, n=1)
-    monkeypatch.setattr(runner_mod, "Runner", lambda *a, **k: FakeRunner())
+    monkeypatch.setattr(runner_mod, "Runner", lambda *a, **k: FakeRunner())  # the worker's search
+    monkeypatch.setattr(pipeline, "Runner", lambda *a, **k: FakeRunner())  # its verification
     options = TuneOptions(storage=url, join="v", verify_on=socket.gethostname(), output_dir=str(project / "runs"))
     out = io.StringIO()
-    verify_joined(project / "train.py", [], options, project / "runs" / "w", Console(file=out, width=200))
+    result, files = pipeline.tune(project / "train.py", [], options, console=Console(file=out, width=200),
+                                  proposer="offline")
     study = optuna.load_study(study_name="v", storage=url)
     assert study.user_attrs["verified"]["accepted"] and study.user_attrs["verified"]["plan"].startswith("pad_ops")
-    assert "accepted" in out.getvalue()
+    assert "accepted" in out.getvalue() and files == {}  # the tune that started the study reports, not a worker
+    assert result.best is not None and result.best.accepted and not result.interrupted
+    saved = json.loads((Path(result.run_dir) / "tune.json").read_text())
+    assert saved["phase"] == "done" and set(saved["phase_s"]) == {"search", "verification", "ablation"}
+    assert saved["verdicts"][0]["accepted"] and saved["study"] == "v"
 
 
 def test_a_joined_worker_follows_the_tunes_later_rounds_and_stops_when_its_search_ends(project):
@@ -270,11 +280,11 @@ def test_a_joined_worker_follows_the_tunes_later_rounds_and_stops_when_its_searc
 
     runner = SlowRunner(gate=held)
     runner.script, runner.args, runner.run_dir = script, [], project / "runs" / "lead"
-    search(study, padding_space(), runner, options, None, {})  # round 1: its 2 trials, the tune's own
+    search(study, padding_space(), Measuring(runner, options))  # round 1: its 2 trials, the tune's own
     (proc, log), = workers.start(1, script, [], options, "r", project / "runs" / "joined", rounds=True)
     try:
         wait_for(lambda: "waiting for the tune's next round" in log.read_text(), 60, "the worker to wait")
-        search(study, padding_space(), runner, options.model_copy(update={"trials": 5}), None, {})  # round 2
+        search(study, padding_space(), Measuring(runner, options).with_budget(5))  # round 2
         workers.rounds_open(study, False)  # the tune's search is over
         assert proc.wait(timeout=15) == 0, log.read_text()
     finally:
@@ -293,7 +303,7 @@ def test_a_worker_the_tune_started_for_one_round_stops_with_it(project):
     workers.rounds_open(study, True)
     runner = SlowRunner()
     runner.script, runner.args, runner.run_dir = project / "train.py", [], project / "runs" / "lead"
-    search(study, padding_space(), runner, options, None, {})
+    search(study, padding_space(), Measuring(runner, options))
     began = time.monotonic()
     records = join(project / "train.py", [], options.model_copy(update={"join": "one"}), project / "w",
                    runner=SlowRunner(), rounds=False)

@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 
 from tpu_agent.config import TuneOptions
+from tpu_agent.measure.context import Measuring
 from tpu_agent.measure.runner import interleave
 from tpu_agent.measure.trials import StepRecord, TrialFailed
 from tpu_agent.propose.candidates import ActionTemplate, Candidate
@@ -80,5 +81,5 @@ def run(tmp_path: Path, sp: Space, order: list[str], pruner: str = "median"):
     runner = TableRunner()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing of Optuna's reaches the user's terminal
-        records = search(study, sp, runner, options, None, {}, seeded=False)  # the order above, no seeds of its own
+        records = search(study, sp, Measuring(runner, options), seeded=False)  # the order above, no seeds of its own
     return study, records, runner

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import io
+
 from rich.console import Console
 
 from support.fake_runner import FACTORS, FakeRunner
 from tpu_agent.config import TuneOptions as TuneSettings
+from tpu_agent.measure.context import Measuring
 from tpu_agent.measure.stats import speedup
 from tpu_agent.plan.actions import ActivationCheckpointing, Compile, MatmulPrecision, PadDim, PadOps, Plan
 from tpu_agent.report import markdown as report
+from tpu_agent.report.console import TuneLines
 from tpu_agent.verify import ablation
 from tpu_agent.verify.ablation import settle
 from tpu_agent.verify.verdict import Attribution, Verdict, verify
@@ -16,17 +20,36 @@ from tpu_agent.verify.verdict import Attribution, Verdict, verify
 PAD = PadDim(file="t.py", line=3, column=8, old=63, new=64, name="WIDTH")
 
 
-def settled(plan: Plan, factors: dict[str, float] = FACTORS):
-    settings, runner, verdicts = TuneSettings(seed=0), FakeRunner(factors=factors), []
-    first = verify(plan, runner, settings, None)
+class Said:
+    """The ablation's watcher as the tune's console has it (report.console.TuneLines); the verdicts kept."""
+
+    def __init__(self) -> None:
+        self.out, self.verdicts = io.StringIO(), []
+        self.lines = TuneLines(Console(file=self.out, width=300))
+
+    def unit_added(self, attribution) -> None:
+        self.lines.unit_added(attribution)
+
+    def trimming(self, smaller, without, left_out) -> None:
+        self.lines.trimming(smaller, without, left_out)
+
+    def verified(self, verdict) -> None:
+        self.verdicts.append(verdict)
+        self.lines.verdict(verdict)
+
+
+def settled(plan: Plan, factors: dict[str, float] = FACTORS, said: Said | None = None):
+    settings, runner, said = TuneSettings(seed=0), FakeRunner(factors=factors), said or Said()
+    first = verify(plan, Measuring(runner, settings))
     assert first.accepted
-    return first, settle(first, runner, settings, None, None, Console(quiet=True), verdicts), runner, verdicts
+    return first, settle(first, Measuring(runner, settings), said), runner, said.verdicts
 
 
 def test_a_slowing_group_is_left_out_and_the_smaller_plan_verified():
     factors = {**FACTORS, "padding (model)": 0.85}
     plan = Plan(actions=[PAD, PadOps(multiple=8), Compile(mode="fused"), MatmulPrecision(precision="default")])
-    first, best, runner, verdicts = settled(plan, factors)  # 0.85 * 0.8 * 0.9 * 1.2 of the baseline's time
+    said = Said()
+    first, best, runner, verdicts = settled(plan, factors, said)  # 0.85 * 0.8 * 0.9 * 1.2 of the baseline's time
 
     assert best is not first and best.accepted
     assert best.plan == Plan(actions=[PAD, PadOps(multiple=8), Compile(mode="fused")])
@@ -45,6 +68,16 @@ def test_a_slowing_group_is_left_out_and_the_smaller_plan_verified():
         "ablate-execution-numerics", "ablate-precision-numerics", "verify-2-1", "verify-2-2", "verify-2-3",
         "ablate-padding-model", "ablate-padding", "ablate-execution-numerics"]  # 3 fresh process pairs a verification
     assert verdicts == [best]
+    lines = said.out.getvalue().splitlines()  # what the tune's console says, one line each
+    assert [line.split(" adds ")[0] for line in lines if " adds " in line] == [
+        "  padding (model) (WIDTH 63->64 (t.py:3))", '  padding (pad_ops {"multiple":8})',
+        "  execution (numerics) (compile {\"mode\":\"fused\"})", '  precision (numerics) (matmul_precision '
+        '{"precision":"default"})', "  padding (model) (WIDTH 63->64 (t.py:3))", '  padding (pad_ops {"multiple":8})',
+        "  execution (numerics) (compile {\"mode\":\"fused\"})"]
+    assert all(line.endswith("over the rest of the plan") for line in lines if " adds " in line)
+    assert [line for line in lines if "left out" in line] == [f"  left out: {best.left_out[0]}"]
+    assert (f"verify: {best.plan.describe()} (without precision (numerics))" in lines
+            and f"  accepted: {best.reason}" in lines)
 
     text = report.markdown(_result(best, verdicts), {})
     assert "Left out of the search's best plan:* precision" in text and "Where the gain comes from" in text
@@ -76,21 +109,21 @@ def test_exact_units_that_carry_a_gain_only_together_stay(monkeypatch):
     neutral = speedup([0.0100] * 20, [0.0099, 0.0101, 0.0098, 0.0100] * 5, min_gain=0.03, seed=0)
     assert neutral.ci_low <= 1.0 <= neutral.ci_high
 
-    def measured(plan, runner, options, baseline_batch, out):
+    def measured(plan, measuring, out):
         out += [Attribution(group=xs[0].group, effect=xs[0].effect, actions=Plan(actions=xs).describe(), without="-",
                             speed=neutral, reason="") for xs in plan.units().values()]
         return out
 
     monkeypatch.setattr(ablation, "attribute", measured)
     first = Verdict(plan=plan, accepted=True, reason="verified together")
-    best = ablation.settle(first, FakeRunner(), TuneSettings(seed=0), None, None, Console(quiet=True), [])
+    best = ablation.settle(first, Measuring(FakeRunner(), TuneSettings(seed=0)), Said())
     assert best is first and best.accepted and best.left_out == []  # together they carried the gain: both stay
 
 
 def test_a_single_group_plan_is_not_ablated():
     runner = FakeRunner()
-    verdict = verify(Plan(actions=[PAD]), runner, TuneSettings(seed=0), None)
-    best = settle(verdict, runner, TuneSettings(seed=0), None, None, Console(quiet=True), [])
+    verdict = verify(Plan(actions=[PAD]), Measuring(runner, TuneSettings(seed=0)))
+    best = settle(verdict, Measuring(runner, TuneSettings(seed=0)), Said())
     assert best is verdict and best.attribution == [] and best.left_out == []
 
 
@@ -104,7 +137,7 @@ def _result(best, verdicts):
 def test_verification_leaves_out_pairs_in_which_the_candidate_compiled():
     """A candidate still compiling in its first 4 timed steps (5x slower) is judged on its steady pairs: each of the
     3 process pairs measures until it has 7 of them."""
-    verdict = verify(Plan(actions=[Compile(mode="fused")]), FakeRunner(compiling=4), TuneSettings(seed=0), None)
+    verdict = verify(Plan(actions=[Compile(mode="fused")]), Measuring(FakeRunner(compiling=4), TuneSettings(seed=0)))
     assert verdict.accepted and abs(verdict.speed.speedup - 1 / 0.9) < 0.03
     assert verdict.speed.pairs == 21 and verdict.speed.processes == 3  # 3 x 11 pairs, 4 of each compiling
     assert "12 of 33 pairs left out: a process compiled in them" in verdict.reason  # said, not hidden

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -104,8 +103,6 @@ def tune(
     console = stderr_console() if json_output else stdout_console()
     os.environ.update(mapped)  # every child of this tune (baseline, trials, verification) inherits them
     try:
-        if opts.join:
-            return join_study(Path(script), script_args or [], opts, console)
         result, files = pipeline.tune(Path(script), script_args or [], opts, console=console, proposer=chosen)
     finally:
         for name in mapped:
@@ -113,6 +110,9 @@ def tune(
     if json_output:
         print(json.dumps({"result": json.loads(result.model_dump_json()),
                           "files": {k: str(v) for k, v in files.items()}}, indent=2))
+    elif opts.join:  # a worker: its trials and verdicts were said as they came; the tune that started it reports
+        console.print(f"worker done: {len(result.trials)} trial(s) of study {result.study!r} seen here; "
+                      f"tune.json: {shown_path(Path(result.run_dir) / 'tune.json')}", markup=False)
     else:
         console.print()
         best = result.best
@@ -136,7 +136,7 @@ def tune(
             if name in files:
                 console.print(f"  {name}: {shown_path(files[name])}")
         console.print(f"  study {result.study!r}: {dashboard_command(result.storage)}", markup=False)
-    if opts.apply and result.best is not None:
+    if opts.apply and result.best is not None and not opts.join:
         if "patch.diff" in files:
             apply_patch(result.best.plan, Path(script), force=opts.force, say=console.print)
         else:
@@ -144,69 +144,6 @@ def tune(
                           + "; ".join(a.instruction() or a.describe() for a in result.best.plan.actions)
                           + "; `tpu-agent run SCRIPT --plan plan.json` applies them all", markup=False)
     return interrupts.exit_code() if result.interrupted else 0  # 130 for Ctrl-C, 128 + N for SIGTERM, SIGHUP
-
-
-def join_study(script: Path, args: list[str], opts, console) -> int:
-    """`--join STUDY`: this host's workers measure the study's plans (in --storage, or this folder's SQLite file);
-    the tune that started it verifies."""
-    import time
-
-    from tpu_agent.search.worker import join_here
-
-    # made once the study is found and fits this worker: bad input leaves no run directory behind
-    run_dir = opts.runs_root() / f"{time.strftime('%Y%m%d-%H%M%S')}-{script.stem}-worker-{os.getpid()}"
-    join_here(script, args, opts, run_dir, say=lambda line: console.print(line, markup=False))
-    if opts.verify_on and opts.verify_on == socket.gethostname():
-        verify_joined(script, args, opts, run_dir, console)
-    return 0
-
-
-class _JoinedVerification:
-    """What verify_best reports to, on a host that joined a study and verifies it (--verify-on this host)."""
-
-    def __init__(self, console) -> None:
-        from tpu_agent.report.console import TuneLines
-
-        self.say, self.console, self.verdicts, self.best = TuneLines(console), console, [], None
-
-    def enter(self, phase: str) -> None:
-        pass
-
-    def verifying(self, plan) -> None:
-        self.say.verifying(plan)
-
-    def verified(self, verdict) -> None:
-        self.verdicts.append(verdict)
-        self.say.verdict(verdict)
-
-    def standing(self, verdict) -> None:
-        self.best = verdict
-
-    def script_failure(self, failure) -> None:
-        pass
-
-
-def verify_joined(script: Path, args: list[str], opts, run_dir: Path, console) -> None:
-    """--verify-on this host: once no worker runs a trial, the study's best plans verified here in fresh
-    processes; the verdicts go into the study's attributes (`verified`, `verifications`)."""
-    import time
-
-    import optuna
-
-    from tpu_agent.measure.runner import Runner
-    from tpu_agent.search.study import note_verdicts, open_study, ranked_plans, worker_key
-    from tpu_agent.verify.best import verify_best
-
-    study = open_study(opts, opts.join, "", opts.runs_root(), key=worker_key(script, args, opts), join=True)
-    busy = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
-    while study.get_trials(deepcopy=False, states=busy):
-        time.sleep(2.0)
-    watcher, runner = _JoinedVerification(console), Runner(script, args, opts, run_dir)
-    try:
-        verify_best(ranked_plans(study), runner, opts, study.user_attrs.get("baseline_batch"), None, watcher)
-    finally:
-        runner.close()
-    note_verdicts(study, watcher.verdicts, watcher.best)
 
 
 def check_before_the_baseline(script: Path, opts, proposer: ProposerChoice) -> None:

@@ -78,6 +78,19 @@ class TuneLines:
         self.console.print(("  [green]accepted[/green]: " if verdict.accepted else "  [red]rejected[/red]: ")
                            + verdict.reason)
 
+    def unit_added(self, a) -> None:
+        """The ablation: what one unit of a verified plan adds over the rest of it (verify.ablation)."""
+        self.console.print(f"  {a.unit} ({a.actions}) adds {a.speed.text() if a.speed else a.reason} over the rest "
+                           "of the plan", markup=False)
+
+    def trimming(self, smaller, without: list[str], left_out: list[str]) -> None:
+        """The ablation: the units left out, and the smaller plan verified next (none left: nothing verified)."""
+        for line in left_out:
+            self.console.print(f"  left out: {line}", markup=False)
+        if smaller.actions:
+            self.console.print(f"[bold]verify[/bold]: {escape(smaller.describe())} "
+                               f"(without {escape(', '.join(without))})")
+
     def parallelism(self, measured) -> None:
         """The parallelism plans measured (project.measured.MeasuredParallelism): memory per rank, ranked."""
         from tpu_agent.report.parallelism import console_lines

@@ -104,6 +104,12 @@ class TuneProgress:
         self.save()
         self.say.verdict(verdict)
 
+    def unit_added(self, attribution) -> None:
+        self.say.unit_added(attribution)
+
+    def trimming(self, smaller: Plan, without: list[str], left_out: list[str]) -> None:
+        self.say.trimming(smaller, without, left_out)
+
     def plan_profile(self, profile, path: Path) -> None:
         self.result.plan_profile = str(path)
         self.result.summary = summary_of(self.profile, self.result.best, profile)
@@ -111,4 +117,6 @@ class TuneProgress:
 
     def standing(self, verdict: Verdict | None) -> None:
         """The plan that stands now (None: none does), so that an interrupt from here on keeps it."""
-        self.result.best, self.result.summary = verdict, summary_of(self.profile, verdict)
+        self.result.best = verdict
+        if self.profile is not None:  # a joined worker that verifies never profiled the baseline
+            self.result.summary = summary_of(self.profile, verdict)

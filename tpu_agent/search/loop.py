@@ -9,8 +9,7 @@ import time
 
 import optuna
 
-from tpu_agent.config import TuneOptions
-from tpu_agent.measure.runner import Runner
+from tpu_agent.measure.context import Measuring
 from tpu_agent.search import workers
 from tpu_agent.search.objective import Failed, Objective
 from tpu_agent.search.records import TrialRecord
@@ -24,12 +23,12 @@ _RUNNING = optuna.trial.TrialState.RUNNING
 _WAITING = optuna.trial.TrialState.WAITING
 
 
-def search(study: optuna.Study, space: Space, runner: Runner, options: TuneOptions, baseline_batch: int | None,
-           baseline_losses: dict[tuple[int, int], float], on_trial=None, on_note=None, seed_offset: int = 0,
-           seeded: bool = True) -> list[TrialRecord]:
-    """`seeded`: this tune started the study (it queues the seeds, saves the space its other workers read, starts
-    --workers); a joining worker only measures."""
+def search(study: optuna.Study, space: Space, measuring: Measuring, on_trial=None, on_note=None,
+           seed_offset: int = 0, seeded: bool = True) -> list[TrialRecord]:
+    """Up to `measuring.options.trials` measured plans in the study. `seeded`: this tune started the study (it
+    queues the seeds, saves the space its other workers read, starts --workers); a joining worker only measures."""
     say = on_note or (lambda line: None)
+    runner, options = measuring.runner, measuring.options
     plans = Plans(space, options)
     study.sampler = sampler = PlanSampler(space, plans, options.trials, options.seed + seed_offset)
     say(plans.describe(options.trials))
@@ -42,8 +41,9 @@ def search(study: optuna.Study, space: Space, runner: Runner, options: TuneOptio
                 study.enqueue_trial(picks, user_attrs={"seeded": True})
                 mine.add(key)
                 room -= 1
-        workers.save_space(study, space, options.trials, baseline_batch, bool(getattr(runner, "fresh_baselines", 0)))
-    objective = Objective(space, runner, options, baseline_batch, baseline_losses, measured=measured_plans(study),
+        workers.save_space(study, space, options.trials, measuring.baseline_batch,
+                           bool(getattr(runner, "fresh_baselines", 0)))
+    objective = Objective(space, measuring, measured=measured_plans(study),
                           per_pair=getattr(study.pruner, "per_pair", False), on_trial=on_trial, study=study)
     seen = {t.number for t in recorded(study)}
 

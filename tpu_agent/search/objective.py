@@ -15,10 +15,9 @@ from typing import NoReturn
 import optuna
 
 from tpu_agent.config import TuneOptions
-from tpu_agent.measure.compare import (Comparison, aligned_losses, losses_by_step, losses_of, median, rank_memory,
-                                       rank_memory_line)
+from tpu_agent.measure.compare import aligned_losses, losses_by_step, losses_of, median, rank_memory, rank_memory_line
+from tpu_agent.measure.context import Measuring
 from tpu_agent.measure.numerics import NumericsCheck
-from tpu_agent.measure.runner import Runner
 from tpu_agent.measure.trials import StepRecord, TrialFailed
 from tpu_agent.plan.actions import Plan
 from tpu_agent.search import storage
@@ -79,16 +78,14 @@ class PairReport:
     """A trial's pairs as they come in, told to the pruner: the running median of the steady ratios, or each
     pair's own ratio for a pruner that compares pairs (`per_pair`); kept in `reported` by pair index."""
 
-    def __init__(self, trial: optuna.Trial, plan: Plan, options: TuneOptions, baseline_batch: int | None,
-                 per_pair: bool) -> None:
-        self.trial, self.plan, self.options, self.baseline_batch = trial, plan, options, baseline_batch
-        self.per_pair = per_pair
+    def __init__(self, trial: optuna.Trial, plan: Plan, measuring: Measuring, per_pair: bool) -> None:
+        self.trial, self.plan, self.measuring, self.per_pair = trial, plan, measuring, per_pair
         self.reported: dict[int, float] = {}
 
     def __call__(self, i: int, a: list[StepRecord], b: list[StepRecord]) -> None:
         if a[-1].compiled or b[-1].compiled:  # a compiling step says nothing of the steady state: not judged
             return
-        kept = Comparison(a, b, self.plan, self.options, self.baseline_batch).running()
+        kept = self.measuring.compare(a, b, self.plan).running()
         k, running = len(kept) - 1, median(kept)
         self.reported[k] = kept[-1] if self.per_pair else running
         self.trial.report(self.reported[k], k)
@@ -100,15 +97,13 @@ class PairReport:
 
 class Objective:
     """One trial per call: the plan of its picks, measured and compared, recorded in the study and `records`.
-    `baseline_losses` gathers the baseline's loss at each (step, rank) across trials (each trial's numerics check
-    reads them); `measured` holds the plans measured so far, so that a repeat is recorded without running."""
+    Each trial adds the baseline's losses it saw to `measuring.baseline_losses` (each trial's numerics check reads
+    them); `measured` holds the plans measured so far, so that a repeat is recorded without running."""
 
-    def __init__(self, space: Space, runner: Runner, options: TuneOptions, baseline_batch: int | None,
-                 baseline_losses: dict[tuple[int, int], float], *, measured: dict[str, Measured],
-                 per_pair: bool = False,
+    def __init__(self, space: Space, measuring: Measuring, *, measured: dict[str, Measured], per_pair: bool = False,
                  on_trial: Callable[[TrialRecord], None] | None = None, study: optuna.Study | None = None) -> None:
-        self.space, self.runner, self.options, self.baseline_batch = space, runner, options, baseline_batch
-        self.baseline_losses, self.measured, self.per_pair, self.on_trial = baseline_losses, measured, per_pair, on_trial
+        self.space, self.measuring, self.options = space, measuring, measuring.options
+        self.measured, self.per_pair, self.on_trial = measured, per_pair, on_trial
         self.study = study  # shared with other workers: a plan one of them started first is theirs to measure
         self.records: list[TrialRecord] = []
 
@@ -218,9 +213,9 @@ class Objective:
         return self._finish(trial, record, fail=earlier.value is None)
 
     def _measure(self, trial: optuna.Trial, plan: Plan, t0: float) -> float:
-        report = PairReport(trial, plan, self.options, self.baseline_batch, self.per_pair)
+        report = PairReport(trial, plan, self.measuring, self.per_pair)
         try:
-            a, b, cand = self.runner.measure(plan, f"trial-{trial.number}", self.options.steps, report=report)
+            a, b, cand = self.measuring.runner.measure(plan, f"trial-{trial.number}", self.options.steps, report=report)
         except optuna.TrialPruned as exc:
             self._pruned(trial, TrialRecord(number=trial.number, plan=plan, state=TrialState.PRUNED, reason=str(exc),
                                             duration_s=time.perf_counter() - t0), report.reported)
@@ -237,11 +232,10 @@ class Objective:
             trial.set_constraint(OUT_OF_MEMORY, 1.0)
             return self._finish(trial, failed, objective=0.0, reported=report.reported)
         warm_s = getattr(cand, "warm_s", None)  # a measuring double may not time its warm-up
-        baseline = self.runner.baseline
-        losses_by_step(baseline.steps if baseline else a, into=self.baseline_losses)
+        baseline, known = self.measuring.runner.baseline, self.measuring.baseline_losses
+        losses_by_step(baseline.steps if baseline else a, into=known)
         # Numerics already in the search: the candidate's losses against the baseline's at the same steps.
-        compared = Comparison(a, b, plan, self.options, self.baseline_batch,
-                              losses=aligned_losses(self.baseline_losses, cand.steps))
+        compared = self.measuring.compare(a, b, plan, losses=aligned_losses(known, cand.steps))
         numerics, _ = compared.numerics()
         speed, memory_ratio = compared.ratio, compared.memory_ratio
         trial.set_user_attr("speedup", speed)

@@ -8,9 +8,8 @@ from typing import Protocol
 
 from rich.console import Console
 
-from tpu_agent.config import TuneOptions
+from tpu_agent.measure.context import Measuring
 from tpu_agent.measure.noop import no_change
-from tpu_agent.measure.runner import Runner
 from tpu_agent.propose.base import ProposalRound, Proposer
 from tpu_agent.propose.playbook import load_playbooks
 from tpu_agent.propose.scope import candidates_in_scope
@@ -56,11 +55,12 @@ def without_no_ops(space: Space, profile, said: set[str]) -> list[str]:
     return lines
 
 
-def search_rounds(study, runner: Runner, proposer: Proposer, profile, knobs: list, options: TuneOptions,
-                  baseline_batch: int | None, watcher: Watcher, *, done: int = 0) -> None:
+def search_rounds(study, measuring: Measuring, proposer: Proposer, knobs: list, watcher: Watcher, *,
+                  done: int = 0) -> None:
     """`done`: trials an earlier run of the study recorded (the progress bar counts them; the proposer sees only
     this run's, so a resumed study keeps its search space)."""
-    playbooks, space, baseline_losses, this_run = load_playbooks(options.playbooks), Space(candidates=[]), {}, []
+    runner, options, profile = measuring.runner, measuring.options, measuring.profile
+    playbooks, space, this_run = load_playbooks(options.playbooks), Space(candidates=[]), []
     said: set[str] = set()
     runner.fresh_baselines = profile.recompiling is not None  # each trial's baseline sees the batches anew
     bar = TrialProgress(watcher.console, options.trials, done=done)
@@ -84,8 +84,7 @@ def search_rounds(study, runner: Runner, proposer: Proposer, profile, knobs: lis
             if not space.candidates:
                 return
             with bar:
-                search(study, space, runner, options.model_copy(update={"trials": budget}), baseline_batch,
-                       baseline_losses, on_trial=on_trial,
+                search(study, space, measuring.with_budget(budget), on_trial=on_trial,
                        on_note=lambda line: watcher.console.print(line, markup=False))
     finally:
         workers.rounds_open(study, False)

@@ -221,6 +221,11 @@ def _checked(study: optuna.Study, options: TuneOptions, name: str, fingerprint: 
 
 
 
+def busy(study: optuna.Study) -> bool:
+    """Whether a trial of the study runs or waits in its queue (on any worker)."""
+    return bool(study.get_trials(deepcopy=False, states=(_RUNNING, optuna.trial.TrialState.WAITING)))
+
+
 def recorded(study: optuna.Study) -> list:
     """The trials that ran to an end we recorded: a trial interrupted by Ctrl-C or left by a killed tune
     (failed by Optuna, with no state of ours) is not among them, and is run again."""

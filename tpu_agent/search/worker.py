@@ -15,18 +15,26 @@ from tpu_agent.search.storage import redact, storage_url
 from tpu_agent.search.workers import Crew, load_space, next_round
 
 
-def join(script: Path, args: list[str], options: TuneOptions, run_dir: Path, *, runner=None, say=print,
-         seed_offset: int = 0, rounds: bool = True) -> list:
-    """One worker of the study `options.join`: its trials until the study holds its budget of measured plans
-    (`rounds`: then the tune's later rounds too; a worker the tune started for one round stops with it).
-    Bad input (no such study, another script or search space) is an InputError before any process starts."""
-    from tpu_agent.measure.runner import Runner
-    from tpu_agent.search.loop import search
+def joined_study(script: Path, args: list[str], options: TuneOptions):
+    """The study `options.join`, opened for a worker: bad input (no such study, another script or search space) is
+    an InputError before any process starts or any run directory is made."""
     from tpu_agent.search.study import open_study, worker_key
 
+    return open_study(options, options.join, "", options.runs_root(), key=worker_key(script, args, options),
+                      join=True)
+
+
+def join(script: Path, args: list[str], options: TuneOptions, run_dir: Path, *, runner=None, say=print,
+         on_trial=None, seed_offset: int = 0, rounds: bool = True, study=None) -> list:
+    """One worker of the study `options.join` (`study`: opened already by joined_study): its trials until the study
+    holds its budget of measured plans (`rounds`: then the tune's later rounds too; a worker the tune started for
+    one round stops with it). `on_trial`: told each trial's record (else one line each through `say`)."""
+    from tpu_agent.measure.context import Measuring
+    from tpu_agent.measure.runner import Runner
+    from tpu_agent.search.loop import search
+
     url = storage_url(options, options.runs_root())
-    study = open_study(options, options.join, "", options.runs_root(), key=worker_key(script, args, options),
-                       join=True)
+    study = study or joined_study(script, args, options)
     budget = int(study.user_attrs.get("trials") or options.trials)
     say(f"worker on {socket.gethostname()}: study {options.join!r} in {redact(url)}, "
         f"{len(load_space(study).candidates)} candidates, {budget} trials in all so far")
@@ -39,11 +47,11 @@ def join(script: Path, args: list[str], options: TuneOptions, run_dir: Path, *, 
         say(f"  trial {record.number:3d} {record.state.value:9s} {shown:>8s}  {record.plan.describe()}"
             + (f"  {record.reason[:90]}" if record.reason and record.state != "complete" else ""))
 
-    records = []
+    records, measuring = [], Measuring(runner, options, study.user_attrs.get("baseline_batch"))
     try:
         while budget is not None:  # round after round of the tune's, each with its space and budget
-            records += search(study, load_space(study), runner, options.model_copy(update={"trials": budget}),
-                              study.user_attrs.get("baseline_batch"), {}, on_trial=line, on_note=say,
+            records += search(study, load_space(study), measuring.with_budget(budget), on_trial=on_trial or line,
+                              on_note=say,
                               seed_offset=seed_offset, seeded=False)
             budget = next_round(study, budget, say) if rounds else None
         return records
@@ -51,10 +59,11 @@ def join(script: Path, args: list[str], options: TuneOptions, run_dir: Path, *, 
         runner.close()
 
 
-def join_here(script: Path, args: list[str], options: TuneOptions, run_dir: Path, say=print) -> list:
-    """`--join STUDY` on this host: this process and `--workers` - 1 more, each a worker of the study."""
+def join_here(script: Path, args: list[str], options: TuneOptions, run_dir: Path, say=print, **kw) -> list:
+    """`--join STUDY` on this host: this process and `--workers` - 1 more, each a worker of the study (`kw`: join's
+    `on_trial` and `study`)."""
     with Crew(options.workers - 1, script, args, run_dir, options, options.join, say, rounds=True):
-        return join(script, args, options, run_dir, say=say)
+        return join(script, args, options, run_dir, say=say, **kw)
 
 
 def main(runner=None) -> int:

@@ -5,23 +5,36 @@ A unit is a group of actions (padding, execution, precision, sharding) split by 
 (plan.actions.unit_of). A unit that is not `exact` (other rounding, another architecture, other training) stays
 only when its own interval clears `--min-gain`: a user accepts such a change for a gain, never for noise. An
 `exact` unit stays when its interval lies above 1; a neutral one goes too (fewer moving parts). What is left out
-is said, with its figures, and the smaller plan is verified again.
+is said, with its figures, through the watcher (what it measures, never how it is shown), and the smaller plan
+is verified again.
 """
 
 from __future__ import annotations
 
-from tpu_agent.config import TuneOptions
-from tpu_agent.measure.compare import Comparison
-from tpu_agent.measure.runner import Runner
+from typing import Protocol
+
+from tpu_agent.measure.context import Measuring
 from tpu_agent.measure.trials import TrialFailed
 from tpu_agent.plan.actions import Plan
 from tpu_agent.verify.verdict import Attribution, Verdict, verify
 
-__all__ = ["attribute", "settle"]
+__all__ = ["AblationWatcher", "attribute", "settle"]
 
 
-def attribute(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: int | None,
-              out: list[Attribution] | None = None) -> list[Attribution]:
+class AblationWatcher(Protocol):
+    """Who records and says what the ablation finds (report.progress.TuneProgress)."""
+
+    def unit_added(self, attribution: Attribution) -> None:
+        """What one unit adds over the rest of the plan (or why it was not measured)."""
+
+    def trimming(self, smaller: Plan, without: list[str], left_out: list[str]) -> None:
+        """The units left out (each `unit (actions): why`); `smaller` is verified next."""
+
+    def verified(self, verdict: Verdict) -> None:
+        """The smaller plan's verdict (kept with the tune's verdicts)."""
+
+
+def attribute(plan: Plan, measuring: Measuring, out: list[Attribution] | None = None) -> list[Attribution]:
     """Ablate a verified plan: each unit of its actions against the plan without it, so a gain is not credited
     to padding when fused execution carried it (or the reverse). Only for plans of two units or more. Each
     measured unit is appended to `out` as it finishes (an interrupted ablation keeps those)."""
@@ -35,14 +48,14 @@ def attribute(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: 
         group, effect = actions[0].group, actions[0].effect
         try:
             name = "ablate-" + unit.replace(" (", "-").rstrip(")")  # ablate-padding-model
-            a, b = runner.measure_plans(without, plan, name)
+            a, b = measuring.runner.measure_plans(without, plan, name)
         except TrialFailed as exc:
             no_change = exc.kind == "no_change"
             out.append(Attribution(group=group, effect=effect, actions=text, without=without.describe(),
                                    reason=exc.message if no_change else f"not measured: {exc.kind}: {exc.message[:160]}",
                                    no_change=no_change))
             continue
-        speed = Comparison(a, b, plan, options, baseline_batch, without=without).speedup()
+        speed = measuring.compare(a, b, plan, without=without).speedup()
         out.append(Attribution(group=group, effect=effect, actions=text, without=without.describe(), speed=speed,
                                reason=speed.reason))
     return out
@@ -64,23 +77,17 @@ def why_dropped(a: Attribution, min_gain: float) -> str | None:
     return None
 
 
-def _verdict_line(console, verdict: Verdict) -> None:
-    console.print(("  [green]accepted[/green]: " if verdict.accepted else "  [red]rejected[/red]: ") + verdict.reason)
-
-
-def settle(verdict: Verdict, runner: Runner, options: TuneOptions, baseline_batch: int | None, profile,
-           console, verdicts: list[Verdict]) -> Verdict:
+def settle(verdict: Verdict, measuring: Measuring, watcher: AblationWatcher) -> Verdict:
     """Ablate a verified plan and leave out the units that do not earn their place; the smaller plan is verified
     (then ablated) in turn, until every unit left earns its place. Returns the plan to keep: a rejected verdict
     when what is left is not verified and a change to the model's numerics, architecture or training was what
     carried the gain."""
     while True:
         verdict.attribution = []
-        attribute(verdict.plan, runner, options, baseline_batch, out=verdict.attribution)
+        attribute(verdict.plan, measuring, out=verdict.attribution)
         for a in verdict.attribution:
-            console.print(f"  {a.unit} ({a.actions}) adds {a.speed.text() if a.speed else a.reason} over the rest of "
-                          "the plan")
-        drop = {a.unit: why for a in verdict.attribution if (why := why_dropped(a, options.min_gain))}
+            watcher.unit_added(a)
+        drop = {a.unit: why for a in verdict.attribution if (why := why_dropped(a, measuring.options.min_gain))}
         if drop and set(drop) == set(verdict.plan.units()):
             # together the exact units carried a gain none shows alone: they stay, the others go
             drop = {unit: why for unit, why in drop.items() if not unit_is_exact(verdict, unit)}
@@ -89,16 +96,13 @@ def settle(verdict: Verdict, runner: Runner, options: TuneOptions, baseline_batc
         units = verdict.plan.units()
         smaller = Plan(actions=[x for unit, xs in units.items() if unit not in drop for x in xs])
         left_out = [f"{unit} ({Plan(actions=units[unit]).describe()}): {why}" for unit, why in drop.items()]
-        for line in left_out:
-            console.print(f"  left out: {line}")
+        watcher.trimming(smaller, list(drop), left_out)
         if not smaller.actions:
             return verdict.model_copy(update={"accepted": False, "left_out": verdict.left_out + left_out, "reason": (
                 "no unit of the plan verified a gain of its own: " + "; ".join(left_out))})
-        console.print(f"[bold]verify[/bold]: {smaller.describe()} (without {', '.join(drop)})")
-        trimmed = verify(smaller, runner, options, baseline_batch, profile)
-        verdicts.append(trimmed)
-        _verdict_line(console, trimmed)
+        trimmed = verify(smaller, measuring)
         trimmed.left_out = verdict.left_out + left_out
+        watcher.verified(trimmed)
         if not trimmed.accepted:
             if all(unit_is_exact(verdict, unit) for unit in drop):
                 return verdict  # only exact units were in question: the verified plan stands as it is

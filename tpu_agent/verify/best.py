@@ -7,18 +7,16 @@ from typing import Protocol
 
 from rich.console import Console
 
-from tpu_agent.config import TuneOptions
+from tpu_agent.measure.context import Measuring
 from tpu_agent.measure.noop import effective
-from tpu_agent.measure.runner import Runner
 from tpu_agent.plan.actions import Plan
-from tpu_agent.verify.ablation import settle
+from tpu_agent.verify.ablation import AblationWatcher, settle
 from tpu_agent.verify.verdict import Verdict, verify
 
 
-class Watcher(Protocol):
+class Watcher(AblationWatcher, Protocol):
     """Who records and says what the verification does (report.progress.TuneProgress)."""
     console: Console
-    verdicts: list[Verdict]
 
     def enter(self, phase: str) -> None: ...
 
@@ -31,14 +29,14 @@ class Watcher(Protocol):
     def script_failure(self, failure: tuple[int, str] | None) -> None: ...
 
 
-def verify_best(plans: list[Plan], runner: Runner, options: TuneOptions, baseline_batch: int | None, profile,
-                watcher: Watcher) -> None:
+def verify_best(plans: list[Plan], measuring: Measuring, watcher: Watcher) -> None:
     """A verified plan stands from the moment it is verified, so an interrupted ablation keeps it. A plan's no-op
     actions (measure.noop) are left out before it is measured; a plan of no-ops alone is said in one line and
     neither measured nor kept."""
     seen: set[str] = set()
+    runner, options = measuring.runner, measuring.options
     for plan in plans[:options.verify]:
-        plan, no_ops = effective(plan, profile)
+        plan, no_ops = effective(plan, measuring.profile)
         for line in no_ops:
             watcher.console.print(line + (" (not measured)" if not plan.actions else " (left out of the plan)"),
                                   markup=False)
@@ -46,7 +44,7 @@ def verify_best(plans: list[Plan], runner: Runner, options: TuneOptions, baselin
             continue
         seen.add(plan.key())
         watcher.verifying(plan)
-        verdict = verify(plan, runner, options, baseline_batch, profile)
+        verdict = verify(plan, measuring)
         watcher.script_failure(runner.script_failure)
         watcher.verified(verdict)
         if not verdict.accepted:
@@ -54,7 +52,7 @@ def verify_best(plans: list[Plan], runner: Runner, options: TuneOptions, baselin
         watcher.standing(verdict)
         if options.objective != "memory" and not verdict.estimate_note:
             watcher.enter("ablation")
-            verdict = settle(verdict, runner, options, baseline_batch, profile, watcher.console, watcher.verdicts)
+            verdict = settle(verdict, measuring, watcher)
             watcher.enter("verification")
         watcher.standing(verdict if verdict.accepted else None)  # rejected: its gain needed what was left out
         if verdict.accepted:

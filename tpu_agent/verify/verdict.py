@@ -5,9 +5,10 @@ from __future__ import annotations
 from pydantic import BaseModel, Field, computed_field
 
 from tpu_agent.config import TuneOptions
-from tpu_agent.measure.compare import Comparison, aligned_losses, losses_by_step, rank_memory, rank_memory_line
+from tpu_agent.measure.compare import aligned_losses, losses_by_step, rank_memory, rank_memory_line
+from tpu_agent.measure.context import Measuring
 from tpu_agent.measure.numerics import NumericsCheck
-from tpu_agent.measure.runner import Runner, steady_enough
+from tpu_agent.measure.runner import steady_enough
 from tpu_agent.measure.stats import MemoryEstimate, SpeedupEstimate
 from tpu_agent.measure.trials import TrialFailed
 from tpu_agent.plan.action_base import Effect, Group
@@ -87,14 +88,15 @@ def resharded_on_cpu_ranks(plan: Plan, options: TuneOptions) -> bool:
     return options.nproc > 1 and any(a.group == "sharding" for a in plan.actions) and jax.default_backend() == "cpu"
 
 
-def verify(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: int | None, profile=None) -> Verdict:
+def verify(plan: Plan, measuring: Measuring) -> Verdict:
     """Fresh processes for both, interleaved pairs, CI on the speedup, the numerics check."""
+    runner, options = measuring.runner, measuring.options
     estimate_note = None  # what cannot be claimed, whatever is measured
     if resharded_on_cpu_ranks(plan, options):
         estimate_note = (f"the sharding of {options.nproc} ranks on this CPU host is not a TPU slice's: its time is "
                          "measured here but not claimed (--target SLICE ranks meshes by projection)")
     elif simulated_devices_only(plan):
-        estimate = sharding_estimate(profile, plan, options.generation)
+        estimate = sharding_estimate(measuring.profile, plan, options.generation)
         estimate_note = ("time on simulated CPU devices is not a TPU's: the speed figure is measured here but "
                          "not claimed" + (f"; {estimate}" if estimate else ""))
     # Rounds of `round_pairs` pairs, each in a fresh baseline and candidate process (--processes of them at
@@ -116,7 +118,7 @@ def verify(plan: Plan, runner: Runner, options: TuneOptions, baseline_batch: int
         a, b = a + ra, b + rb
         if not losses:  # the losses of one round: every baseline and candidate process runs steps from step 1
             losses = aligned_losses(losses_by_step(runner.last_baseline_steps), cand.steps)
-    compared = Comparison(a, b, plan, options, baseline_batch, losses=losses)
+    compared = measuring.compare(a, b, plan, losses=losses)
     numerics, plan = compared.numerics()
     speed, memory = compared.speedup(), compared.memory()
     notes = compared.compiling_notes()  # said, so that a gain measured without compiles (or with them) reads so
