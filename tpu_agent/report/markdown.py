@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tpu_agent.paths import save_figure, write_atomic
+from tpu_agent.paths import CannotWrite, save_figure, shown_path, write_atomic
 from tpu_agent.plan.actions import PadDim
 from tpu_agent.report.effects import effect_lines
 from tpu_agent.report.result import TuneResult, target_split
@@ -17,6 +17,17 @@ from tpu_agent.verify.verdict import Verdict
 
 
 def write_all(result: TuneResult, script: Path) -> dict[str, Path]:
+    """The deliverables; one the environment refuses (a full disk) is the policy's one line, which says where what
+    was measured is kept (tune.json, written before, and the study)."""
+    try:
+        return _write_all(result, script)
+    except CannotWrite as exc:
+        kept = shown_path(Path(result.run_dir) / "tune.json")
+        raise CannotWrite(f"{exc}; every trial and verdict measured is kept in {kept} and study "
+                          f"{result.study!r}") from None
+
+
+def _write_all(result: TuneResult, script: Path) -> dict[str, Path]:
     run_dir = Path(result.run_dir)
     out = {"report.json": run_dir / "report.json", "report.md": run_dir / "report.md"}
     write_atomic(out["report.json"], result.model_dump_json(indent=2) + "\n", "the report")
