@@ -3,11 +3,11 @@
     python examples/cnn.py --device cpu --steps 20
 """
 
-import argparse
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from training import arguments, train
 
 BATCH = 32
 CHANNELS = 3
@@ -46,15 +46,10 @@ def make_data(generator):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="tpu")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = arguments(__doc__)
     # Dropout masks come from each device's own RNG stream (as on CUDA): compare
     # devices step by step with --dropout 0.
     parser.add_argument("--dropout", type=float, default=0.25)
-    # Compile the training step into one program, or the model into forward and backward programs.
-    parser.add_argument("--compile", choices=["none", "step", "model"], default="none")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
@@ -64,25 +59,8 @@ def main():
 
     model = SmallCNN(args.dropout).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
-
-    if args.compile == "model":
-        model = torch.compile(model)
-
-    def train_step(inputs, targets):
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(inputs), targets)
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    if args.compile == "step":
-        train_step = torch.compile(train_step)
-
-    model.train()
-    for step in range(args.steps):
-        i = step % NUM_BATCHES
-        loss = train_step(images[i], labels[i])
-        print(f"step={step} loss={loss.item():.6f}")
+    train(model, optimizer, F.cross_entropy,
+          lambda step: (images[step % NUM_BATCHES], labels[step % NUM_BATCHES]), args)
 
 
 if __name__ == "__main__":

@@ -3,10 +3,16 @@
     torchrun --nproc-per-node 2 examples/ddp.py                   # on the tpu device
     tpu-agent run --nproc 2 examples/ddp.py -- --steps 8
     torchrun --nproc-per-node 2 examples/ddp.py --device cpu      # the same on CPU gloo
+    tpu-agent run --nproc 2 --device-map cuda=tpu examples/ddp.py -- --device cuda   # a CUDA script, on tpu
 
 Each rank reads its own shard of the data (DistributedSampler), accumulates gradients over
 `--accum` micro-batches with `no_sync()` (one all-reduce per optimizer step), and prints its
 per-step loss; `--out DIR` also writes each rank's losses and final parameters to DIR/rankN.json.
+
+`--device cuda` is the script as it runs on GPUs: NCCL (`--init` picks one of the spellings GPU scripts use),
+`torch.cuda.set_device(LOCAL_RANK)`, `cuda:LOCAL_RANK`, `device_ids=[LOCAL_RANK]`, `.cuda()`, and a group of its
+own with one all-reduce, whose backend and result rankN.json records; where CUDA is not available it runs on
+CPU gloo.
 """
 
 import argparse
@@ -42,25 +48,49 @@ def dataset():
     return TensorDataset(x, y)
 
 
+def init_cuda(how: str, local_rank: int) -> torch.device:
+    """A GPU script's start: NCCL and the rank's own GPU (CPU gloo where CUDA is not available)."""
+    if not torch.cuda.is_available():
+        dist.init_process_group("gloo")
+        return torch.device("cpu")
+    if how == "positional":
+        dist.init_process_group("nccl")
+    elif how == "keyword":  # PyTorch's advice since 2.3: bind the group to the rank's device
+        dist.init_process_group(backend="nccl", device_id=torch.device("cuda", local_rank))
+    else:
+        dist.init_process_group("cpu:gloo,cuda:nccl")
+    torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank)
+    assert torch.device(f"cuda:{local_rank}") == device
+    return device
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="tpu", help="tpu (default) or cpu; cuda:LOCAL_RANK style works too")
+    parser.add_argument("--device", default="tpu", help="tpu (default), cpu, or cuda (as a GPU script runs)")
+    parser.add_argument("--init", choices=("positional", "keyword", "pair"), default="positional",
+                        help="--device cuda: init_process_group('nccl'), (backend='nccl', device_id=...) or "
+                             "('cpu:gloo,cuda:nccl')")
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps")
     parser.add_argument("--batch", type=int, default=16, help="micro-batch per rank")
     parser.add_argument("--accum", type=int, default=2, help="micro-batches per optimizer step")
     parser.add_argument("--out", help="write rankN.json (losses, final parameters) here")
     args = parser.parse_args()
 
-    dist.init_process_group()  # no backend named: PyTorch picks the device's (tpu here, gloo for CPU tensors)
-    rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device(args.device if args.device != "tpu" else "tpu")
-    if device.type == "tpu":
-        torch.tpu.set_device(0)  # one tpu device per process; LOCAL_RANK picks the host's chip on TPU hosts
-    del local_rank
+    if args.device == "cuda":
+        device = init_cuda(args.init, local_rank)
+    else:
+        dist.init_process_group()  # no backend named: PyTorch picks the device's (tpu here, gloo for CPU tensors)
+        device = torch.device(args.device)
+        if device.type == "tpu":
+            torch.tpu.set_device(0)  # one tpu device per process; LOCAL_RANK picks the host's chip on TPU hosts
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cuda = args.device == "cuda" and torch.cuda.is_available()  # under a device map, cuda names another device
 
     torch.manual_seed(0)
-    model = DDP(MLP().to(device))  # rank 0's parameters are broadcast to every rank here
+    # rank 0's parameters are broadcast to every rank here
+    model = DDP(MLP().to(device), device_ids=[local_rank] if cuda else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
     data = dataset()
@@ -71,7 +101,7 @@ def main():
     while step < args.steps:
         sampler.set_epoch(epoch)
         for i, (x, y) in enumerate(loader):
-            x, y = x.to(device), y.to(device)
+            x, y = x.cuda(non_blocking=True) if cuda else x.to(device), y.to(device)
             last = (i + 1) % args.accum == 0
             with contextlib.nullcontext() if last else model.no_sync():  # all-reduce once per step
                 loss = F.cross_entropy(model(x), y) / args.accum
@@ -87,10 +117,17 @@ def main():
                 break
         epoch += 1
 
+    record = {"losses": losses}
+    if args.device == "cuda":  # a collective the script issues itself, on its device, in a group of its own
+        total = torch.tensor([float(rank + 1)], device=device)
+        everyone = dist.new_group()  # inherits the default group's backend
+        dist.all_reduce(total, group=everyone)
+        record.update(backend=str(dist.get_backend()), new_group_backend=str(dist.get_backend(everyone)),
+                      tensor_device=total.device.type, is_cuda=total.is_cuda, total=total.item())
     if args.out:
-        params = {name: p.detach().cpu().flatten().tolist() for name, p in model.module.named_parameters()}
+        record["params"] = {name: p.detach().cpu().flatten().tolist() for name, p in model.module.named_parameters()}
         with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-            json.dump({"losses": losses, "params": params}, f)
+            json.dump(record, f)
     dist.barrier()  # every rank done before the group goes
     dist.destroy_process_group()
 

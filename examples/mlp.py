@@ -3,11 +3,11 @@
     python examples/mlp.py --device cpu --steps 20
 """
 
-import argparse
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from training import arguments, train
 
 BATCH = 128
 IN_FEATURES = 784  # 28 x 28 pixels
@@ -35,13 +35,7 @@ def make_data(generator):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="tpu")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
-    # Compile the training step into one program, or the model into forward and backward programs.
-    parser.add_argument("--compile", choices=["none", "step", "model"], default="none")
-    args = parser.parse_args()
+    args = arguments(__doc__).parse_args()
 
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
@@ -50,25 +44,7 @@ def main():
 
     model = MLP().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-
-    if args.compile == "model":
-        model = torch.compile(model)
-
-    def train_step(inputs, targets):
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(inputs), targets)
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    if args.compile == "step":
-        train_step = torch.compile(train_step)
-
-    model.train()
-    for step in range(args.steps):
-        i = step % NUM_BATCHES
-        loss = train_step(x[i], y[i])
-        print(f"step={step} loss={loss.item():.6f}")
+    train(model, optimizer, F.cross_entropy, lambda step: (x[step % NUM_BATCHES], y[step % NUM_BATCHES]), args)
 
 
 if __name__ == "__main__":

@@ -8,11 +8,11 @@ literals on a copy.
     python examples/odd_shapes.py --device cpu --steps 20
 """
 
-import argparse
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from training import arguments, train
 
 BATCH = 50
 CHANNELS = 3
@@ -52,14 +52,7 @@ def make_data(generator):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="tpu")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--lr", type=float, default=1e-4)
-    # Compile the training step into one program, or the model into forward and backward programs.
-    parser.add_argument("--compile", choices=["none", "step", "model"], default="none")
-    args = parser.parse_args()
+    args = arguments(__doc__, lr=1e-4).parse_args()
 
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
@@ -68,26 +61,8 @@ def main():
 
     model = OddNet().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    loss_fn = nn.CrossEntropyLoss()
-
-    if args.compile == "model":
-        model = torch.compile(model)
-
-    def train_step(inputs, targets):
-        optimizer.zero_grad()
-        loss = loss_fn(model(inputs), targets)
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    if args.compile == "step":
-        train_step = torch.compile(train_step)
-
-    model.train()
-    for step in range(args.steps):
-        i = step % NUM_BATCHES
-        loss = train_step(images[i], labels[i])
-        print(f"step={step} loss={loss.item():.6f}")
+    train(model, optimizer, nn.CrossEntropyLoss(),
+          lambda step: (images[step % NUM_BATCHES], labels[step % NUM_BATCHES]), args)
 
 
 if __name__ == "__main__":

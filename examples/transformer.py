@@ -6,12 +6,12 @@ research scripts do it, rather than with `scaled_dot_product_attention`.
     python examples/transformer.py --device cpu --steps 20
 """
 
-import argparse
 import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from training import arguments, train
 
 VOCAB = 50257  # GPT-2's vocabulary: not a multiple of 128
 SEQ_LEN = 64
@@ -85,14 +85,7 @@ class TinyGPT(nn.Module):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="tpu")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    # Compile the training step into one program, or the model into forward and backward programs.
-    parser.add_argument("--compile", choices=["none", "step", "model"], default="none")
-    args = parser.parse_args()
+    args = arguments(__doc__, lr=1e-3).parse_args()
 
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
@@ -103,26 +96,14 @@ def main():
     model = TinyGPT().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
 
-    if args.compile == "model":
-        model = torch.compile(model)
-
-    def train_step(inputs, targets):
-        optimizer.zero_grad()
-        logits = model(inputs)
-        loss = F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    if args.compile == "step":
-        train_step = torch.compile(train_step)
-
-    model.train()
-    for step in range(args.steps):
+    def batch_of(step):
         batch = tokens[step % NUM_BATCHES]
-        inputs, targets = batch[:, :-1], batch[:, 1:]  # predict the next token
-        loss = train_step(inputs, targets)
-        print(f"step={step} loss={loss.item():.6f}")
+        return batch[:, :-1], batch[:, 1:]  # predict the next token
+
+    def loss_fn(logits, targets):
+        return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+
+    train(model, optimizer, loss_fn, batch_of, args)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ def test_the_ddp_example_on_tpu_under_tpu_agent_run_nproc_2_matches_cpu_gloo_ran
     """Compiled (TPU_AGENT_COMPILE_STEPS=1: the model's forward and backward and the optimizer's update as
     compiled programs, the all-reduces between them; measured 2026-12-04: losses 8.9e-8 relative, parameters
     7.3e-8 of their norm). Eager DDP on the same model and data: tests/distributed/test_device_map_nccl.py
-    (tests/data/scripts/ddp_cuda.py, this example as a GPU script writes it); this example eager, in the release
+    (this example as a GPU script writes it, --device cuda); this example eager, in the release
     matrix (tests/distributed/test_scripts.py, ddp-eager-2)."""
     args = ["--steps", str(STEPS)]
     cpu = run_ranks("ddp.py", args, tmp_path / "cpu", on="cpu")

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from support.paths import DATA
+from support.paths import DATA, EXAMPLES
 from support.processes import clean_env, run_python, run_tool
 from support.rank_runs import Case, check
 
@@ -54,14 +54,16 @@ def test_without_device_map_nccl_is_left_as_pytorch_has_it(tmp_path):
     assert proc.stdout.split() == ["cuda:nccl", "False", "True"]
 
 
-def _runs(script: str, tmp_path, args=()) -> tuple[list[dict], list[dict]]:
-    """The script at 2 ranks on tpu under --device-map cuda=tpu, and under plain torchrun with the tool off."""
+def _runs(script, tmp_path, args=()) -> tuple[list[dict], list[dict]]:
+    """The script (a name in tests/data/scripts, or a path) at 2 ranks on tpu under --device-map cuda=tpu, and
+    under plain torchrun with the tool off."""
     (tmp_path / "tpu").mkdir()
     (tmp_path / "gloo").mkdir()
-    tpu = run_tool("run", "--nproc", "2", "--device-map", "cuda=tpu", str(SCRIPTS / script), "--", *args,
+    script = SCRIPTS / script
+    tpu = run_tool("run", "--nproc", "2", "--device-map", "cuda=tpu", str(script), "--", *args,
                    "--out", str(tmp_path / "tpu"), cwd=tmp_path, timeout=300)
     assert tpu.returncode == 0, tpu.stderr[-4000:]
-    gloo = run_python("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(SCRIPTS / script),
+    gloo = run_python("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
                       *args, "--out", str(tmp_path / "gloo"), cwd=tmp_path, env=clean_env(TPU_AGENT_DEVICE="off"),
                       timeout=300)
     assert gloo.returncode == 0, gloo.stderr[-4000:]
@@ -74,8 +76,8 @@ def test_a_cuda_ddp_script_with_nccl_runs_on_tpu_and_matches_cpu_gloo(tmp_path):
     """init_process_group(backend="nccl", device_id=torch.device("cuda", LOCAL_RANK)), set_device(LOCAL_RANK),
     cuda:LOCAL_RANK, DDP(device_ids=[LOCAL_RANK]), .cuda(), a new_group(). Each step's loss and every parameter
     within 1e-5 relative of gloo's."""
-    tpu, gloo = _runs("ddp_cuda.py", tmp_path, ["--init", "keyword"])
-    assert check(Case("ddp_cuda.py", (), 1e-5, 1e-5), tpu, gloo) == []
+    tpu, gloo = _runs(EXAMPLES / "ddp.py", tmp_path, ["--device", "cuda", "--init", "keyword", "--steps", "4"])
+    assert check(Case("ddp.py", (), 1e-5, 1e-5), tpu, gloo) == []
     assert tpu[0]["losses"] != tpu[1]["losses"]  # each rank its own shard of the data
     for rank in tpu:
         assert (rank["backend"], rank["new_group_backend"]) == ("nccl", "nccl")

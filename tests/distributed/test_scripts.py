@@ -26,7 +26,7 @@ its 2-rank job (examples/ddp.py under compiled steps against gloo, tests/distrib
 checkpoint, and under compiled steps its AdamW program replays; (c) tests/plan/test_parallelism.py, whose run
 without a plan is the reference of its exact parallelism plan (the 2 x 2 mesh, with its two groups in one program:
 tests/distributed/test_two_groups_in_program.py); (d) tests/distributed/test_device_map_nccl.py: examples/ddp.py's
-model and data as a GPU script writes it (tests/data/scripts/ddp_cuda.py), under --device-map cuda=tpu; (e) the
+model and data as a GPU script writes it (its --device cuda), under --device-map cuda=tpu; (e) the
 eager run saves the checkpoint, and its resume by a fresh eager job (the same losses and parameters to the last bit)
 is the matrix's dcp-eager-2, which holds an eager resume to that.
 

@@ -17,7 +17,7 @@ from support.processes import run_python, run_tool
 pytestmark = pytest.mark.slow  # whole tunes or every example, end to end
 
 STEP_LINE = re.compile(r"step=(\d+) loss=(-?\d+\.\d{6}|nan|inf|-inf)")
-EXAMPLE_NAMES = ["mlp", "odd_shapes", "cnn", "transformer"]
+EXAMPLE_NAMES = ["mlp", "odd_shapes", "odd_mlp", "cnn", "transformer"]
 
 
 def losses(stdout: str, steps: int) -> list[float]:
@@ -74,13 +74,16 @@ def test_every_example_trains_on_cpu_seeded_padded_and_under_the_tool(tmp_path: 
 
 @pytest.mark.parametrize("name", EXAMPLE_NAMES)
 def test_device_defaults_to_tpu(name: str) -> None:
-    tree = ast.parse((EXAMPLES / f"{name}.py").read_text())
+    """The defaults the example's command line declares, its own and those of the loop it imports."""
+    source = (EXAMPLES / f"{name}.py").read_text()
+    assert "from training import arguments, train" in source  # the loop the single-device examples share
     defaults = {
         node.args[0].value: kw.value.value
-        for node in ast.walk(tree)
+        for text in (source, (EXAMPLES / "training.py").read_text())
+        for node in ast.walk(ast.parse(text))
         if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument"
         for kw in node.keywords
-        if kw.arg == "default"
+        if kw.arg == "default" and isinstance(kw.value, ast.Constant)  # not training.py's `default=lr`
     }
     assert defaults["--device"] == "tpu"
     assert defaults["--steps"] == 20
@@ -118,6 +121,7 @@ def padded_script(name: str, folder: Path) -> Path:
         assert n == 1, (name, var)
     path = folder / f"{name}_padded.py"
     path.write_text(source)
+    (folder / "training.py").write_text((EXAMPLES / "training.py").read_text())  # the loop it imports, beside it
     return path
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from support.claude import FakeClient, message, use
 from support.paths import DATA
-from support.profiles import RECORDED, example_knobs, knob, profile
+from support.profiles import example_knobs, knob, profile, recorded_script
 from tpu_agent.plan.actions import Compile, PadDim, PadOps
 from tpu_agent.propose.claude import DEFAULT_MODEL, SUBMIT_TOOL, TOOLS, ClaudeProposer, propose_claude
 from tpu_agent.propose.base import TrialOutcome
@@ -50,7 +50,7 @@ def assert_well_formed(messages):
 def proposer(client=None, **kw) -> ClaudeProposer:
     said = []
     p = ClaudeProposer(client=client, say=said.append, sleep=lambda s: said.append(f"sleep {s}"),
-                       source_root=RECORDED, **kw)
+                       source_root=recorded_script("odd_mlp").parent, **kw)
     p.said = said
     return p
 
@@ -262,8 +262,8 @@ def key(monkeypatch) -> str:
 
 def sdk_proposer(replay: Replay, audit_dir: Path | None = None, **kw) -> ClaudeProposer:
     said = []
-    p = ClaudeProposer(http_client=replay.client(), audit_dir=audit_dir, source_root=RECORDED, say=said.append,
-                       sleep=lambda s: said.append(f"sleep {s}"), **kw)
+    p = ClaudeProposer(http_client=replay.client(), audit_dir=audit_dir, source_root=recorded_script("odd_mlp").parent,
+                       say=said.append, sleep=lambda s: said.append(f"sleep {s}"), **kw)
     p.said = said
     return p
 

@@ -10,7 +10,7 @@ import pytest
 
 from support.paths import EXAMPLES
 from tpu_agent.profilers.schema import Profile
-from support.profiles import RECORDED, example_knobs, knob, knobs_of, profile, profile_data, recorded_script
+from support.profiles import example_knobs, knob, knobs_of, profile, profile_data, recorded_script
 from support.processes import run_tool
 from tpu_agent.errors import InputError
 from tpu_agent.plan.actions import Compile, Mesh, PadDim, PadOps, Plan
@@ -70,7 +70,7 @@ def test_odd_mlp_padding_candidates_rank_first():
 
 
 def test_pad_dim_candidates_point_at_the_literal_in_the_source():
-    source = (RECORDED / "odd_mlp.py").read_text().splitlines()
+    source = recorded_script("odd_mlp").read_text().splitlines()
     for c in propose_offline(profile("odd_mlp"), example_knobs("odd_mlp")).candidates:
         for option in c.options():
             Plan(actions=list(option))

@@ -43,8 +43,9 @@ def _cpu_cache() -> Path:
 
 # The fused programs a run compiled and ran, printed after the script (`fused_programs`).
 _REPORT_PROGRAMS = """\
-import json, runpy, sys
+import json, os, runpy, sys
 sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))  # as `python SCRIPT` has it (examples/training.py)
 runpy.run_path(sys.argv[0], run_name="__main__")
 from tpu_agent.backend import executables, lazy
 print("PROGRAMS " + json.dumps({"calls": [e.calls for e in executables.all() if e.kind == "fused"],
@@ -74,15 +75,18 @@ def _run(name: str, device: str, *extra: str, programs: bool = False) -> tuple[l
 
 
 # Several runs in one Python process (one start-up of Python, torch and JAX for all), each as `python SCRIPT ARGS`
-# would run it (runpy as __main__, sys.argv set), its stdout captured alone; printed as one JSON list at the end.
+# would run it (runpy as __main__, sys.argv set, the script's folder first on sys.path), its stdout captured alone;
+# printed as one JSON list at the end.
 RUN_EACH = """\
-import contextlib, io, json, runpy, sys
+import contextlib, io, json, os, runpy, sys
 printed = []
 for argv in json.loads(sys.argv[1]):
     sys.argv = argv
+    sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         runpy.run_path(argv[0], run_name="__main__")
+    sys.path.pop(0)
     printed.append(out.getvalue())
 print(json.dumps(printed))
 """

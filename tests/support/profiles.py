@@ -4,9 +4,12 @@ The profiles in tests/data were written by `tpu-agent profile examples/NAME.py
 --steps 3` (fused mode, TPU v5e padding model), with machine paths removed.
 Each is read with the script it was taken of (`SCRIPTS`), so that a profile
 and the literals it is matched with stay a pair: transformer's is
-examples/transformer.py itself; odd_mlp's is the earlier MLP version of
-examples/odd_shapes.py, kept as tests/data/scripts/odd_mlp.py (the profile's
-file names renamed to match).
+examples/transformer.py; odd_mlp's was taken of the MLP that
+examples/odd_shapes.py was at commit 43717f2 (the profile's file names renamed
+to odd_mlp.py), which is examples/odd_mlp.py now: its sizes stand on the same
+lines and columns, and its model, data and step are the same (the loop and
+the command line moved to examples/training.py, so the source lines the
+profile gives for the loss and backward ops are the earlier file's).
 `knobs_of` stands in for the knob finder (tpu_agent/propose/knobs.py):
 every module-level `NAME = <int literal>` of the script, as a `Knob` whose
 batch flag comes from its name.
@@ -25,8 +28,7 @@ from tpu_agent.propose.conditions import name_words
 
 from support.paths import DATA, EXAMPLES
 
-RECORDED = DATA / "scripts"
-SCRIPTS = {"odd_mlp": RECORDED / "odd_mlp.py", "transformer": EXAMPLES / "transformer.py"}
+SCRIPTS = {"odd_mlp": EXAMPLES / "odd_mlp.py", "transformer": EXAMPLES / "transformer.py"}
 
 
 def profile_data(name: str) -> dict:
