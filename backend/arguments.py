@@ -28,15 +28,15 @@ CPU_ARGS_OK = {aten.index.Tensor, aten.index_put.default}
 
 
 def signature(func, lowering: Lowering, flat):
-    """Split flat arguments into the cache key, the dynamic values and a template; and say whether a dynamic
-    value is pending (fused mode's Lazy, computed before an eager program can take it)."""
+    """The cache key and the dynamic values (what the program takes) of flat arguments, and whether one of
+    those is pending (fused mode's Lazy, computed before an eager program can take it). On every op: the
+    template of the static rest is made on a cache miss only (`template`)."""
     key = [id(func)]  # ops live as long as the process; an OpOverload's __hash__ is Python code
     dynamic = []
-    template = []
     pending = False
     static_floats = lowering.static_floats
     capture = RECORDER.capture
-    for i, x in enumerate(flat):
+    for x in flat:
         cls = type(x)
         if cls is TpuTensor:
             # A base's array read here, not through x.jax() (a call per tensor); views and captures through it.
@@ -49,23 +49,25 @@ def signature(func, lowering: Lowering, flat):
             dynamic.append(a)
             key.append(a.shape)
             key.append(a.dtype)
-            template.append(DYNAMIC)
         elif cls is float and not static_floats:
             dynamic.append(x)
             key.append(float)
-            template.append(DYNAMIC)
         elif isinstance(x, torch.Tensor):
             if x.device.type == "cpu" and (x.dim() == 0 or func in CPU_ARGS_OK):
                 a = from_cpu(x)
                 dynamic.append(a)
                 key.append(("cpu", a.shape, a.dtype))
-                template.append(DYNAMIC)
             else:
-                raise device_mismatch(func, x, i)
+                raise device_mismatch(func, x, next(i for i, v in enumerate(flat) if v is x))
         else:
             key.append(x)
-            template.append(x)
-    return key, dynamic, template, pending
+    return key, dynamic, pending
+
+
+def template(lowering: Lowering, flat) -> list:
+    """The flat arguments with DYNAMIC where `signature` took a dynamic value: the static rest, for the program."""
+    static_floats = lowering.static_floats
+    return [DYNAMIC if isinstance(x, torch.Tensor) or (type(x) is float and not static_floats) else x for x in flat]
 
 
 def flatten(args, kwargs):

@@ -16,12 +16,12 @@ from .execute import execute
 from .fallback import decompose, unsupported
 from .handlers import copy_into  # noqa: F401  (device.py's copy kernel)
 from .opinfo import (
+    FUNCTIONAL,
     INFO,
     MUTATING,
     UNDECLARED_WRITES,
     VIEW,
     bind,
-    functional_call_args,
     functional_variant,
     info_of,
     is_list_return,
@@ -60,46 +60,126 @@ def run_functional(func, args, kwargs):
     return unsupported(func, args, kwargs)
 
 
+class _Mutation:
+    """What running one mutating op through its functional variant needs, read from the two schemas once (a
+    schema's arguments are a list built by pybind at every read): the functional op, the mutating op's arguments
+    (name, default) in order, the functional's (name, kwarg-only), the written arguments and the conventions."""
+
+    __slots__ = ("functional", "arguments", "functional_arguments", "written", "in_place", "n_returns",
+                 "list_return", "own_returns", "fast")
+
+    def __init__(self, func, functional):
+        self.functional = functional
+        self.arguments = tuple((a.name, a.default_value if a.has_default_value() else _NO_DEFAULT)
+                               for a in func._schema.arguments)
+        self.functional_arguments = tuple((a.name, a.kwarg_only) for a in functional._schema.arguments)
+        self.written = tuple(written_args(func))
+        # Conventions: `foo_` returns the new self; `foo_functional` returns outputs then new values of the
+        # written arguments; `foo.out` returns the outputs written into `out`.
+        self.in_place = func.overloadpacket.__name__.endswith("_") or is_out(func)
+        self.n_returns = len(functional._schema.returns)
+        self.list_return = is_list_return(functional)
+        self.own_returns = len(func._schema.returns)
+        info = info_of(functional)
+        # `self.foo_(...)` whose functional `foo` has a lowering and returns one tensor: its new value is written
+        # as an array, with no tensor made for it in between.
+        self.fast = (self.in_place and self.written == ("self",) and self.own_returns == 1 and info.handler is None
+                     and info.kind is FUNCTIONAL and info.lowering is not None and info.returns == ("Tensor",))
+
+    def bind(self, args, kwargs) -> dict:
+        """opinfo.bind's result, from the arguments read once."""
+        bound = {}
+        n = len(args)
+        for i, (name, default) in enumerate(self.arguments):
+            if i < n:
+                bound[name] = args[i]
+            elif name in kwargs:
+                bound[name] = kwargs[name]
+            elif default is not _NO_DEFAULT:
+                bound[name] = default
+        return bound
+
+    def call_args(self, bound):
+        """opinfo.functional_call_args's result, from the arguments read once."""
+        args, kwargs = [], {}
+        for name, kwarg_only in self.functional_arguments:
+            if name in bound:
+                if kwarg_only:
+                    kwargs[name] = bound[name]
+                else:
+                    args.append(bound[name])
+        return tuple(args), kwargs
+
+
+_NO_DEFAULT = object()
+_MUTATIONS: dict[int, object] = {}  # id(op) -> its _Mutation, or how else it runs (a function below)
+
+
 def run_mutating(func, args, kwargs):
     """A mutating op: its own lowering, else its functional variant dispatched (it may be a handler's or
     a decomposition's) and the new values written into the written arguments."""
-    if func in METADATA_INPLACE:
-        return run_metadata_inplace(func, args, kwargs)
-    if func in UNDECLARED_WRITES:
-        return run_undeclared(func, args, kwargs)
-    if func in LOWERINGS:
-        return _run_mutating_lowering(func, args, kwargs)
-    functional = functional_variant(func)
-    if functional is None:
-        decomposed = decompose(func, args, kwargs)
-        if decomposed is not NotImplemented:
-            return decomposed
-        return unsupported(func, args, kwargs)
-    written = written_args(func)
-    bound = bind(func, args, kwargs)
-    fargs, fkwargs = functional_call_args(func, functional, bound)
+    plan = _MUTATIONS.get(id(func))
+    if plan is None:
+        plan = _MUTATIONS[id(func)] = _mutation_plan(func)
+    if type(plan) is not _Mutation:
+        return plan(func, args, kwargs)
+    bound = plan.bind(args, kwargs)
+    fargs, fkwargs = plan.call_args(bound)
+    functional = plan.functional
+    if plan.fast:
+        target = bound["self"]
+        STATS.ops += 1  # counted as dispatch counts the functional op
+        value = execute(functional, info_of(functional).lowering, fargs, fkwargs, raw=True)
+        if type(target) is TpuTensor and not target._view_chain and _same_aval(value, target._storage_box):
+            target.set_jax(value)  # what write() does when no cast and no broadcast is needed
+        else:
+            write(func, target, value)
+        return target
     result = dispatch(functional, fargs, fkwargs)
-    results = list(result) if isinstance(result, (list, tuple)) and not is_list_return(functional) else [result]
-    n_returns = len(functional._schema.returns)
-    # Conventions: `foo_` returns the new self; `foo_functional` returns outputs then new
-    # values of the written arguments; `foo.out` returns the outputs written into `out`.
-    targets = [bound[name] for name in written]
-    if func.overloadpacket.__name__.endswith("_") or is_out(func):
+    results = list(result) if isinstance(result, (list, tuple)) and not plan.list_return else [result]
+    targets = [bound[name] for name in plan.written]
+    if plan.in_place:
         values = results[: len(targets)] if len(targets) > 1 else [result]
     else:
-        values = results[n_returns - len(targets):]
+        values = results[plan.n_returns - len(targets):]
     for target, value in zip(targets, values):
         write(func, target, value)
-    if not func._schema.returns:
+    if not plan.own_returns:
         return None
-    if func.overloadpacket.__name__.endswith("_") or is_out(func):
+    if plan.in_place:
         # What the schema returns: `_amp_update_scale_` writes two arguments, returns one.
-        n = len(func._schema.returns)
+        n = plan.own_returns
         return targets[0] if n == 1 else tuple(targets[:n])
     # An op that updates some arguments and returns other things (batch norm's running
     # statistics): its own outputs lead the functional variant's.
-    own = results[: len(func._schema.returns)]
+    own = results[: plan.own_returns]
     return own[0] if len(own) == 1 else tuple(own)
+
+
+def _same_aval(value, box) -> bool:
+    """A new value that fits a base's storage as it is: same shape and dtype, the storage not freed."""
+    array = box.array
+    return box.freed is None and value.shape == array.shape and value.dtype == array.dtype
+
+
+def _mutation_plan(func):
+    if func in METADATA_INPLACE:
+        return run_metadata_inplace
+    if func in UNDECLARED_WRITES:
+        return run_undeclared
+    if func in LOWERINGS:
+        return _run_mutating_lowering
+    functional = functional_variant(func)
+    if functional is None:
+        return _decomposed_or_unsupported
+    return _Mutation(func, functional)
+
+
+def _decomposed_or_unsupported(func, args, kwargs):
+    decomposed = decompose(func, args, kwargs)
+    if decomposed is not NotImplemented:
+        return decomposed
+    return unsupported(func, args, kwargs)
 
 
 def run_undeclared(func, args, kwargs):

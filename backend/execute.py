@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import torch
 
 from . import dtypes, modes
-from .arguments import DYNAMIC, flatten, signature, unflatten
+from .arguments import DYNAMIC, flatten, signature, template, unflatten
 from .launch import launch
 from .lazy import DATA_DEPENDENT, RECORDER, Lazy
 from .opinfo import OpInfo, info_of
@@ -41,11 +41,12 @@ _EXTRA: dict[tuple, int] = {}  # STATE.cache_key_extra -> a small int (its Preci
 _extra_now: list = [None, 0]  # the setting last seen and its int
 
 
-def execute(func, lowering: Lowering, args, kwargs, info: OpInfo | None = None, extra: int = 0):
+def execute(func, lowering: Lowering, args, kwargs, info: OpInfo | None = None, extra: int = 0, raw: bool = False):
     """`extra`: the lowering returns that many values after the schema's results (the new values of arguments
-    an op writes though its schema does not say so: opinfo.UNDECLARED_WRITES); they come back as a tuple."""
+    an op writes though its schema does not say so: opinfo.UNDECLARED_WRITES); they come back as a tuple.
+    `raw`: an op that returns one tensor gives its array (or pending value), not a tensor (a value to write)."""
     flat, spec = flatten(args, kwargs)
-    key, dynamic, template, pending = signature(func, lowering, flat)
+    key, dynamic, pending = signature(func, lowering, flat)
     key.append(spec)
     if lowering.random:
         base, counter = RNG.next()
@@ -63,7 +64,7 @@ def execute(func, lowering: Lowering, args, kwargs, info: OpInfo | None = None, 
     key = tuple(key)
     entry = CACHE.get(key)
     if entry is None:
-        entry = CACHE[key] = _compile(func, lowering, flat, spec, template, dynamic, jit, extra)
+        entry = CACHE[key] = _compile(func, lowering, flat, spec, template(lowering, flat), dynamic, jit, extra)
     recorded = jit and STATE.fused
     try:
         if recorded:
@@ -76,7 +77,9 @@ def execute(func, lowering: Lowering, args, kwargs, info: OpInfo | None = None, 
     except Exception as exc:  # a lowering bug or an invalid argument, named by op
         raise _naming(exc, func) from exc
     if entry.single:
-        return wrap(out) if out is not None else None
+        return out if raw else wrap(out)
+    if raw:
+        return _wrap_array(out)  # a program run unjitted: its value as a tensor, which a write takes too
     info = info or info_of(func)
     returns = info.returns
     if extra:
@@ -187,7 +190,7 @@ def _compile(func, lowering: Lowering, flat, spec, template, dynamic, jit: bool,
 
     exe, program = new_program(str(func), "eager", run, dynamic, jit=jit, source=user_frame())
     returns = info_of(func).returns
-    return Entry(exe, program, not extra and len(returns) == 1 and returns[0] == "Tensor")
+    return Entry(exe, program, jit and not extra and len(returns) == 1 and returns[0] == "Tensor")
 
 
 _RETURN_CONVERTERS = {"bool": bool, "int": int, "float": float, "SymInt": int, "Scalar": lambda x: x.item()}

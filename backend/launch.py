@@ -15,7 +15,7 @@ from time import perf_counter
 import jax
 import torch
 
-from . import jax_setup, memory, mesh
+from . import jax_setup, mesh
 from .executables import Executable
 from .state import STATE
 
@@ -40,8 +40,9 @@ def launch(exe: Executable, args):
         raise
     exe.calls += 1
     exe.time_s += perf_counter() - t0
-    if memory.WATCH is not None:  # the in-step peak, where the profiler or a trial measures it
-        memory.WATCH.launched(exe, out)
+    watch = STATE.memory_watch
+    if watch is not None:  # the in-step peak, where the profiler or a trial measures it
+        watch.launched(exe, out)
     return out
 
 
