@@ -149,18 +149,20 @@ def join(script: Path, args: list[str], options: TuneOptions, *, console: Consol
     after round of the tune that started it; with --verify-on this host, once no trial runs, the study's best plans
     are verified here and the verdicts go into the study's attributes. tune.json in the worker's run directory says
     how far it got; no report."""
-    from tpu_agent.search.worker import join_here, joined_study
+    from tpu_agent.search import worker
+    from tpu_agent.search.workers import Crew
 
-    study = joined_study(script, args, options)  # bad input: one line, before any run directory
+    study = studies.joined_study(script, args, options)  # bad input: one line, before any run directory
     run_dir = runs_root / f"{time.strftime('%Y%m%d-%H%M%S')}-{script.stem}-worker-{os.getpid()}"
     run_dir.mkdir(parents=True, exist_ok=True)
     result = TuneResult(script=str(script), args=args, settings=options, study=options.join,
                         storage=studies.redact(studies.storage_url(options, runs_root)), run_dir=str(run_dir))
     out = TuneProgress(result, TuneLines(console), time.perf_counter())
 
-    def search() -> None:
-        join_here(script, args, options, run_dir, say=lambda line: console.print(line, markup=False),
-                  on_trial=out.trial, study=study)
+    def search() -> None:  # this process and --workers - 1 more, each a worker of the study
+        say = lambda line: console.print(line, markup=False)  # noqa: E731
+        with Crew(options.workers - 1, script, args, run_dir, options, options.join, say, rounds=True):
+            worker.join(script, args, options, run_dir, say=say, on_trial=out.trial, study=study)
 
     def verification() -> None:  # the study's trials over (other workers' too), in fresh processes
         while studies.busy(study):

@@ -198,6 +198,12 @@ def open_study(options: TuneOptions, name: str, fingerprint: str, runs_root: Pat
     return study
 
 
+def joined_study(script: Path, args: list[str], options: TuneOptions) -> optuna.Study:
+    """The study `options.join`, opened for a worker (`--join`): bad input (no such study, another script or search
+    space) is an InputError before any process starts or any run directory is made."""
+    return open_study(options, options.join, "", options.runs_root(), key=worker_key(script, args, options), join=True)
+
+
 def _checked(study: optuna.Study, options: TuneOptions, name: str, fingerprint: str,
              wait_s: float = 0.0, key: dict | None = None) -> optuna.Study:
     """The study, if it was made with the same settings (a study created this instant gets `wait_s` for its

@@ -1,5 +1,5 @@
-"""One worker of a study, in this process: `tpu-agent tune SCRIPT --storage URL --join STUDY`, or a process that
-`--workers N` started (`python -m tpu_agent.search.worker`, its spec on stdin). It measures the study's plans on
+"""One worker of a study, in this process: `tpu-agent tune SCRIPT --storage URL --join STUDY` (pipeline.join), or a
+process that `--workers N` started (`python -m tpu_agent.search.worker`, its spec on stdin). It measures the study's plans on
 this host until the study holds its budget of measured plans, round after round of the tune's, and verifies
 nothing."""
 
@@ -12,26 +12,18 @@ from pathlib import Path
 
 from tpu_agent.config import TuneOptions
 from tpu_agent.search.storage import redact, storage_url
-from tpu_agent.search.workers import Crew, load_space, next_round
-
-
-def joined_study(script: Path, args: list[str], options: TuneOptions):
-    """The study `options.join`, opened for a worker: bad input (no such study, another script or search space) is
-    an InputError before any process starts or any run directory is made."""
-    from tpu_agent.search.study import open_study, worker_key
-
-    return open_study(options, options.join, "", options.runs_root(), key=worker_key(script, args, options),
-                      join=True)
+from tpu_agent.search.workers import load_space, next_round
 
 
 def join(script: Path, args: list[str], options: TuneOptions, run_dir: Path, *, runner=None, say=print,
          on_trial=None, seed_offset: int = 0, rounds: bool = True, study=None) -> list:
-    """One worker of the study `options.join` (`study`: opened already by joined_study): its trials until the study
+    """One worker of the study `options.join` (`study`: opened already by study.joined_study): its trials until the study
     holds its budget of measured plans (`rounds`: then the tune's later rounds too; a worker the tune started for
     one round stops with it). `on_trial`: told each trial's record (else one line each through `say`)."""
     from tpu_agent.measure.context import Measuring
     from tpu_agent.measure.runner import Runner
     from tpu_agent.search.loop import search
+    from tpu_agent.search.study import joined_study
 
     url = storage_url(options, options.runs_root())
     study = study or joined_study(script, args, options)
@@ -57,13 +49,6 @@ def join(script: Path, args: list[str], options: TuneOptions, run_dir: Path, *, 
         return records
     finally:
         runner.close()
-
-
-def join_here(script: Path, args: list[str], options: TuneOptions, run_dir: Path, say=print, **kw) -> list:
-    """`--join STUDY` on this host: this process and `--workers` - 1 more, each a worker of the study (`kw`: join's
-    `on_trial` and `study`)."""
-    with Crew(options.workers - 1, script, args, run_dir, options, options.join, say, rounds=True):
-        return join(script, args, options, run_dir, say=say, **kw)
 
 
 def main(runner=None) -> int:
