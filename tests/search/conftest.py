@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from support.postgres import Postgres, server_bin
+from support.postgres import Postgres, connections_closed, server_bin
 
 
 @pytest.fixture(scope="session")
@@ -17,3 +17,13 @@ def postgres():
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(autouse=True)
+def postgres_connections_closed(request):
+    """A test on the server closes the connections it opened (storages it dropped included) when it ends."""
+    if "postgres" not in request.fixturenames:
+        yield
+        return
+    with connections_closed():
+        yield

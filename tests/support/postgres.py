@@ -10,6 +10,8 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 USER, PASSWORD = "tpu", "s3cret-pw"
@@ -83,3 +85,26 @@ class Postgres:
         except RuntimeError:
             pass  # already stopped
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextmanager
+def connections_closed() -> Iterator[None]:
+    """Every database connection SQLAlchemy opens inside (Optuna's storages, the tool's and the test's) is closed
+    when it ends. A storage the test drops still holds its pool's connections, and the garbage collector freed
+    them later, under another test of the same worker (psycopg's "deleted while still open" ResourceWarning, in
+    the fresh-clone suite as PytestUnraisableExceptionWarning)."""
+    from sqlalchemy import event
+    from sqlalchemy.pool import Pool
+
+    opened: list = []  # held until closed: none is freed open in between
+
+    def connected(dbapi_connection, _record) -> None:
+        opened.append(dbapi_connection)
+
+    event.listen(Pool, "connect", connected)
+    try:
+        yield
+    finally:
+        event.remove(Pool, "connect", connected)
+        for connection in opened:
+            connection.close()  # a no-op on one already closed; a pool that returns it later finds it closed
