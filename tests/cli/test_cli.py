@@ -120,22 +120,15 @@ def test_doctor_text(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ bad input: one line, exit 2
 
 
-def test_unknown_command(tmp_path: Path) -> None:
-    proc = run_tool("frobnicate", cwd=tmp_path)
+@pytest.mark.parametrize("argv, said", [
+    (["frobnicate"], "frobnicate"),  # an unknown command
+    (["doctor", "--jsn"], "--json"),  # an unknown option: the suggestion
+    (["run"], "SCRIPT"),  # the script argument missing
+])
+def test_unknown_command_or_option_and_missing_script(tmp_path: Path, argv: list[str], said: str) -> None:
+    proc = run_tool(*argv, cwd=tmp_path)
     assert proc.returncode == 2
-    assert "frobnicate" in one_error_line(proc)
-
-
-def test_unknown_option(tmp_path: Path) -> None:
-    proc = run_tool("doctor", "--jsn", cwd=tmp_path)
-    assert proc.returncode == 2
-    assert "--json" in one_error_line(proc)  # the suggestion
-
-
-def test_missing_script_argument(tmp_path: Path) -> None:
-    proc = run_tool("run", cwd=tmp_path)
-    assert proc.returncode == 2
-    assert "SCRIPT" in one_error_line(proc)
+    assert said in one_error_line(proc)
 
 
 def test_nonexistent_script(tmp_path: Path) -> None:
