@@ -17,14 +17,48 @@ import time
 from typing import Callable
 
 
+def environment() -> str:
+    """The date (UTC), the load average, the commit, the torch and jax versions and the CPU count, without
+    importing torch or jax (benchmarks/run_all.py prints it before each benchmark)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "absent"
+
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (f"{now}  load {load}  commit {commit()}  torch {installed('torch')}  jax {installed('jax')}  "
+            f"os.cpu_count() {os.cpu_count()}")
+
+
+def commit() -> str:
+    """The checkout's commit, with `+changes` when tracked files differ from it; `unknown` outside git."""
+    import subprocess
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "-C", repo, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        changed = subprocess.run(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"],
+                                 capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (head + ("+changes" if changed else "")) if head else "unknown"
+
+
 def header(what: str) -> str:
-    """One line: the date, torch and jax versions, CPU count, and what is measured."""
+    """One line: the date, the load, the commit, torch and jax versions, CPU and torch thread counts, and what
+    is measured."""
     import jax
     import torch
 
-    now = datetime.datetime.now().isoformat(timespec="seconds")
-    return (f"{now}  torch {torch.__version__}  jax {jax.__version__}  os.cpu_count() {os.cpu_count()}  "
-            f"torch threads {torch.get_num_threads()}  |  {what}")
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (f"{now}  load {load}  commit {commit()}  torch {torch.__version__}  jax {jax.__version__}  "
+            f"os.cpu_count() {os.cpu_count()}  torch threads {torch.get_num_threads()}  |  {what}")
 
 
 def interleaved(variants: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
