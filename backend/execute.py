@@ -59,8 +59,7 @@ def execute(func, lowering: Lowering, args, kwargs, info: OpInfo | None = None, 
         _extra_now[0], _extra_now[1] = setting, _EXTRA.setdefault(setting, len(_EXTRA))
     key.append(_extra_now[1])
     jit = lowering.jit and not (lowering.eager_if is not None and lowering.eager_if(*args, **kwargs))
-    key.append(jit)
-    key.append(extra)
+    key.append(jit)  # (`extra` is the op's own: opinfo.UNDECLARED_WRITES, fixed per op, so not in the key)
     key = tuple(key)
     entry = CACHE.get(key)
     if entry is None:
