@@ -40,9 +40,13 @@ class _State:
 STATE = _State()
 
 
-def compile_steps(on: bool = True) -> None:
+def compile_steps(on: bool = True, *, freeze_gc: bool = True) -> None:
     """Switch compiled steps on (from the next model call and optimizer step) or off (for models and
-    optimizers not yet found; those already compiled stay compiled)."""
+    optimizers not yet found; those already compiled stay compiled). `freeze_gc`: once the step stops compiling,
+    collect and freeze Python's garbage collector's objects until the next compile (whole_step.py says why)."""
+    from . import whole_step
+
+    whole_step.FREEZE_GC = freeze_gc
     if on and not STATE.on:
         from .optimizer_program import install_clip
 
@@ -53,6 +57,7 @@ def compile_steps(on: bool = True) -> None:
         from .whole_step import WINDOW
 
         WINDOW.end("compile_steps off")  # the user's mode back now; what was found keeps opening windows
+        WINDOW.thaw()
         if STATE.module_hook is not None:
             STATE.module_hook.remove()
         STATE.optimizer_hook.remove()
@@ -68,7 +73,10 @@ def compile_module(module: torch.nn.Module, whole_step: bool = False):
     """Replace `module.forward` with a compiled one (forward and backward programs); returns it. `whole_step`:
     a call with gradients opens a step window, so the step runs as one program (whole_step.py)."""
     from .module_program import CompiledModule
+    from .whole_step import WINDOW
 
+    if whole_step:
+        WINDOW.new_model()
     compiled = CompiledModule(module, call=type(module).forward.__get__(module))
     compiled.whole_step = whole_step
     module.forward = compiled.forward

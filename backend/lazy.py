@@ -53,14 +53,26 @@ class Lazy:
 
 
 class Node:
-    __slots__ = ("program", "inputs", "outputs", "treedef", "order")
+    __slots__ = ("program", "inputs", "outputs", "treedef", "order", "keys")
 
-    def __init__(self, program, inputs, order):
+    def __init__(self, program, inputs, order, keys):
         self.program = program
         self.inputs = inputs
         self.outputs: list[Lazy] = []
         self.treedef = None
         self.order = order
+        self.keys = keys  # its inputs' aval keys, made once at record time: the flush's graph key reuses them
+
+
+class Held:
+    """Pending values a later node reads and no tensor holds (a compiled forward's residuals, which its backward
+    reads): one object the recorder tracks for the group, where a Storage each cost a tracked wrapper per value
+    (hundreds a step). While it is alive a flush computes them; `values` then holds the arrays."""
+
+    __slots__ = ("values", "__weakref__")
+
+    def __init__(self, values):
+        self.values = values
 
 
 @dataclass(eq=False)
@@ -158,6 +170,7 @@ class Recorder:
         # else holds them; graphs compiled so.
         self.donate: dict[int, Lazy] = {}
         self.donating: dict[tuple, executables.Executable] = {}
+        self.held: list[weakref.ref] = []  # Held groups, weakly
 
     # --- recording ------------------------------------------------------------------
     def record(self, program: Program, args):
@@ -173,9 +186,11 @@ class Recorder:
         if self.since_flush == 0:
             self.first_program = program.id
         self.since_flush += 1
-        args = [_resolved(a) for a in args]
-        treedef, avals = program.abstract_eval(args)
-        node = Node(program, args, self.order)
+        args = [a.value if type(a) is Lazy and a.value is not None else a for a in args]
+        keys = tuple(map(_aval_key, args))
+        cached = program.out_avals.get(keys) if type(program) is Program else None
+        treedef, avals = cached if cached is not None else program.abstract_eval(args)
+        node = Node(program, args, self.order, keys)
         self.order += 1
         node.treedef = treedef
         node.outputs = [Lazy(node, i, aval) for i, aval in enumerate(avals)]
@@ -183,6 +198,12 @@ class Recorder:
 
     def track(self, storage) -> None:
         self.pending[id(storage)] = weakref.ref(storage)
+
+    def hold(self, values: list) -> Held:
+        """Keep pending `values` computable by the next flushes while the returned group is alive."""
+        held = Held(values)
+        self.held.append(weakref.ref(held))
+        return held
 
     # --- running -------------------------------------------------------------------
     def flush(self, reason: str = "sync", also: list | tuple = (), op: str | None = None) -> None:
@@ -195,7 +216,11 @@ class Recorder:
         storages = [s for s in (r() for r in self.pending.values()) if s is not None and type(s.array) is Lazy]
         self.pending = {}
         self.since_flush = 0
+        held = [h for h in (r() for r in self.held) if h is not None]
+        self.held = []  # each alive group is computed by this flush
         extra = [a for a in also if type(a) is Lazy and a.value is None and a.node is not None]
+        for h in held:
+            extra.extend(a for a in h.values if type(a) is Lazy and a.value is None and a.node is not None)
         if not storages and not extra:
             return
         if reason in BREAK_REASONS:
@@ -223,7 +248,7 @@ class Recorder:
         read_elsewhere: set[int] = set()
         for n in nodes:
             refs = []
-            for a in n.inputs:
+            for a, aval in zip(n.inputs, n.keys):
                 direct = type(a) is not Lazy  # a computed Lazy holds its array once, however many nodes read it
                 if not direct:
                     if a.value is None:
@@ -235,7 +260,7 @@ class Recorder:
                 if j is None:
                     j = input_ids[k] = len(inputs)
                     inputs.append(a)
-                    avals.append(_aval_key(a))
+                    avals.append(aval)
                 refs.append((1, j, 0))
                 if direct and k in marked:
                     uses[k] = uses.get(k, 0) + 1
@@ -258,6 +283,8 @@ class Recorder:
             lz.value = v
         for s in storages:
             s.array = s.array.value
+        for h in held:
+            h.values = [a.value if type(a) is Lazy and a.value is not None else a for a in h.values]
         # Nodes and placeholders form reference cycles that hold every array of the step until
         # Python's cycle collector runs: cut them now that the values are known.
         for n in nodes:
@@ -344,12 +371,6 @@ class Recorder:
             self.recompiles.append(Recompile(name, self.flushes, _shape_diff(self.last_inputs, inputs), compile_time))
         self.graphs[key] = executables.register(exe)
         return exe
-
-
-def _resolved(a):
-    if isinstance(a, Lazy) and a.value is not None:
-        return a.value
-    return a
 
 
 def _collect(outputs: list[Lazy]) -> list[Node]:

@@ -183,12 +183,12 @@ def compile(fn=None, **options):  # noqa: A001 - TorchTPU's name
     return _compile(fn, **options)
 
 
-def compile_steps(on: bool = True) -> None:
+def compile_steps(on: bool = True, **options) -> None:
     """Run the loop's model (forward and backward) and optimizer updates as compiled programs,
     with no change to the script; `TPU_AGENT_COMPILE_STEPS=1` does the same from the start."""
     from .auto_compile import compile_steps as _switch
 
-    _switch(on)
+    _switch(on, **options)
 
 
 class _LazyModule:

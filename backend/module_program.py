@@ -27,14 +27,14 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from . import executables, lazy, modes, steps
+from . import executables, lazy, modes, steps, whole_step
 from .capture import (Capture, RebasedViews, autocast_state, compiling, constant_input, get_path, pair_storages,
                       rebuild, replay_key, signature, steps_suspended, tensor_paths)
 from .jax_setup import device_x64
 from .launch import launch
 from .lazy import RECORDER, Lazy
 from .state import RNG
-from .tensor import Storage, TpuTensor
+from .tensor import TpuTensor
 from .transfer import materialize
 from .whole_step import WINDOW, recording
 
@@ -185,6 +185,7 @@ class ModuleProgram:
     @classmethod
     def capture(cls, module, call, state, args, kwargs):
         """(program, None), or (None, why the forward cannot be one program)."""
+        whole_step.captures += 1
         RECORDER.flush("before capture")
         # The forward's writes into its state (BatchNorm's running statistics) are undone once captured: the
         # program's run (or, if it cannot be one, the forward as written) makes them, once.
@@ -440,7 +441,7 @@ class GraphFunction(torch.autograd.Function):
         if recording():  # compiled steps' window: a node of the step's graph
             values, residuals = program.record_forward(needs_grad, others, [t.jax() for t in tensors])
             # Held by storages the recorder tracks: a flush before the backward computes them, not drops them.
-            ctx.residuals, ctx.vjp = [Storage(r) for r in residuals], None
+            ctx.residuals, ctx.vjp = RECORDER.hold(residuals), None
         else:
             arrays = [materialize(t) for t in tensors]  # inside fused mode, pending inputs run first
             values, ctx.vjp = program.run_forward(needs_grad, others, arrays)
@@ -462,7 +463,7 @@ class GraphFunction(torch.autograd.Function):
                                "saved values were freed by the first backward (retain_graph is not supported)")
         floating = [g for g, fl in zip(grads, program.floating) if fl]
         if ctx.residuals is not None:
-            residuals = [s.array for s in ctx.residuals]
+            residuals = ctx.residuals.values
             ctx.residuals = None
             input_grads = program.record_backward(ctx.needs_grad, residuals,
                                                   [None if g is None else g.jax() for g in floating])

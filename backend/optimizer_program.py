@@ -200,8 +200,9 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
         return _ORIGINAL_CLIP(parameters, max_norm, norm_type, error_if_nonfinite, foreach)
     params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
     grads = [p.grad for p in params if p.grad is not None]
-    if not _recordable(grads):
-        return _ORIGINAL_CLIP(params, max_norm, norm_type, error_if_nonfinite, foreach)
+    if not _recordable(grads):  # a generator stays one: PyTorch warns when it was empty
+        again = (p for p in params) if isinstance(parameters, types.GeneratorType) else params
+        return _ORIGINAL_CLIP(again, max_norm, norm_type, error_if_nonfinite, foreach)
     program = _clip_program(len(grads), float(norm_type), float(max_norm))
     total, *clipped = RECORDER.record(program, [g.jax() for g in grads])
     for g, value in zip(grads, clipped):

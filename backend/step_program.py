@@ -26,7 +26,7 @@ import jax
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from . import executables, lazy, modes, steps
+from . import executables, lazy, modes, steps, whole_step
 from .capture import (Capture, RebasedViews, autocast_state, compiling, constant_input, get_path, output_of,
                       pair_storages, rebuild, replay_key, signature, steps_suspended, tensor_paths)
 from .launch import launch
@@ -100,6 +100,18 @@ class Plan:
         if any(o is None for o in optimizers):
             return False
         return _hyperparameters(optimizers, self.varying) == self.hyper
+
+    def changed(self) -> str:
+        """What made `still_valid` false, in words."""
+        optimizers = [r() for r in self.optimizers]
+        if any(o is None for o in optimizers):
+            return "an optimizer it updates was deleted"
+        now = _hyperparameters(optimizers, self.varying)
+        names = sorted({k for groups_now, groups_then in zip(now, self.hyper)
+                        for g_now, g_then in zip(groups_now, groups_then)
+                        for (k, v) in set(g_now) ^ set(g_then)})
+        return f"hyperparameter {', '.join(names)} changed (a constant of its program)" if names else \
+            "its parameter groups changed"
 
     def _donatable_now(self, inputs) -> bool:
         if not self.donatable:
@@ -194,7 +206,10 @@ class CompiledStep:
         call_args = (args, kwargs)
         key = (signature(call_args), autocast_state())
         plan = self.plans.get(key)
-        if plan is not None and plan.still_valid():
+        valid = plan is not None and plan.still_valid()
+        if plan is not None and not valid:
+            whole_step.recapture_reasons.append(f"{self.name} captured again: {plan.changed()}")
+        if valid:
             result = plan.record(call_args) if self.capture_when_fused and recording() else UNRECORDED
             if result is UNRECORDED:
                 RECORDER.flush("compiled step")  # inputs must be concrete
@@ -219,6 +234,7 @@ class CompiledStep:
         return not self.capture_when_fused and modes.get_eager_mode() is modes.EagerMode.DEFER_AND_FUSE
 
     def _capture(self, key, call_args):
+        whole_step.captures += 1
         if self._fused_only():
             with modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), steps_suspended():
                 return self.fn(*call_args[0], **call_args[1])
