@@ -14,12 +14,13 @@ import pytest
 from support.paths import EXAMPLES
 
 RUNNER = textwrap.dedent("""
-    import json, runpy, sys
+    import json, os, runpy, sys
     import torch
     from tpu_agent.plan.actions import Plan
     from tpu_agent.plan.runtime import apply_runtime
     applied = apply_runtime(Plan.model_validate_json(sys.argv[1]))
     sys.argv = [sys.argv[2], "--steps", "5"]
+    sys.path.insert(0, os.path.dirname(sys.argv[0]))  # as `python SCRIPT` has it (examples/training.py)
     runpy.run_path(sys.argv[0], run_name="__main__")
     print("APPLIED", json.dumps({"notes": applied.notes, "sharded": applied.sharded, "model": applied.model}))
 """)
