@@ -120,6 +120,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
 
 # Named in docs/benchmarks.md but not benchmarks of their own: what runs them.
 NOT_BENCHMARKS = {
+    "run_all.py": "this command",
+    "_bench.py": "what the benchmarks share (header, interleaved timing)",
     "projection_model.py": "the model script that projection_table.py and projection_rank.py run",
     "maxtext_trillium_model_configs.py": "MaxText's file (a source the projection table cites), not in this checkout",
 }
