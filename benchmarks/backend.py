@@ -36,6 +36,10 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def load_example(name: str):
+    """An example imported as a module, with examples/ on sys.path as `python examples/NAME.py` has it (the
+    examples share their loop in examples/training.py)."""
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
     spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -110,3 +110,22 @@ def test_per_chip_batch_on_a_script_whose_batch_cannot_change_is_one_line_and_ex
 def test_per_chip_batch_below_one_is_refused(capsys):
     assert run_cli(["project", TINY, "--target", "v5e-8", "--per-chip-batch", "0"]) == 2
     assert capsys.readouterr().err == "error: --per-chip-batch 0: give 1 or more sequences per chip\n"
+
+
+def test_a_script_that_imports_its_own_module_projects(tmp_path, capsys):
+    """The script's folder is on sys.path, as under `python train.py`: a sibling module imports (the examples share
+    their loop in examples/training.py)."""
+    (tmp_path / "shared_model.py").write_text(
+        "import torch\n"
+        "def build():\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))\n")
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom shared_model import build\n"
+        "model = build().to('tpu')\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(4):\n"
+        "    loss = model(torch.randn(16, 64, device='tpu')).square().mean()\n"
+        "    loss.backward(); opt.step(); opt.zero_grad()\n")
+    code = run_cli(["project", str(tmp_path / "train.py"), "--target", "v5e-4"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "shared_model" not in err and "projected" in out, out + err

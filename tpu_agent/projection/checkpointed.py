@@ -11,6 +11,7 @@ editing the script.
 from __future__ import annotations
 
 import functools
+import os
 import runpy
 import sys
 
@@ -51,6 +52,7 @@ def main(argv: list[str]) -> None:
 
     done["hook"] = torch.nn.modules.module.register_module_forward_pre_hook(on_call)
     sys.argv = list(argv)
+    sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))  # the script's folder, not ours, as `python SCRIPT`
     try:
         runpy.run_path(argv[0], run_name="__main__")
     finally:

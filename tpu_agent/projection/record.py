@@ -9,9 +9,10 @@ graph's inputs (parameters, optimizer state, the batch). A value read on the hos
 
 from __future__ import annotations
 
+import os
 import runpy
-import warnings
 import sys
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -303,8 +304,9 @@ def record(script: str, args: list[str], scale_layers: bool = True, lowerable=No
 
     hooks: list = []
     handle = register_optimizer_step_post_hook(post_hook)
-    old_argv, old_default = sys.argv, torch.get_default_device()
+    old_argv, old_path, old_default = sys.argv, list(sys.path), torch.get_default_device()
     sys.argv = [script, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python script` has it: its own imports
     torch.set_default_device("meta")
     try:
         with MetaDevice(), attention.intercept(), distributed.script_parallelism_left_out(), recorder:
@@ -321,6 +323,7 @@ def record(script: str, args: list[str], scale_layers: bool = True, lowerable=No
         for hook in hooks:
             hook.remove()
         sys.argv = old_argv
+        sys.path[:] = old_path
         torch.set_default_device(old_default)
     graphs = state["graphs"]
     if batch is not None and not recorder.resized and graphs:
