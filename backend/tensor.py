@@ -92,6 +92,10 @@ def _numel(shape) -> int:
     return n
 
 
+_TENSOR_DATA = torch._C.TensorBase.data  # PyTorch's own `.data` (TpuTensor.data wraps it)
+_VALUE_FIELDS = ("_storage_box", "_view_chain", "_cache", "_cache_version")  # where a tensor's value lives
+
+
 class TpuTensor(torch.Tensor):
     """A tensor on the `tpu` device; see the module docstring."""
 
@@ -120,6 +124,26 @@ class TpuTensor(torch.Tensor):
     def __init__(self, *args, **kwargs):
         # torch.Tensor.__init__ would complain about our arguments.
         pass
+
+    @property
+    def data(self):
+        return _TENSOR_DATA.__get__(self)
+
+    @data.setter
+    def data(self, new) -> None:
+        """`p.data = t`: PyTorch swaps the C++ tensor's metadata; the values live in this object's fields, so they
+        are swapped too (without that the assignment was silently lost: an init or weight-loading `.data =` kept
+        the old values). The old `.data` aliases keep the old values, as on CUDA."""
+        if not isinstance(new, TpuTensor):
+            raise RuntimeError(f"tpu: `.data` of a tensor on {self.device} set to a tensor on "
+                               f"{getattr(new, 'device', type(new).__name__)}: move it first (`.to('{self.device}')`)")
+        _TENSOR_DATA.__set__(self, new)  # shape, dtype, device: PyTorch's own checks
+        mine, theirs = vars(self), vars(new)
+        for name in _VALUE_FIELDS:
+            if name in theirs:
+                mine[name] = theirs[name]
+            else:
+                mine.pop(name, None)
 
     # C++ would read a data pointer the wrapper does not have: copy to the CPU first.
     def tolist(self):
