@@ -15,6 +15,7 @@ warning saying so when its model trained on the CPU (`run.device_use`).
 
 from __future__ import annotations
 
+import gc
 import os
 import runpy
 import signal
@@ -142,7 +143,16 @@ def main(argv: list[str] | None = None) -> None:
 
     # As if the script's first line were `import torch`: its entry points load
     # our device, after sys.path is the script's, exactly as for plain python.
-    import torch  # noqa: F401
+    # Its ~250,000 objects live as long as the process: one full collection after the import instead of several
+    # while the heap grows, and the script's own full collections no longer traverse them (gc.freeze). CPU of
+    # `tpu-agent run` (parent and child): the MLP example 4.52 -> 3.82 s, a script that only prints 1.74 -> 1.42 s.
+    gc.disable()
+    try:
+        import torch  # noqa: F401
+    finally:
+        gc.collect()
+        gc.freeze()
+        gc.enable()
 
     from tpu_agent.backend import module as device_module
 
