@@ -109,7 +109,11 @@ def test_tune_records_trials_writes_a_report_resume_repeats_nothing_failures_are
     assert len(first["trials"]) == 2
     assert all(t["state"] in {"complete", "numerics", "pruned", "repeated", "invalid", "failed"} for t in first["trials"])
     run_dir = Path(first["run_dir"])
-    assert (run_dir / "report.md").read_text().startswith("## tpu-agent: tiny.py")
+    report = (run_dir / "report.md").read_text()
+    assert report.startswith("## tpu-agent: tiny.py")
+    # a no-op the search left out (matmul precision default on a host already at it) is said and reported
+    no_change = [line for line in proc.stderr.splitlines() if line.startswith("no change: ")]
+    assert no_change and all(f"- {line}" in report for line in no_change), (proc.stderr[-2000:], report)
     assert json.loads((run_dir / "report.json").read_text())["summary"]["kind"] == "summary"
     measured_plans = {json.dumps(t["plan"], sort_keys=True) for t in first["trials"] if t["state"] == "complete"}
 

@@ -77,8 +77,7 @@ def search_rounds(study, measuring: Measuring, proposer: Proposer, knobs: list, 
             round_ = proposer.propose(profile, knobs, playbooks, [r.outcome() for r in this_run], number)
             round_, out_of_scope = candidates_in_scope(round_, options.allow)
             space = build_space(round_, options.candidates, space)
-            for line in without_no_ops(space, profile, said):
-                watcher.console.print(line, markup=False)
+            out_of_scope += without_no_ops(space, profile, said)  # said, and listed in report.md as not searched
             budget = options.trials * number // options.rounds
             watcher.round(number, round_, out_of_scope, space, budget)
             if not space.candidates:
