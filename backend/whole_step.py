@@ -55,7 +55,9 @@ class Window:
         self.recompile_warned: set[str] = set()  # reasons said since the model was found
 
     def new_model(self) -> None:
-        """A model found (compiled steps): its steps have not replayed yet, and its reasons are said anew."""
+        """A model found (compiled steps): its steps have not replayed yet, and its reasons are said anew; what was
+        frozen is thawed (a model deleted before this one can be collected)."""
+        self.thaw()
         self.stable = 0
         self.recompile_warned.clear()
 
