@@ -43,3 +43,12 @@ def user_frame(skip: int = 2) -> str | None:
             return f"{os.path.basename(filename)}:{frame.f_lineno}"
         frame = frame.f_back
     return None
+
+
+def user_stacklevel() -> int:
+    """`warnings.warn`'s stacklevel, called from the function that warns, that names the user's line (the innermost
+    frame outside torch, JAX and this package), not ours; 1 where there is none."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and is_own_code(frame.f_code.co_filename):
+        frame, level = frame.f_back, level + 1
+    return level if frame is not None else 1

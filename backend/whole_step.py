@@ -31,6 +31,7 @@ import warnings
 
 from . import modes, steps
 from .lazy import BREAK_REASONS, RECORDER
+from .source import user_stacklevel
 from .state import STATE, STATS, EagerMode
 
 FREEZE_GC = True  # freeze the process's objects once the step stops compiling (see the module docstring)
@@ -91,7 +92,7 @@ class Window:
             if reason not in self.warned:
                 self.warned.add(reason)
                 warnings.warn(f"tpu compiled steps: a training step ran as {len(breaks) + 1} programs, not one: "
-                              f"it needs a concrete value mid-step, {reason}", stacklevel=2)
+                              f"it needs a concrete value mid-step, {reason}", stacklevel=user_stacklevel())
 
     def thaw(self) -> None:
         """Unfreeze what we froze (a compile, or compiled steps switched off)."""
@@ -129,7 +130,8 @@ class Window:
             reason = "another graph with the same input shapes (a branch taken, or a Python number of the forward)"
         if reason not in self.recompile_warned:
             self.recompile_warned.add(reason)
-            warnings.warn(f"tpu compiled steps: the step's program compiles again: {reason}", stacklevel=3)
+            warnings.warn(f"tpu compiled steps: the step's program compiles again: {reason}",
+                          stacklevel=user_stacklevel())
 
 
 WINDOW = Window()

@@ -108,5 +108,6 @@ def test_a_changed_hyperparameter_compiles_again_and_names_it():
                 opt.zero_grad()
     finally:
         auto_compile.compile_steps(False)
-    again = [str(w.message) for w in caught if "compiles again" in str(w.message)]
-    assert len(again) == 1 and "weight_decay" in again[0], again
+    again = [w for w in caught if "compiles again" in str(w.message)]
+    assert len(again) == 1 and "weight_decay" in str(again[0].message), again
+    assert again[0].filename == __file__, again[0].filename  # the user's line (opt.step()), not the device's
