@@ -60,6 +60,7 @@ def signature(func, lowering: Lowering, flat):
             else:
                 raise device_mismatch(func, x, next(i for i, v in enumerate(flat) if v is x))
         else:
+            key.append(cls)  # 6 and 6.0 (and True and 1) are equal keys, but not the same op: arange's dtype
             key.append(x)
     return key, dynamic, pending
 
