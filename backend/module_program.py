@@ -185,7 +185,7 @@ class ModuleProgram:
     @classmethod
     def capture(cls, module, call, state, args, kwargs):
         """(program, None), or (None, why the forward cannot be one program)."""
-        whole_step.captures += 1
+        whole_step.WINDOW.captures += 1
         RECORDER.flush("before capture")
         # The forward's writes into its state (BatchNorm's running statistics) are undone once captured: the
         # program's run (or, if it cannot be one, the forward as written) makes them, once.

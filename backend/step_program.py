@@ -208,7 +208,7 @@ class CompiledStep:
         plan = self.plans.get(key)
         valid = plan is not None and plan.still_valid()
         if plan is not None and not valid:
-            whole_step.recapture_reasons.append(f"{self.name} captured again: {plan.changed()}")
+            whole_step.WINDOW.recapture_reasons.append(f"{self.name} captured again: {plan.changed()}")
         if valid:
             result = plan.record(call_args) if self.capture_when_fused and recording() else UNRECORDED
             if result is UNRECORDED:
@@ -234,7 +234,7 @@ class CompiledStep:
         return not self.capture_when_fused and modes.get_eager_mode() is modes.EagerMode.DEFER_AND_FUSE
 
     def _capture(self, key, call_args):
-        whole_step.captures += 1
+        whole_step.WINDOW.captures += 1
         if self._fused_only():
             with modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), steps_suspended():
                 return self.fn(*call_args[0], **call_args[1])

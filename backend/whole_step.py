@@ -36,8 +36,6 @@ from .state import STATE, STATS, EagerMode
 
 FREEZE_GC = True  # freeze the process's objects once the step stops compiling (see the module docstring)
 STABLE_WINDOWS = 2  # windows in a row that compiled nothing before freezing
-captures = 0  # captures of a module's forward or an optimizer's update (module_program, step_program count them)
-recapture_reasons: list[str] = []  # why a program of the step captured again (step_program, module_program append)
 
 
 class Window:
@@ -54,6 +52,8 @@ class Window:
         self.frozen = False  # we froze the collector's objects (gc.freeze)
         self.frozen_once = False
         self.recompile_warned: set[str] = set()  # reasons said since the model was found
+        self.captures = 0  # captures of a module's forward or an optimizer's update (module_program, step_program)
+        self.recapture_reasons: list[str] = []  # why a program of the step captured again (step_program appends)
 
     def new_model(self) -> None:
         """A model found (compiled steps): its steps have not replayed yet, and its reasons are said anew; what was
@@ -73,9 +73,9 @@ class Window:
             return
         self.saved_mode = STATE.mode
         self.breaks_at_open = len(RECORDER.breaks)
-        self.compiles_at_open = STATS.compiles + captures
+        self.compiles_at_open = STATS.compiles + self.captures
         self.recompiles_at_open = len(RECORDER.recompiles)
-        recapture_reasons.clear()
+        self.recapture_reasons.clear()
         modes.set_mode(EagerMode.DEFER_AND_FUSE)
 
     def end(self, source: str = "step boundary") -> None:
@@ -104,7 +104,7 @@ class Window:
     def _compiled_again(self) -> None:
         """After a window: warn when a step that had replayed compiles again (once per reason), and freeze or
         unfreeze the garbage collector's objects."""
-        compiled = STATS.compiles + captures != self.compiles_at_open  # or captured
+        compiled = STATS.compiles + self.captures != self.compiles_at_open  # or captured
         if not compiled:
             self.stable += 1
             if self.stable == STABLE_WINDOWS and FREEZE_GC and not self.frozen:
@@ -122,8 +122,8 @@ class Window:
         if not replayed or not recompiles:
             return
         shapes = sorted({s for r in recompiles for s in r.changed_shapes})
-        if recapture_reasons:
-            reason = "; ".join(dict.fromkeys(recapture_reasons))
+        if self.recapture_reasons:
+            reason = "; ".join(dict.fromkeys(self.recapture_reasons))
         elif shapes:
             reason = "new input shapes " + ", ".join(shapes[:4]) + (" ..." if len(shapes) > 4 else "")
         else:
