@@ -109,13 +109,14 @@ class FaultState:
     """faults.py's: the groups watched (their global ranks -> store, rank, timeout), the collectives this rank
     entered over each (count, last op), the one running now, and the thread that watches them."""
 
-    __slots__ = ("groups", "entered", "current", "thread")
+    __slots__ = ("groups", "entered", "current", "thread", "leaving")
 
     def __init__(self) -> None:
         self.groups: dict = {}
         self.entered: dict[tuple[int, ...], tuple[int, str]] = {}
         self.current = None  # faults._Waiting while a collective runs
         self.thread = None
+        self.leaving = None  # threading.Event: set at exit, when the thread must leave before the interpreter ends
 
 
 class DistributedState:

@@ -18,6 +18,7 @@ STATE.distributed.faults. No torch, no JAX here.
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
@@ -34,6 +35,7 @@ from ..state import STATE
 TORCH_DEFAULT_TIMEOUT = timedelta(minutes=30)  # torch's default_pg_timeout: what a group gets when none is given
 DEFAULT_TIMEOUT = timedelta(minutes=10)  # NCCL's default
 TICK_S = 1.0  # how often the watch thread publishes this rank's progress and looks at its running collective
+STOP_WAIT_S = 10.0  # at exit, how long to wait for the thread's store call in flight (a store answers in ms)
 PROGRESS_KEY = "tpu-agent/progress/{rank}"
 
 # torchrun's error file (TORCHELASTIC_ERROR_FILE) carries what kind of failure a rank's was, for the launcher.
@@ -81,8 +83,22 @@ def _start() -> None:
     if state.thread is not None:
         return
     _install_excepthook()
-    state.thread = threading.Thread(target=_watch, name="tpu-collective-watch", daemon=True)
+    state.leaving = threading.Event()
+    state.thread = threading.Thread(target=_watch, args=(state.leaving,), name="tpu-collective-watch", daemon=True)
     state.thread.start()
+    atexit.register(_stop_watching)
+
+
+def _stop_watching() -> None:
+    """At exit, before the interpreter finalizes: the thread leaves between two store calls. A daemon thread
+    still inside one (a pybind call, the GIL released) when finalization begins is ended by CPython as it takes
+    the GIL back, and that unwinds through C++ that cannot be unwound: `terminate called without an active
+    exception`, SIGABRT, a rank that did all its work and exits 134 (tests/distributed/test_watch_exit.py)."""
+    state = STATE.distributed.faults
+    if state.thread is None:
+        return
+    state.leaving.set()
+    state.thread.join(STOP_WAIT_S)
 
 
 class watching:  # noqa: N801 - used as a context manager, named as one
@@ -132,11 +148,10 @@ def _my_rank(ranks) -> int | str:
 
 # --- the watch thread ------------------------------------------------------------------------------------------
 
-def _watch() -> None:
+def _watch(leaving: threading.Event) -> None:
     state = STATE.distributed.faults
     published: dict[int, tuple[int, str]] = {}  # id of a group -> what it was told last
-    while True:
-        time.sleep(TICK_S)
+    while not leaving.wait(TICK_S):
         for ranks, group in list(state.groups.items()):
             try:
                 entered = state.entered.get(ranks)
@@ -147,7 +162,7 @@ def _watch() -> None:
                 if (waiting is not None and waiting.ranks == ranks
                         and time.monotonic() - waiting.since > group.timeout_s):
                     stop(timeout_line(waiting, group, _progress_of(ranks, group)), CAUSE, EXIT_FAILED)
-            except Exception:  # noqa: BLE001 - its store gone (the group destroyed): no longer watched
+            except (RuntimeError, OSError):  # its store gone (the group destroyed): no longer watched
                 if state.groups.get(ranks) is group:
                     del state.groups[ranks]
 
