@@ -14,7 +14,6 @@ import textwrap
 import pytest
 
 from support.processes import clean_env, run_python
-from support.rank_runs import _twice_if_gloo_aborts
 STEPS = 5
 
 SCRIPT = textwrap.dedent("""
@@ -128,9 +127,8 @@ SCRIPT = textwrap.dedent("""
 @pytest.mark.slow  # one torchrun job of 4 ranks (about 40 s at normal load)
 def test_fsdp_x_tp_on_a_2x2_mesh_runs_one_program_per_step_and_matches_cpu_gloo(tmp_path):
     (tmp_path / "script.py").write_text(SCRIPT)
-    proc = _twice_if_gloo_aborts(lambda: run_python(
-        "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "script.py", str(STEPS),
-        cwd=tmp_path, env=clean_env(), timeout=400))
+    proc = run_python("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "script.py", str(STEPS),
+                      cwd=tmp_path, env=clean_env(), timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
     for rank, result in enumerate(results):
