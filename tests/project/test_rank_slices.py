@@ -24,7 +24,25 @@ def ranked():
     return rank.rank(sl, projector(TINY, ARGS, sl, 16), None, script_batch=16, budget=1, say=said.append), said
 
 
-def test_one_trace_ranks_every_data_split_across_slices_over_dcn(ranked):
+@pytest.fixture(scope="module")
+def alone(ranked):
+    """`project` run alone on each re-costed plan (its own trace on its own mesh). The traced plan's projection is
+    `project`'s own: the same partition and cost calls on the same mesh."""
+    r, _ = ranked
+    sl = slices.read("2xv5e-4")
+    return {tuple(sorted(p.plan.mesh.items())): project(TINY, ARGS, sl, p.plan.mesh, per_chip_batch=p.plan.per_chip_batch)[1]
+            for p in r.ranked if p.recosted_from is not None}
+
+
+def _key(p):
+    return tuple(sorted(p.plan.mesh.items()))
+
+
+def test_one_trace_ranks_every_data_split_over_dcn_and_a_re_costed_plan_reads_as_project_alone(ranked, alone):
+    """One ranking (one trace) and `project` alone on each re-costed plan, checked together (each is a set of
+    traces: the suite's time). The ranking: the data axis spans both slices over DCN, its other data x fsdp splits
+    are re-costed from the one trace, memory per chip grows with the data ways. A re-costed plan reads as `project`
+    alone on its mesh in memory per chip and DCN time, and pure data parallelism in step time too."""
     r, said = ranked
     assert r.slices == 2 and r.chips == 8 and r.slice == "2xv5e-4" and r.traces == 1
     assert r.estimate is True and r.verified is False and r.label == "projected for 2xv5e-4"
@@ -40,25 +58,8 @@ def test_one_trace_ranks_every_data_split_across_slices_over_dcn(ranked):
     by_data = {p.plan.mesh.get("data"): p for p in r.ranked}
     assert by_data[2].memory_per_chip_bytes < by_data[4].memory_per_chip_bytes < by_data[8].memory_per_chip_bytes
 
-
-@pytest.fixture(scope="module")
-def alone(ranked):
-    """`project` run alone on each re-costed plan (its own trace on its own mesh). The traced plan's projection is
-    `project`'s own: the same partition and cost calls on the same mesh."""
-    r, _ = ranked
-    sl = slices.read("2xv5e-4")
-    return {tuple(sorted(p.plan.mesh.items())): project(TINY, ARGS, sl, p.plan.mesh, per_chip_batch=p.plan.per_chip_batch)[1]
-            for p in r.ranked if p.recosted_from is not None}
-
-
-def _key(p):
-    return tuple(sorted(p.plan.mesh.items()))
-
-
-def test_a_re_costed_plan_reads_as_project_alone_in_memory_and_dcn_and_pure_data_in_step_time(ranked, alone):
-    r, _ = ranked
-    recosted = [p for p in r.ranked if p.recosted_from is not None]
-    assert len(recosted) == len(alone) == 2
+    # each re-costed plan against `project` alone on its mesh
+    assert len(alone) == 2
     for p in recosted:
         a = alone[_key(p)]
         assert p.memory_per_chip_bytes == pytest.approx(a.hbm_bytes_per_chip, rel=0.1), p.plan.mesh
@@ -67,6 +68,10 @@ def test_a_re_costed_plan_reads_as_project_alone_in_memory_and_dcn_and_pure_data
     assert data.step_s == pytest.approx(alone[_key(data)].step_s, rel=0.02)
 
 
+@pytest.mark.slow
+@pytest.mark.matrix  # an expected failure (strict: it passes once the re-costing reads XLA's layout): its own ranking
+# and projections, 18 s, for no check the default pass needs; the default pass checks the re-costed plans' memory,
+# DCN and pure-data step time against `project` alone (above)
 @pytest.mark.xfail(strict=True, reason="XLA:CPU partitions the tiny Llama on data=4,fsdp=2 otherwise: "
                    "its fsdp-split weights re-laid and gathered over data and fsdp (40 collective-permutes, 37 "
                    "all-gathers over the slice's 4 chips) and 25% more dot FLOPs, where the re-costing assumes the "
