@@ -40,10 +40,14 @@ def test_a_plan_rule_whose_dim_does_not_divide_names_it(tmp_path, capsys):
         "error: model.embed_tokens.weight: dim 1 of size 72 does not divide by mesh axis fsdp=16")
 
 
-def test_a_projection_prints_labelled_figures_and_collectives_per_axis(tmp_path, capsys):
+def test_a_projection_prints_labelled_figures_and_collectives_per_axis_and_per_chip_batch_sets_the_global_batch(
+        tmp_path, capsys):
+    """One projection (a trace of the tiny Llama: the suite's time) checks both: its labelled figures, collectives
+    per axis, host offload and model FLOPs; and --per-chip-batch 3 on data=2 x fsdp=4, the step traced with 24
+    sequences, not the script's 8 (the offloaded inputs and the FLOPs count 24)."""
     out = tmp_path / "projection.json"
     code = run_cli(["project", TINY, "--target", "v5p-16", "--mesh", "data=2,fsdp=4", "--offload-block-inputs",
-                    "--json", str(out), "--", "--steps", "4"])
+                    "--per-chip-batch", "3", "--json", str(out), "--", "--steps", "4"])
     text = capsys.readouterr().out
     assert code == 0, text
     for label in ("memory per chip", "step time", "MFU", "communication", "assumptions:"):
@@ -55,29 +59,17 @@ def test_a_projection_prints_labelled_figures_and_collectives_per_axis(tmp_path,
     # machine-readable: an estimate, with its assumptions, as the console says
     assert projection["estimate"] is True and projection["label"] == "projected for v5p-16"
     assert projection["assumptions"] and "generation's name, counting TensorCores" in projection["read_as"]
-    # the 3 decoder layers' inputs (f32 hidden states, 8 x 32 tokens split over 8 chips) held in host memory
-    assert projection["host_offload_bytes_per_chip"] == 3 * (8 * 32 // 8) * 64 * 4
+    # the 3 decoder layers' inputs (f32 hidden states, 24 x 32 tokens split over 8 chips) held in host memory
+    assert projection["host_offload_bytes_per_chip"] == 3 * (24 * 32 // 8) * 64 * 4
     axes = {tuple(c["axes"]) for c in projection["collectives"] if c["kind"] != "collective-permute"}
     assert axes and axes <= {("data",), ("fsdp",), ("data", "fsdp")}
-    # the model FLOPs: 3 x the forward matmuls, here the analytic 6 x matmul params x tokens + attention
-    tokens, hidden, inter, layers, vocab, kv = 8 * 32, 64, 128, 3, 256, 32
-    matmul_params = layers * (2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * inter) + vocab * hidden
-    attention = layers * 3 * 2 * 2 * 8 * 4 * 32 * 32 * 16  # 3 x (scores + weighted sum), 4 heads of 16
-    assert projection["model_flops"] == pytest.approx(6 * matmul_params * tokens + attention)
-    assert 0 < projection["mfu"] < 1 and projection["step_s"] > 0
-
-
-def test_per_chip_batch_sets_the_global_batch_over_the_data_parallel_axes(tmp_path, capsys):
-    """3 sequences per chip on data=2 x fsdp=4: the step is traced with 24 sequences, not the script's 8."""
-    out = tmp_path / "projection.json"
-    code = run_cli(["project", TINY, "--target", "v5p-16", "--mesh", "data=2,fsdp=4", "--per-chip-batch", "3",
-                    "--json", str(out), "--", "--steps", "4"])
-    text = capsys.readouterr().out
-    assert code == 0, text
+    # the model FLOPs: 3 x the forward matmuls, here the analytic 6 x matmul params x tokens + attention, over the
+    # global batch of 3 per chip x 8 data-parallel chips (data x fsdp) = 24 sequences of 32 tokens
     tokens, hidden, inter, layers, vocab, kv = 24 * 32, 64, 128, 3, 256, 32
     matmul_params = layers * (2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * inter) + vocab * hidden
-    attention = layers * 3 * 2 * 2 * 24 * 4 * 32 * 32 * 16
-    assert json.loads(out.read_text())["model_flops"] == pytest.approx(6 * matmul_params * tokens + attention)
+    attention = layers * 3 * 2 * 2 * 24 * 4 * 32 * 32 * 16  # 3 x (scores + weighted sum), 4 heads of 16
+    assert projection["model_flops"] == pytest.approx(6 * matmul_params * tokens + attention)
+    assert 0 < projection["mfu"] < 1 and projection["step_s"] > 0
 
 
 FIXED = """
