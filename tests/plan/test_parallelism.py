@@ -162,16 +162,21 @@ def test_the_child_wraps_fully_shard_and_checkpoints_at_the_first_forward(monkey
 # ------------------------------------------------------------------ end to end, 2 ranks
 
 
-def _ranks(tmp_path, name, plan=None, example="fsdp_tp.py", args=(), steps=3):
+def _plan_file(tmp_path, name, plan) -> list[str]:
+    (tmp_path / f"{name}.json").write_text(Plan(actions=plan).model_dump_json())
+    return ["--plan", str(tmp_path / f"{name}.json")]
+
+
+def _ranks(tmp_path, name, plan=None, args=(), steps=3) -> list[dict]:
+    """examples/fsdp_tp.py at 2 ranks under `tpu-agent run` (with the plan's actions); each rank's rankN.json. A
+    failed job fails here, with the tail of its stderr."""
     out = tmp_path / name
     out.mkdir()
-    extra = []
-    if plan is not None:
-        (tmp_path / f"{name}.json").write_text(Plan(actions=plan).model_dump_json())
-        extra = ["--plan", str(tmp_path / f"{name}.json")]
-    proc = run_tool("run", "--nproc", "2", *extra, str(EXAMPLES / example), "--", "--steps", str(steps), "--out",
-                    str(out), *args, cwd=tmp_path, env=clean_env(), timeout=300)
-    return proc, [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)] if proc.returncode == 0 else None
+    extra = _plan_file(tmp_path, name, plan) if plan is not None else []
+    proc = run_tool("run", "--nproc", "2", *extra, str(EXAMPLES / "fsdp_tp.py"), "--", "--steps", str(steps),
+                    "--out", str(out), *args, cwd=tmp_path, env=clean_env(), timeout=300)
+    assert proc.returncode == 0, f"fsdp_tp.py ({name}) exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
 @pytest.mark.slow  # two 2-rank jobs of examples/fsdp_tp.py on tpu, one on gloo
@@ -189,7 +194,7 @@ def test_tensor_parallel_matches_gloo_and_exact_parallelism_keeps_each_ranks_los
     The same run is the reference of the exact parallelism plan (reshard_after_forward=False and every block
     checkpointed), which keeps each rank's losses and parameters (measured 2026-12-05: equal to the last bit)."""
     args = ["--dp", "1"]
-    _, base = _ranks(tmp_path, "base", args=args, steps=4)
+    base = _ranks(tmp_path, "base", args=args, steps=4)
     gloo = run_ranks("fsdp_tp.py", [*args, "--steps", "4"], tmp_path / "gloo", on="cpu")
     for rank in (0, 1):
         assert worst_loss_error(base[rank], gloo[rank]) < 1e-5, (rank, base[rank]["losses"], gloo[rank]["losses"])
@@ -198,9 +203,8 @@ def test_tensor_parallel_matches_gloo_and_exact_parallelism_keeps_each_ranks_los
     # Both ranks hold the same full parameters after gathering their shards of each projection.
     assert base[0]["params"] == base[1]["params"]
 
-    proc, exact = _ranks(tmp_path, "exact", [FsdpReshard(reshard=False), ActivationCheckpointing(every=1)],
-                         args=args, steps=4)
-    assert exact is not None, proc.stderr[-3000:]
+    exact = _ranks(tmp_path, "exact", [FsdpReshard(reshard=False), ActivationCheckpointing(every=1)], args=args,
+                   steps=4)
     for rank in (0, 1):
         assert all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(exact[rank]["losses"], base[rank]["losses"]))
         for name, values in base[rank]["params"].items():
@@ -212,14 +216,19 @@ def test_tensor_parallel_matches_gloo_and_exact_parallelism_keeps_each_ranks_los
 def test_another_mesh_is_built_and_each_dp_coordinate_reads_its_own_batch(tmp_path):
     """The script's 1 x 2 mesh (tensor parallel: both ranks read one batch, and print one loss) built as 2 x 1:
     the ranks are two dp coordinates, each with its own batch and loss, one model (FSDP) at the end."""
-    proc, mesh = _ranks(tmp_path, "mesh", [MeshShape(shape=(2, 1))])
-    assert mesh is not None, proc.stderr[-3000:]
+    mesh = _ranks(tmp_path, "mesh", [MeshShape(shape=(2, 1))])
     assert mesh[0]["losses"][0] != pytest.approx(mesh[1]["losses"][0], rel=1e-3)
     assert mesh[0]["params"] == mesh[1]["params"]
 
 
-@pytest.mark.slow  # one 2-rank job that stops at the first forward
+@pytest.mark.slow  # one 1-rank job that stops at the first forward
 def test_a_mesh_plan_on_a_script_without_a_2d_mesh_is_one_line_and_exit_2(tmp_path):
-    proc, _ = _ranks(tmp_path, "fsdp2", [MeshShape(shape=(1, 2))], example="fsdp2.py")
+    """examples/fsdp2.py builds no 2-D mesh (FSDP2's default 1-D mesh over every rank): the plan's mesh_shape is
+    refused in the rank's child at its first forward, in one line, exit 2. One rank shows it (the refusal does not
+    read the world size); that the launcher prints one line where every rank says the same usage error is held by
+    tests/distributed/test_rank_faults.py's 2-rank mesh test."""
+    proc = run_tool("run", "--nproc", "1", *_plan_file(tmp_path, "fsdp2", [MeshShape(shape=(1, 2))]),
+                    str(EXAMPLES / "fsdp2.py"), "--", "--steps", "3", "--out", str(tmp_path), cwd=tmp_path,
+                    env=clean_env(), timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.count("error: mesh_shape 1x2: the script built no 2-D mesh") == 1, proc.stderr[-3000:]
