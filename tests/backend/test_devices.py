@@ -5,6 +5,7 @@ and report back as JSON; each test asserts one part of it. References are PyTorc
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -92,13 +93,21 @@ SCRIPT = textwrap.dedent(r"""
 """)
 
 
-@pytest.fixture(scope="module")
-def result():
+@functools.lru_cache(maxsize=None)
+def _child() -> dict:
+    """The child's report, once per test process. Not a module fixture's alone: the suite runs its tests longest
+    first across modules (tests/support/durations.py), and pytest tears a module fixture down and sets it up
+    again each time the order comes back to the module, which started this child once per test."""
     env = {**os.environ, "TPU_AGENT_DEVICES": "2"}
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     line = next(l for l in out.stdout.splitlines() if l.startswith("RESULT"))
     return json.loads(line[len("RESULT"):])
+
+
+@pytest.fixture
+def result():
+    return _child()
 
 
 def test_device_count(result):
