@@ -189,7 +189,13 @@ def test_a_verification_at_2_ranks_checks_each_rank_and_measures_its_memory(tmp_
 
 @pytest.mark.slow
 def test_tune_nproc_2_reports_every_rank(tmp_path):
-    proc, report, run_dir = _tune(tmp_path, "--trials", "1", "--verify", "1")
+    """A 2-rank tune end to end: the baseline's every rank, a trial's numerics and memory per rank, and the
+    parallelism step's plans alone, each rank's memory. --verify 0: whether the tune verifies at all depends on the
+    trial measuring faster (1.13x in one run, 0.89x in the next, on a shared host), and a verification's fresh
+    2-rank jobs took about 74 s of a 255 s tune under load (its phase with the parallelism step: 152 s, 78 s without);
+    verify() at 2 ranks, every rank checked and its memory measured, is
+    test_a_verification_at_2_ranks_checks_each_rank_and_measures_its_memory, on every run."""
+    proc, report, run_dir = _tune(tmp_path, "--trials", "1", "--verify", "0")
     assert "2 ranks (torch.distributed.run): a step takes its slowest rank's time" in proc.stdout
     assert "rank 0: median step" in proc.stdout and "rank 1: median step" in proc.stdout
     profile = json.loads(Path(report["baseline_profile"]).read_text())
@@ -201,8 +207,7 @@ def test_tune_nproc_2_reports_every_rank(tmp_path):
     assert numerics.startswith(("each of the 2 ranks against", "rank ")), numerics
     if trial["state"] == "complete":
         assert len(trial["rank_memory"]) == 2 and all(a > 0 and b > 0 for a, b in trial["rank_memory"])
-    for verdict in report["verdicts"]:  # a plan the search found faster: verified or rejected, every rank checked
-        assert "each step timed as its slowest rank's" in verdict["reason"] and len(verdict["rank_memory"]) == 2
+    assert report["verdicts"] == [] and report["best"] is None  # --verify 0: search only
     # The trial's plan is the offline proposer's seed, every candidate's first option together, activation
     # checkpointing among them: the parallelism step measures it alone against the baseline, each rank's memory.
     parallelism = report["parallelism"]
