@@ -93,20 +93,21 @@ FAILURES = {"crash": "crashed", "oom": "out_of_memory", "hang": "timed_out",
 
 def test_tune_records_trials_writes_a_report_resume_repeats_nothing_failures_are_trials_and_other_settings_are_refused(
         project: Path):
-    """Two trials, then the same study resumed to six: each step of the resume is checked with two trials as well
-    as with three, in less of the suite's time (a trial here starts its own processes: about 15 s on a quiet host).
+    """One trial, then the same study resumed to five: each step of the resume is checked with one earlier trial as
+    well as with more, in less of the suite's time (a trial here starts its own processes: about 15 s on a quiet host).
     The resumed run's candidates fail in turn: a crash, an out-of-memory error, a hang past --trial-timeout and a
     SIGKILL; each is a failed trial with its own reason, and the search goes on to the next (4 new trials, one per
     kind: the sampler never proposes a measured plan again). One study for both, so that the resume's baseline
     profile and warm baseline serve the failures too (a tune's start-up fewer)."""
-    # --processes 1: the verification's one fresh process pair is enough for the report checked here (the
-    # interval over several process pairs: tests/measure/test_process_pairs.py, tests/verify/test_tune_ablation.py)
-    proc = tune(project, "--trials", "2", "--study", "s1", "--verify", "1", "--processes", "1")
+    # --verify 0: search only. What is checked here is the search's record, the report and the resume; a tune's
+    # verification end to end: tests/search/test_tune_varlen.py (accepted, exact), tests/search/test_tune_claude.py
+    # and tests/verify/test_tune_ablation.py (its interval over process pairs: tests/measure/test_process_pairs.py)
+    proc = tune(project, "--trials", "1", "--study", "s1", "--verify", "0")
     first = result_of(proc)
     # the one command that opens the study (tests/search/test_dashboard.py opens it), on stderr with --json
     assert f"live: optuna-dashboard sqlite:///{project / 'studies.db'}" in proc.stderr
     assert "\x1b[" not in proc.stderr and "ETA" not in proc.stderr  # piped: plain lines, no progress bar
-    assert len(first["trials"]) == 2
+    assert len(first["trials"]) == 1
     assert all(t["state"] in {"complete", "numerics", "pruned", "repeated", "invalid", "failed"} for t in first["trials"])
     run_dir = Path(first["run_dir"])
     report = (run_dir / "report.md").read_text()
@@ -117,25 +118,25 @@ def test_tune_records_trials_writes_a_report_resume_repeats_nothing_failures_are
     assert json.loads((run_dir / "report.json").read_text())["summary"]["kind"] == "summary"
     measured_plans = {json.dumps(t["plan"], sort_keys=True) for t in first["trials"] if t["state"] == "complete"}
 
-    again = tune(project, "--trials", "2", "--study", "s1")  # finished study, no --resume: refused
+    again = tune(project, "--trials", "1", "--study", "s1")  # finished study, no --resume: refused
     assert again.returncode == 2 and "pass --resume" in again.stderr
 
-    # the resumed search is what is checked here; verification ran above (--verify 0: search only). Its profile run
+    # the resumed search is what is checked here (--verify 0: search only). Its profile run
     # and its first baseline process run normally; every later process (the candidates, in order) fails at step 3,
     # each with the next failure of FAILURES (tiny.py's TINY_FAIL); the hang's limit is --trial-timeout (not one of
     # the study's measuring settings).
     env = {"TINY_FAIL": ",".join(FAILURES), "TINY_COUNTER": str(project / "counter")}
-    second = result_of(tune(project, "--trials", "6", "--study", "s1", "--resume", "--verify", "0",
+    second = result_of(tune(project, "--trials", "5", "--study", "s1", "--resume", "--verify", "0",
                             "--trial-timeout", "15", env=env))
-    assert [t["number"] for t in second["trials"]] == list(range(6)), [(t["number"], t["state"], t["reason"][:60]) for t in second["trials"]]  # the report lists the earlier trials too
-    assert [t["earlier"] for t in second["trials"]] == [True] * 2 + [False] * 4
+    assert [t["number"] for t in second["trials"]] == list(range(5)), [(t["number"], t["state"], t["reason"][:60]) for t in second["trials"]]  # the report lists the earlier trials too
+    assert [t["earlier"] for t in second["trials"]] == [True] + [False] * 4
     new = [t for t in second["trials"] if not t["earlier"]]
-    assert len(new) == 4  # 6 in all, 2 already done
+    assert len(new) == 4  # 5 in all, 1 already done
     assert "(earlier run)" in (Path(second["run_dir"]) / "report.md").read_text()
     for t in new:
         if json.dumps(t["plan"], sort_keys=True) in measured_plans:
             assert t["state"] == "repeated", t  # a measured configuration is not run twice
-    assert [n for n, _ in trials_in_db(project, "s1")] == list(range(6))
+    assert [n for n, _ in trials_in_db(project, "s1")] == list(range(5))
     assert not second["verdicts"] and second["best"] is None and second["phase"] == "done"
     ran = [t for t in new if t["state"] != "repeated"]  # a repeated plan starts no process
     assert len(ran) >= len(FAILURES), new
@@ -146,7 +147,7 @@ def test_tune_records_trials_writes_a_report_resume_repeats_nothing_failures_are
     # the same study name with other measuring settings: refused before any run, its trials untouched
     other = tune(project, "--trials", "1", "--study", "s1", "--objective", "memory", "--resume")
     assert other.returncode == 2 and "exists with different settings" in other.stderr
-    assert [n for n, _ in trials_in_db(project, "s1")] == list(range(6))
+    assert [n for n, _ in trials_in_db(project, "s1")] == list(range(5))
 
 
 def test_bad_inputs_are_one_line_and_exit_2(project: Path):
