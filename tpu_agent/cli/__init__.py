@@ -1,5 +1,8 @@
-"""The command line: one module per command, each with a `register(app)`; shared options and formatters."""
+"""The command line: one module per command, each with a `register(app)`; shared options and formatters.
 
-from tpu_agent.cli.app import app, main, run_cli
+The typer app with every command is `tpu_agent.cli.app.app`, built on first use: `tpu-agent CMD ...` builds an
+app with CMD alone and imports no other command's module."""
 
-__all__ = ["app", "main", "run_cli"]
+from tpu_agent.cli.app import main, run_cli
+
+__all__ = ["main", "run_cli"]

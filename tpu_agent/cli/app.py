@@ -1,7 +1,11 @@
 """The `tpu-agent` command line: the app, its commands, and the one place failures become `error:` lines.
 
 Every command is a module of this package with a `register(app)` (each
-imports its heavy parts inside the command, so `--help` stays fast).
+imports its heavy parts inside the command, so `--help` stays fast). A command
+line that names its command (`tpu-agent run ...`) builds the app with that
+command alone: the other commands' modules (pydantic schemas, rich tables) are
+not imported by a process that does not run them. `app`, with every command, is
+built on first use.
 Commands raise `TpuAgentError`/`InputError` or return an exit code; `main()`
 alone turns failures into one `error: ...` line on stderr, so every command,
 present and future, fails the same way (exit 1 job failed, 2 bad usage/input).
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import importlib
 import os
 import sys
 from typing import Annotated, NoReturn
@@ -23,21 +28,44 @@ except ImportError:  # pragma: no cover - older typer on real click
     from click import exceptions as click_exceptions
 
 from tpu_agent import __version__
-from tpu_agent.cli import diff, doctor, knobs, playbooks, profile, project, run, tune
 from tpu_agent.errors import TpuAgentError
 
 from tpu_agent.cli.options import PROG
 
-app = typer.Typer(
-    name=PROG,
-    help="Run, profile and tune PyTorch training scripts on a `tpu` device.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+# The commands' modules, in the order `--help` lists them.
+COMMANDS = ("doctor", "run", "profile", "knobs", "diff", "tune", "playbooks", "project")
 
+
+def build_app(commands: tuple[str, ...] = COMMANDS) -> typer.Typer:
+    """The app with these commands registered (their modules imported now)."""
+    built = typer.Typer(
+        name=PROG,
+        help="Run, profile and tune PyTorch training scripts on a `tpu` device.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        rich_markup_mode="rich",
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    built.callback()(_root)
+    for name in commands:
+        importlib.import_module(f"tpu_agent.cli.{name}").register(built)
+    return built
+
+
+_BUILT: dict[tuple[str, ...], typer.Typer] = {}
+
+
+def _app_for(commands: tuple[str, ...]) -> typer.Typer:
+    if commands not in _BUILT:
+        _BUILT[commands] = build_app(commands)
+    return _BUILT[commands]
+
+
+def __getattr__(name: str):
+    if name == "app":  # every command: `--help`, typer's testing, the shared-option checks
+        return _app_for(COMMANDS)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _version_callback(value: bool) -> None:
@@ -46,7 +74,6 @@ def _version_callback(value: bool) -> None:
         raise typer.Exit(0)
 
 
-@app.callback()
 def _root(
     version: Annotated[
         bool,
@@ -54,11 +81,6 @@ def _root(
     ] = False,
 ) -> None:
     """Run, profile and tune PyTorch training scripts on a `tpu` device."""
-
-
-COMMANDS = (doctor, run, profile, knobs, diff, tune, playbooks, project)  # in the order `--help` lists them
-for _command in COMMANDS:
-    _command.register(app)
 
 
 # ---------------------------------------------------------------- entry
@@ -89,8 +111,9 @@ def _error(message: str) -> None:
 
 def run_cli(argv: list[str] | None = None) -> int:
     """Run the app and return the exit code instead of exiting."""
-    command = typer.main.get_command(app)
     args = sys.argv[1:] if argv is None else argv
+    named = args[0] if args and args[0] in COMMANDS else None  # `tpu-agent run ...`: that command alone
+    command = typer.main.get_command(_app_for((named,) if named is not None else COMMANDS))
     try:
         rv = command.main(args=args, prog_name=PROG, standalone_mode=False)
     except click_exceptions.NoArgsIsHelpError as exc:
