@@ -73,7 +73,9 @@ def test_fake_claude_drives_a_full_tune_to_a_verification(tmp_path: Path, monkey
     # verify=1: Claude's best plan goes through a verification (what is checked), not the next two as well;
     # processes=1: that verification and each ablation unit in one fresh process pair (the interval's spread over
     # several pairs is not what is checked here: tests/measure/test_process_pairs.py)
-    settings = TuneOptions(trials=2, steps=5, pairs=5, warmup=2, storage=f"sqlite:///{tmp_path / 's.db'}", study="c",
+    # trials=1: the one trial is the proposal's seed, Claude's plan itself (search/sampling.py's seeds), which the
+    # verification needs; a second trial measured a plan of Claude's options too, checked by the same assertion
+    settings = TuneOptions(trials=1, steps=5, pairs=5, warmup=2, storage=f"sqlite:///{tmp_path / 's.db'}", study="c",
                            allow=["model"], verify=1, processes=1)
     result = tune.run(script, [], settings, console=Console(quiet=True), proposer="claude",
                       runs_root=tmp_path / ".tpu-agent" / "runs")
