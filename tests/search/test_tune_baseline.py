@@ -29,15 +29,20 @@ def tune(project: Path, script: str, *args: str, timeout: float = 240):
                     cwd=project, env=clean_env(), timeout=timeout)
 
 
-def test_a_failing_baseline_stops_the_tune_with_the_scripts_own_message(tmp_path: Path):
-    (tmp_path / "needs.py").write_text("import argparse\np = argparse.ArgumentParser()\n"
-                                       "p.add_argument('--data', required=True)\np.parse_args()\n")
-    proc = tune(tmp_path, "needs.py")
+def test_a_failing_baseline_stops_the_tune_with_the_scripts_own_message_and_piped_output_is_not_wrapped(
+        tmp_path: Path):
+    """One tune whose baseline fails at once checks both (a tune's start-up fewer): the script's own message and
+    the one error line; and its output, piped, is not wrapped at 80 columns (the script's name alone is longer)."""
+    name = "a_training_script_with_a_name_long_enough_to_pass_eighty_columns_on_its_own.py"
+    (tmp_path / name).write_text("import argparse\np = argparse.ArgumentParser()\n"
+                                 "p.add_argument('--data', required=True)\np.parse_args()\n")
+    proc = tune(tmp_path, name)
     assert proc.returncode == 1, proc.stderr
     assert "the following arguments are required: --data" in proc.stderr  # the script's own words
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: the baseline run of needs.py failed (exit 2)"), proc.stderr
+    assert last.startswith(f"error: the baseline run of {name} failed (exit 2)"), proc.stderr
     assert "Traceback" not in proc.stderr and "search" not in proc.stdout
+    assert f"baseline: profiling {name} (2 warm-up + 20 steps)" in proc.stdout.splitlines(), proc.stdout
 
 
 def test_a_baseline_hanging_before_its_first_step_times_out(tmp_path: Path):
@@ -65,11 +70,3 @@ def test_ctrl_c_during_the_baseline_stops_the_tune(tmp_path: Path):
     (run_dir,) = runs(tmp_path)
     assert (run_dir / "tune.json").exists() and (run_dir / "report.md").exists()
     assert tune_phase(tmp_path) == "done"
-
-
-def test_piped_output_is_not_wrapped_at_80_columns(tmp_path: Path):
-    name = "a_training_script_with_a_name_long_enough_to_pass_eighty_columns_on_its_own.py"
-    (tmp_path / name).write_text("raise SystemExit(4)\n")
-    proc = tune(tmp_path, name)
-    assert proc.returncode == 1
-    assert f"baseline: profiling {name} (2 warm-up + 20 steps)" in proc.stdout.splitlines(), proc.stdout
