@@ -215,8 +215,9 @@ def test_tensor_parallel_matches_gloo_and_exact_parallelism_keeps_each_ranks_los
 @pytest.mark.slow  # one 2-rank job of examples/fsdp_tp.py
 def test_another_mesh_is_built_and_each_dp_coordinate_reads_its_own_batch(tmp_path):
     """The script's 1 x 2 mesh (tensor parallel: both ranks read one batch, and print one loss) built as 2 x 1:
-    the ranks are two dp coordinates, each with its own batch and loss, one model (FSDP) at the end."""
-    mesh = _ranks(tmp_path, "mesh", [MeshShape(shape=(2, 1))])
+    the ranks are two dp coordinates, each with its own batch and loss, one model (FSDP) at the end. One step shows
+    both: its losses on the two batches, and the update from their averaged gradients on both ranks."""
+    mesh = _ranks(tmp_path, "mesh", [MeshShape(shape=(2, 1))], steps=1)
     assert mesh[0]["losses"][0] != pytest.approx(mesh[1]["losses"][0], rel=1e-3)
     assert mesh[0]["params"] == mesh[1]["params"]
 
