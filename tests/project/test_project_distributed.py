@@ -15,7 +15,11 @@ from tpu_agent.projection import distributed
 from tpu_agent.run import rendezvous
 
 
-@pytest.mark.parametrize("example, mesh", [("fsdp2", "fsdp=8"), ("fsdp_tp", "fsdp=4,tensor=2"), ("ddp", "data=8")])
+@pytest.mark.parametrize("example, mesh", [
+    # examples/fsdp2.py's model and its fully_shard on fsdp=8: the default pass projects them in the GPU script below
+    # (tests/data/scripts/fsdp_tp_cuda.py imports that model), and fully_shard through this command in fsdp_tp
+    pytest.param("fsdp2", "fsdp=8", marks=[pytest.mark.matrix, pytest.mark.slow]),
+    ("fsdp_tp", "fsdp=4,tensor=2"), ("ddp", "data=8")])
 def test_a_distributed_example_projects_with_the_projections_own_mesh(example, mesh, tmp_path, capsys,
                                                                          monkeypatch):
     for name in rendezvous.RENDEZVOUS:  # as a user's shell has them: no launcher
@@ -48,6 +52,10 @@ def test_a_gpu_script_under_a_device_map_projects_as_it_runs(tmp_path, monkeypat
     partitioned, projection = run.project(str(script), ["--tp", "1", "--out", str(tmp_path)], slices.parse("v5e-8"),
                                           {"fsdp": 8})
     assert partitioned.blocks_total == 3 and projection.step_s > 0
+    # examples/fsdp2.py's model under fully_shard, projected by the projection's own mesh (what the matrix's fsdp2
+    # case of the test above checks through the command line)
+    assert projection.mesh == {"fsdp": 8} and projection.model_flops > 0 and projection.label == "projected for v5e-8"
+    assert any(c.axes for c in projection.collectives)
 
 
 def test_one_rank_env_is_added_only_where_no_launcher_set_it():
