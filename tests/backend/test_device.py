@@ -168,24 +168,27 @@ def test_dropout_statistics():
 
 
 def test_compiled_programs_persist_in_the_xla_cache_for_the_next_process(tmp_path):
+    """Three processes (each check of the cache in one of them): the first, with TPU_AGENT_XLA_CACHE empty, writes
+    its programs to the default place, the tool's cache directory; the second names that folder as
+    TPU_AGENT_XLA_CACHE, with another cache directory, and reads them there (compiles none again, writes nothing
+    in its own cache directory); the third, with the cache `off`, writes nothing."""
     code = """
         import torch
         x = torch.ones(3, 5).to("tpu")
         print(float((x * 2 + 1).sum()))
     """
-    cache = tmp_path / "xla"
-    first = run_python(code, {"TPU_AGENT_XLA_CACHE": str(cache)})
+    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    first = run_python(code, {"TPU_AGENT_XLA_CACHE": "", "TPU_AGENT_CACHE_DIR": str(home)})
     assert first.returncode == 0, first.stderr
+    cache = home / "xla"
+    assert cache.is_dir(), "by default the cache lives in the tool's cache directory"
     entries = sorted(p.name for p in cache.iterdir())
     assert entries, "nothing was written to the compilation cache"
-    second = run_python(code, {"TPU_AGENT_XLA_CACHE": str(cache)})
+    second = run_python(code, {"TPU_AGENT_XLA_CACHE": str(cache), "TPU_AGENT_CACHE_DIR": str(elsewhere)})
     assert second.returncode == 0 and second.stdout == first.stdout
     assert sorted(p.name for p in cache.iterdir()) == entries  # the same programs: read, not compiled again
+    assert not (elsewhere / "xla").exists()  # the folder named was the one used
 
-    home = tmp_path / "home"
-    off = run_python(code, {"TPU_AGENT_XLA_CACHE": "off", "TPU_AGENT_CACHE_DIR": str(home)})
+    off = run_python(code, {"TPU_AGENT_XLA_CACHE": "off", "TPU_AGENT_CACHE_DIR": str(elsewhere)})
     assert off.returncode == 0, off.stderr
-    assert not (home / "xla").exists()
-    default = run_python(code, {"TPU_AGENT_XLA_CACHE": "", "TPU_AGENT_CACHE_DIR": str(home)})
-    assert default.returncode == 0, default.stderr
-    assert any((home / "xla").iterdir()), "by default the cache lives in the tool's cache directory"
+    assert not (elsewhere / "xla").exists()
