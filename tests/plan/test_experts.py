@@ -18,12 +18,13 @@ from tpu_agent.profilers.modules import ModuleWatch  # noqa: E402
 from tpu_agent.propose.conditions import METRICS  # noqa: E402
 from tpu_agent.propose.offline import propose_offline  # noqa: E402
 
-# Two steps of warm-up (the first step compiles the step, the second AdamW's state update), then two steps whose
-# compiles tell the loop (new token counts, new programs) from static shapes (none): two show it as six did.
-STEPS = 4
+# Two steps of warm-up (the first step compiles the step, the second AdamW's state update), then steps whose
+# compiles tell the loop (new token counts, new programs: one step shows it, each compiling anew) from static
+# shapes (none: two steps show it).
+STEPS, LOOP_STEPS = 4, 3
 
 
-def _train(switch_to: str | None) -> tuple[list[float], list[int], object, Applied]:
+def _train(switch_to: str | None, steps: int = STEPS) -> tuple[list[float], list[int], object, Applied]:
     """Fused steps of the experts-loop model: (losses, programs compiled per step, the model, what was applied)."""
     model, optimizer, inputs = hf_models.build("qwen3_moe_loop", "eager", "tpu")
     applied = Applied()
@@ -31,7 +32,7 @@ def _train(switch_to: str | None) -> tuple[list[float], list[int], object, Appli
     losses, compiles = [], []
     try:
         with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
-            for _ in range(STEPS):
+            for _ in range(steps):
                 before = STATS.compiles
                 loss = model(**inputs).loss
                 loss.backward()
@@ -64,7 +65,7 @@ def test_the_profile_records_the_experts_loop_and_the_playbook_proposes_static_s
 
 
 def test_static_shape_experts_stop_the_per_step_compiles_and_keep_the_losses():
-    loop_losses, loop_compiles, _, _ = _train(None)
+    loop_losses, loop_compiles, _, _ = _train(None, LOOP_STEPS)
     losses, compiles, model, applied = _train("grouped_mm")
     assert model.config._experts_implementation == "grouped_mm"
     assert any("MoE experts as grouped_mm" in note for note in applied.notes), applied.notes
