@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -38,9 +39,16 @@ def run(plan: dict, example: str = "mlp", devices: int | None = None):
     return losses, applied
 
 
-@pytest.fixture(scope="module")
+@functools.cache
+def _baseline() -> tuple[float, ...]:
+    return tuple(run({"actions": []})[0])
+
+
+@pytest.fixture
 def baseline():
-    return run({"actions": []})[0]
+    """Run once per test process: the suite's longest-first order leaves this module and comes back, and a
+    module fixture was set up again at each return."""
+    return list(_baseline())
 
 
 @pytest.mark.parametrize("actions,devices,note", [
