@@ -13,6 +13,7 @@ The same recorder captures a whole step for `torch.compile` (see compile.py).
 
 from __future__ import annotations
 
+import operator
 import sys
 import time
 import weakref
@@ -157,6 +158,7 @@ class Recorder:
         self.graph_programs: dict[int, tuple] = {}
         self.flushes = 0
         self.last_inputs: list | None = None
+        self.last_avals: list = []  # the latest flush's inputs' aval keys (a recompile names the shapes that changed)
         self.recompiles: list[Recompile] = []
         self.breaks: list[GraphBreak] = []
         self.listeners: list[Callable] = []
@@ -227,11 +229,15 @@ class Recorder:
             self.breaks.append(GraphBreak(reason, op, user_frame(), self.flushes))
         if self.capture is not None and reason != "capture end":
             self.capture.interrupted(self.breaks[-1].describe() if reason in BREAK_REASONS else reason)
+        # The previous flush's inputs and outputs are not needed now: dropping them here frees the arrays this
+        # step replaces before it runs, and a donation's reference count need not subtract them (_donated).
+        prev_avals = self.last_avals
+        self.last_flush = self.last_inputs = None
         # A set has no stable order; the graph's outputs must, or every flush is a new graph.
-        storages.sort(key=lambda s: (s.array.node.order, s.array.index))
+        storages.sort(key=_STORAGE_ORDER)
         outputs: list[Lazy] = []
         seen_out: dict[int, int] = {}
-        for lz in [s.array for s in storages] + sorted(extra, key=lambda a: (a.node.order, a.index)):
+        for lz in [s.array for s in storages] + sorted(extra, key=_LAZY_ORDER):
             if id(lz) not in seen_out:
                 seen_out[id(lz)] = len(outputs)
                 outputs.append(lz)
@@ -246,39 +252,55 @@ class Recorder:
         marked, self.donate = self.donate, {}
         uses: dict[int, int] = {}
         read_elsewhere: set[int] = set()
+        marked_at: list[int] = []  # indices of the inputs in `marked` read directly
+        get_input, add_input, add_aval = input_ids.get, inputs.append, avals.append
         for n in nodes:
             refs = []
+            add_ref = refs.append
             for a, aval in zip(n.inputs, n.keys):
-                direct = type(a) is not Lazy  # a computed Lazy holds its array once, however many nodes read it
-                if not direct:
+                if type(a) is Lazy:  # a computed Lazy holds its array once, however many nodes read it
                     if a.value is None:
-                        refs.append((0, node_index[id(a.node)], a.index))
+                        add_ref((0, node_index[id(a.node)], a.index))
                         continue
                     a = a.value
+                    k = id(a)
+                    j = get_input(k)
+                    if j is None:
+                        j = input_ids[k] = len(inputs)
+                        add_input(a)
+                        add_aval(aval)
+                    add_ref((1, j, 0))
+                    continue
                 k = id(a)
-                j = input_ids.get(k)
+                j = get_input(k)
                 if j is None:
                     j = input_ids[k] = len(inputs)
-                    inputs.append(a)
-                    avals.append(aval)
-                refs.append((1, j, 0))
-                if direct and k in marked:
-                    uses[k] = uses.get(k, 0) + 1
+                    add_input(a)
+                    add_aval(aval)
+                add_ref((1, j, 0))
+                if k in marked:
+                    count = uses.get(k)
+                    if count is None:
+                        uses[k] = 1
+                        marked_at.append(j)
+                    else:
+                        uses[k] = count + 1
                     if marked[k].node is not n:
                         read_elsewhere.add(k)
             plan.append((n.program.id, tuple(refs)))
         a = None  # the loop's last value: no reference of this frame may hide a donation
-        donated, outputs = self._donated(nodes, inputs, outputs, marked, uses, read_elsewhere)
+        donated, outputs = self._donated(nodes, inputs, outputs, marked, uses, read_elsewhere, marked_at, seen_out)
         out_refs = tuple((node_index[id(o.node)], o.index) for o in outputs)
         key = (tuple(plan), out_refs, tuple(avals))
         if STATE.mesh is not None:
             inputs = mesh.align(inputs)  # before compiling: placements are part of the program
         exe = self.graphs.get(key)
         if exe is None:
-            exe = self._compile(key, nodes, plan, out_refs, inputs)
+            exe = self._compile(key, nodes, plan, out_refs, inputs, avals, prev_avals)
         values = launch(self._donating(exe, donated), inputs)
         self.flushes += 1
         self.last_inputs = inputs
+        self.last_avals = avals
         for lz, v in zip(outputs, values):
             lz.value = v
         for s in storages:
@@ -295,7 +317,7 @@ class Recorder:
         for fn in self.listeners:
             fn(exe, reason)
 
-    def _donated(self, nodes, inputs, outputs, marked, uses, read_elsewhere):
+    def _donated(self, nodes, inputs, outputs, marked, uses, read_elsewhere, marked_at, out_index):
         """The inputs this flush donates, and the outputs reordered so that XLA updates each in place.
 
         Donated: the inputs marked in `donate` (an optimizer's parameters and state, each with the output that
@@ -305,24 +327,17 @@ class Recorder:
         parameter was paired with its gradient and XLA copied the arrays back (86 copies in odd_shapes' step
         program, 52 paired right; 36 without donation). So each replacement output comes first, in its input's
         order. Where DONATE_READ_INPUTS is off (XLA:CPU), an input another node also reads (`read_elsewhere`: a
-        parameter the forward reads) is not donated."""
+        parameter the forward reads) is not donated. `marked_at`: the indices of the marked inputs a node reads
+        directly; `out_index`: the outputs by id. The previous flush's inputs and outputs were let
+        go before this one (flush), so the recorder's only references are the nodes' (`uses`)."""
         if not marked or STATE.mesh is not None or any(getattr(n.program, "ranks", None) for n in nodes):
             return (), outputs
-        held = dict.fromkeys(marked, 0)  # references the recorder itself holds, by id
-        held.update(uses)
-        for v in [lz.value for lz in self.last_flush[2]] if self.last_flush else []:
-            if id(v) in held:
-                held[id(v)] += 1
-        for v in self.last_inputs or []:
-            if id(v) in held:
-                held[id(v)] += 1
-        v = None
-        out_ids = {id(o) for o in outputs}
         donate_read = DONATE_READ_INPUTS if DONATE_READ_INPUTS is not None else jax.default_backend() != "cpu"
         donated = []
-        for i in sorted(i for i, a in enumerate(inputs) if id(a) in uses):
-            k = id(inputs[i])  # besides the recorder's, the inputs list and getrefcount's argument hold it
-            if id(marked[k]) in out_ids and sys.getrefcount(inputs[i]) <= held[k] + 2 and (
+        getrefcount = sys.getrefcount
+        for i in sorted(marked_at):
+            k = id(inputs[i])  # besides the nodes', the inputs list and getrefcount's argument hold it
+            if id(marked[k]) in out_index and getrefcount(inputs[i]) <= uses[k] + 2 and (
                     donate_read or k not in read_elsewhere):
                 donated.append(i)
         first = [marked[id(inputs[i])] for i in donated]
@@ -341,7 +356,7 @@ class Recorder:
                 ops=exe.ops, raw=exe.raw))
         return donating
 
-    def _compile(self, key, nodes, plan, out_refs, inputs):
+    def _compile(self, key, nodes, plan, out_refs, inputs, avals, prev_avals):
         programs = [n.program for n in nodes]
         treedefs = [n.treedef for n in nodes]
 
@@ -368,9 +383,13 @@ class Recorder:
         exe.compile_s = compile_time
         STATS.compiles += 1
         if self.graphs:
-            self.recompiles.append(Recompile(name, self.flushes, _shape_diff(self.last_inputs, inputs), compile_time))
+            self.recompiles.append(Recompile(name, self.flushes, _shape_diff(prev_avals, avals), compile_time))
         self.graphs[key] = executables.register(exe)
         return exe
+
+
+_STORAGE_ORDER = operator.attrgetter("array.node.order", "array.index")  # a pending storage's place in the graph
+_LAZY_ORDER = operator.attrgetter("node.order", "index")
 
 
 def _collect(outputs: list[Lazy]) -> list[Node]:
@@ -388,14 +407,13 @@ def _collect(outputs: list[Lazy]) -> list[Node]:
     return sorted(found.values(), key=lambda n: n.order)
 
 
-def _shape_diff(before, after) -> list[str]:
-    def fmt(a):
-        return f"{str(getattr(a, 'dtype', type(a).__name__))}{list(getattr(a, 'shape', ()))}"
+def _shape_diff(before: list, after: list) -> list[str]:
+    """The input shapes of `after` that `before` did not have, from two flushes' aval keys ((shape, dtype) of an
+    array, a type otherwise)."""
+    def shapes(keys):
+        return {f"{dtype}{list(shape)}" for key in keys if type(key) is tuple for shape, dtype in (key,)}
 
-    if before is None:
-        return [fmt(a) for a in after if hasattr(a, "shape")]
-    old = {fmt(a) for a in before if hasattr(a, "shape")}
-    return sorted({fmt(a) for a in after if hasattr(a, "shape")} - old)
+    return sorted(shapes(after) - shapes(before))
 
 
 RECORDER = Recorder()
