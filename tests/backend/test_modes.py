@@ -25,7 +25,7 @@ MODES = {
 # The MLP (Linear, ReLU, cross-entropy, SGD) is a subset of the CNN (which adds convolutions, BatchNorm, pooling
 # and SGD's momentum): its four modes run in the release matrix (`-m matrix`, docs/ci.md). So does the transformer
 # under compiled steps, the longest case (its 50257-column LM head): compiled steps run on the other examples here
-# and on every Hugging Face family (tests/backend/test_hf_models.py), the transformer in every other mode. The odd
+# and on the Hugging Face families (tests/backend/test_hf_models.py), the transformer in every other mode. The odd
 # shapes' torch.compile of the step and of the model (the CNN's layers at sizes off every tile) is in the matrix too:
 # the CNN and the transformer run both in the default pass, and the odd shapes every other mode.
 EXAMPLES = [pytest.param("mlp", marks=pytest.mark.matrix), "odd_shapes", "cnn", "transformer"]
