@@ -42,30 +42,20 @@ def device(stdout: str) -> str:
     return found
 
 
-def probe(tmp_path: Path, name: str = "probe.py") -> Path:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(PROBE))
-    return path
-
-
 # Before the tool both pick the CPU, and in the tool's child both pick tpu: the two examples' runs below check it
 # (neither names a device: TrainingArguments and Accelerator() pick it, and each prints `device=`).
 
 
-def test_under_plain_python_with_the_tool_installed_both_pick_the_cpu(tmp_path):
-    proc = run_python(str(probe(tmp_path)), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip() == "trainer=cpu accelerate=cpu"
-
-
-def test_under_plain_python_a_script_that_used_tpu_finds_it_available(tmp_path):
-    """The device is not hidden from a script that names it: after its first tpu tensor, tpu is the accelerator."""
-    path = tmp_path / "named.py"
+def test_under_plain_python_both_pick_the_cpu_and_a_script_that_used_tpu_finds_it_available(tmp_path):
+    """One plain python run with the tool installed: Trainer and Accelerate pick the CPU; the device is not hidden
+    from a script that names it: after its first tpu tensor, tpu is the accelerator."""
+    path = tmp_path / "probe.py"
     path.write_text("import torch\nprint(torch.accelerator.is_available(), torch.tpu.is_available())\n"
-                    "torch.ones(1, device='tpu')\nprint(torch.accelerator.is_available(), torch.tpu.is_available())\n")
+                    + textwrap.dedent(PROBE)
+                    + "torch.ones(1, device='tpu')\nprint(torch.accelerator.is_available(), torch.tpu.is_available())\n")
     proc = run_python(str(path), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["False", "False", "True", "True"]
+    assert proc.stdout.split() == ["False", "False", "trainer=cpu", "accelerate=cpu", "True", "True"]
 
 
 def _profiled(script: str, args: list[str], cwd: Path):
