@@ -115,6 +115,7 @@ def test_doctor_text(tmp_path: Path) -> None:
     assert rows["runs dir"] == str(tmp_path / ".tpu-agent" / "runs")
     assert rows["torch_tpu (Google)"] in {"importable", "not installed"}
     assert "jax platform" in rows and "jax devices" in rows
+    assert "not calibrated yet" in proc.stdout  # an empty cache directory: no peak measured (test_profile_cli.py)
 
 
 # ------------------------------------------------------------------ bad input: one line, exit 2

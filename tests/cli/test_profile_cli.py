@@ -265,8 +265,8 @@ def test_doctor_shows_the_calibration(tmp_path, cache_dir):
     env = json.loads(proc.stdout)
     assert env["peak_flops_per_s"] == entry["flops_per_s"]
     assert "measured" in env["peak_source"]
-    proc = run_tool("doctor", cwd=tmp_path, env=clean_env(TPU_AGENT_CACHE_DIR=str(tmp_path / "empty")))
-    assert "not calibrated yet" in proc.stdout
+    # Without a calibration the doctor says "not calibrated yet": tests/cli/test_cli.py::test_doctor_text, whose
+    # cache directory is empty.
 
 
 def test_progress_on_a_terminal_relays_the_scripts_output_and_a_stop_at_steps_runs_its_finally(tmp_path, cache_dir):
