@@ -153,9 +153,9 @@ def _record(result: OpResult, exc: Exception) -> None:
 def _first(samples, n: int) -> list:
     """The first `n` of an OpInfo's samples, made before any runs as the whole list was, without making the rest:
     op_db's sample iterator seeds the global RNG before each sample (torch.testing's TrackedInputIter), so the
-    first n are the same tensors either way; making every sample of an op to keep one (~30 on average, each
-    seeded by a torch.manual_seed, which without CUDA formats a stack for CUDA's lazy queue) cost about a tenth
-    of the check's time."""
+    first n are the same tensors either way. Making every sample of every op to keep one (each seeded by a
+    torch.manual_seed, which without CUDA formats a stack for CUDA's lazy queue) took about 7 s of the check's
+    ~100; the rest is XLA compiling each op's programs."""
     return list(itertools.islice(samples, n))
 
 
