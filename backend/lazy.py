@@ -258,19 +258,12 @@ class Recorder:
             refs = []
             add_ref = refs.append
             for a, aval in zip(n.inputs, n.keys):
-                if type(a) is Lazy:  # a computed Lazy holds its array once, however many nodes read it
+                direct = type(a) is not Lazy  # a computed Lazy holds its array once, however many nodes read it
+                if not direct:
                     if a.value is None:
                         add_ref((0, node_index[id(a.node)], a.index))
                         continue
                     a = a.value
-                    k = id(a)
-                    j = get_input(k)
-                    if j is None:
-                        j = input_ids[k] = len(inputs)
-                        add_input(a)
-                        add_aval(aval)
-                    add_ref((1, j, 0))
-                    continue
                 k = id(a)
                 j = get_input(k)
                 if j is None:
@@ -278,7 +271,7 @@ class Recorder:
                     add_input(a)
                     add_aval(aval)
                 add_ref((1, j, 0))
-                if k in marked:
+                if direct and k in marked:
                     count = uses.get(k)
                     if count is None:
                         uses[k] = 1
