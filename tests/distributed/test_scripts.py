@@ -11,10 +11,10 @@ every kind at least once and every mode at least once, all at 2 ranks:
 
     case                        eager      fused      compiled
     ddp                         2 (d)                 2 (a)
-    fsdp2 float32               2 (b)                 2 (b)
+    fsdp2 float32               (e)                   2 (b)
     fsdp2 bf16, no reshard                 2
     fsdp_tp (dp x tp)           2 (1x2, c)
-    dcp save + resume           2 (b, e)              2 (b)
+    dcp save + resume                                 2 (b)
 
 The release matrix, `-m matrix` (docs/ci.md), runs every case x mode at 2 and 4 ranks (the 2 x 2 fsdp_tp mesh
 and the bf16 `reshard_after_forward=True` case among them) against gloo, as `cd tests && python -m
@@ -22,13 +22,15 @@ support.rank_runs --matrix` does by hand.
 
 (a) tests/distributed/test_collectives.py: a DDP model under compiled steps against the same model on the CPU, in
 its 2-rank job (examples/ddp.py under compiled steps against gloo, tests/distributed/test_ddp.py: in the matrix);
-(b) one test, both modes against one gloo run: each run matches gloo, a fresh compiled job resumes the compiled run's
-checkpoint, and under compiled steps its AdamW program replays; (c) tests/plan/test_parallelism.py, whose run
+(b) one test against one gloo run: the compiled-steps run matches gloo, its AdamW program replays, and a fresh
+compiled job resumes its checkpoint; (c) tests/plan/test_parallelism.py, whose run
 without a plan is the reference of its exact parallelism plan (the 2 x 2 mesh, with its two groups in one program:
 tests/distributed/test_two_groups_in_program.py); (d) tests/distributed/test_device_map_nccl.py: examples/ddp.py's
-model and data as a GPU script writes it (its --device cuda), under --device-map cuda=tpu; (e) the
-eager run saves the checkpoint, and its resume by a fresh eager job (the same losses and parameters to the last bit)
-is the matrix's dcp-eager-2, which holds an eager resume to that.
+model and data as a GPU script writes it (its --device cuda), under --device-map cuda=tpu; (e) FSDP2 trained
+eagerly on tpu (fully_shard per layer and on the root, AdamW) against the same model on the CPU given both ranks'
+batches, at 2 ranks (tests/distributed/test_collectives.py), and at 4 ranks over two nodes against gloo
+(tests/distributed/test_two_nodes.py); examples/fsdp2.py eagerly against gloo, its checkpoint saved and resumed by
+a fresh eager job (the same losses and parameters to the last bit), are the matrix's fsdp2-eager-2 and dcp-eager-2.
 
 The bfloat16 check depends on the device rounding as PyTorch does: the first test holds the ops where it did
 not (a Linear's product rounded before its bias was added; gelu, softmax and layer norm's backward computed
@@ -122,44 +124,28 @@ with open(f"replays{os.environ['RANK']}.json", "w") as f:
 """
 
 
-@pytest.mark.slow  # three 2-rank jobs on tpu, one on gloo (about 70 s)
-def test_fsdp2_eager_and_under_compiled_steps_matches_gloo_and_a_compiled_job_resumes_its_dcp_checkpoint(tmp_path):
-    """examples/fsdp2.py in float32 (fully_shard per block and on the root, reshard_after_forward=True) at 2 ranks,
-    eager and under compiled steps, against one gloo run.
+@pytest.mark.slow  # two 2-rank jobs on tpu, one on gloo (about 50 s)
+def test_fsdp2_under_compiled_steps_matches_gloo_and_a_compiled_job_resumes_its_dcp_checkpoint(tmp_path):
+    """examples/fsdp2.py in float32 (fully_shard per block and on the root, reshard_after_forward=True) at 2 ranks
+    under compiled steps (TPU_AGENT_COMPILE_STEPS=1), against gloo.
 
-    Eager: within 1e-5 of gloo (each step's loss, each parameter relative to its norm, or float32's own error for
-    that parameter, support/float32_noise.py; measured 2026-12-04: 3.2e-7 and 6.9e-6), saving the sharded
-    checkpoint after step 3. A fresh eager job resuming it (steps 3-5 with the uninterrupted run's losses and final
-    parameters, to the last bit) is the release matrix's dcp-eager-2 (support/rank_runs.py's run_case): DCP's save
-    and load are held here under compiled steps, with the resumed job's own programs. (Fused execution,
-    TORCH_TPU_DEFER_AND_FUSE=1, with reshard False matched gloo as closely by hand: 3.2e-7 and 6.8e-6; left out here
-    for the file's time.)
+    AdamW's update over the DTensor parameters is one program, replayed from step 3 on, and each step's loss and
+    every final parameter are within 1e-5 of gloo's, or float32's own error for that parameter (measured 2026-12-07
+    with the tests' XLA flags: losses 2e-7, blocks.1.down.weight 1.89e-5 from gloo, bound 2.6e-5: the tpu run
+    1.29e-5 from the float64 result, PyTorch's 5.97e-6, other float32 orders' up to 1.0e-5). Before, the capture
+    failed in DTensor's sharding propagation (no Meta kernel for `_fused_adamw_.tensor_lr`); with that kernel alone
+    each step captured anew, as FSDP2's gradients are new tensors each step and were read as storages. The same run
+    saves a DCP checkpoint after step 3, and a fresh compiled job resumes it with the uninterrupted run's losses and
+    parameters within 1e-6 (its first step runs as written where the uninterrupted run replays its one-program
+    step, fused differently by XLA; measured at 4 ranks: 9.5e-8): the dcp x compiled case of the matrix at 2 ranks.
 
-    Compiled steps (TPU_AGENT_COMPILE_STEPS=1): AdamW's update over the DTensor parameters is one program, replayed
-    from step 3 on, and each step's loss and every final parameter are within 1e-5 of gloo's, or float32's own
-    error for that parameter (measured 2026-12-07 with the tests' XLA flags: losses 2e-7, blocks.1.down.weight
-    1.89e-5 from gloo, bound 2.6e-5: the tpu run 1.29e-5 from the float64 result, PyTorch's 5.97e-6, other float32
-    orders' up to 1.0e-5). Before, the capture failed in DTensor's sharding propagation (no Meta kernel for
-    `_fused_adamw_.tensor_lr`); with that kernel alone each step captured anew, as FSDP2's gradients are new tensors
-    each step and were read as storages. The same run saves a DCP checkpoint after step 3, and a fresh compiled job
-    resumes it with the uninterrupted run's losses and parameters within 1e-6 (its first step runs as written where
-    the uninterrupted run replays its one-program step, fused differently by XLA; measured at 4 ranks: 9.5e-8): the
-    dcp x compiled case of the matrix at 2 ranks.
-
-    One test, so that both modes are held to the same gloo run (a 2-rank job fewer)."""
+    The same script run eagerly against gloo, saving its checkpoint, and resumed by a fresh eager job (to the last
+    bit) are the release matrix's fsdp2-eager-2 and dcp-eager-2 (measured 2026-12-04: 3.2e-7 and 6.9e-6 from gloo).
+    The default pass trains FSDP2 eagerly on tpu elsewhere: fully_shard per layer and on the root with AdamW, at 2
+    ranks, against the same model on the CPU given both ranks' batches (tests/distributed/test_collectives.py), and
+    at 4 ranks over two nodes against gloo (tests/distributed/test_two_nodes.py)."""
     gloo = run_ranks("fsdp2.py", ["--steps", str(STEPS)], tmp_path / "gloo", on="cpu")
     bounds = float32_noise.bounds(2, STEPS, 1e-5)
-
-    # Eager, saving after step 3 (its resume by a fresh eager job: the matrix's dcp-eager-2).
-    save = ["--steps", str(STEPS), "--checkpoint", str(tmp_path / "ckpt"), "--save-at", str(SAVE_AT)]
-    tpu = run_ranks("fsdp2.py", save, tmp_path / "tpu", on="tpu")
-    for rank in (0, 1):
-        assert worst_loss_error(tpu[rank], gloo[rank]) < 1e-5, (rank, tpu[rank]["losses"], gloo[rank]["losses"])
-        errors = parameter_errors(tpu[rank], gloo[rank])
-        assert all(e < bounds[n] for n, e in errors.items()), (rank, errors, bounds)
-    # Each rank trained on its own batches, and the gradients were averaged: one model on both ranks.
-    assert tpu[0]["losses"] != tpu[1]["losses"] and tpu[0]["params"] == tpu[1]["params"]
-    assert (tmp_path / "ckpt" / ".metadata").exists()
 
     # Compiled steps, its AdamW program's replays counted in each rank, saving after step 3; then a fresh compiled
     # job resumes it.
@@ -178,7 +164,9 @@ def test_fsdp2_eager_and_under_compiled_steps_matches_gloo_and_a_compiled_job_re
         assert all(e < bounds[n] for n, e in errors.items()), (rank, errors, bounds)
         # step 1 creates the state as written, 2 and 3 are captured, 4-6 replay
         assert json.loads((out / f"replays{rank}.json").read_text()) == {"replays": STEPS - 3, "reason": None}
-    assert tpu[0]["params"] == tpu[1]["params"]
+    # Each rank trained on its own batches, and the gradients were averaged: one model on both ranks.
+    assert tpu[0]["losses"] != tpu[1]["losses"] and tpu[0]["params"] == tpu[1]["params"]
+    assert (tmp_path / "compiled-ckpt" / ".metadata").exists()
 
     resumed = run_ranks("fsdp2.py", ["--steps", str(STEPS), *ckpt, "--resume"], tmp_path / "compiled-resumed",
                         on="tpu", env={"TPU_AGENT_COMPILE_STEPS": "1"})
