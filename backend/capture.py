@@ -13,7 +13,7 @@ import weakref
 
 import torch
 
-from . import modes, steps
+from . import modes
 from .jax_setup import device_x64
 from .lazy import Lazy
 from .state import RNG
@@ -264,18 +264,6 @@ class RebasedViews:
             if box.version:
                 self.written = True
                 t.set_jax(box.array)
-        return False
-
-
-class steps_suspended:
-    """Inside a captured step the optimizer's hook must not end the step early."""
-
-    def __enter__(self):
-        self._old = steps.suspended
-        steps.suspended = True
-
-    def __exit__(self, *exc):
-        steps.suspended = self._old
         return False
 
 

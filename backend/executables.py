@@ -14,15 +14,20 @@ abstract arguments kept at compile time, so the hot path pays nothing.
 from __future__ import annotations
 
 import functools
-import itertools
 from dataclasses import dataclass, field
 from typing import Callable
 
 import jax
 
 from .jax_setup import device_x64
+from .state import STATE
 
-_ids = itertools.count()
+_EXECUTABLES = STATE.executables
+
+
+def next_id() -> int:
+    """The next id of an executable or of a compiled program's graph node (one sequence)."""
+    return next(_EXECUTABLES.ids)
 
 
 def abstract(value):
@@ -51,7 +56,7 @@ class Executable:
     time_s: float = 0.0  # host time of the calls (execution time when blocking)
     raw: Callable | None = None  # the traceable function (graphs: for the VJP of a compiled forward)
     compile_s: float | None = None  # seconds its compile took, where it was timed (fused graphs)
-    id: int = field(default_factory=lambda: next(_ids))
+    id: int = field(default_factory=next_id)
 
     @functools.cached_property
     def compiled(self):
@@ -89,28 +94,25 @@ class Executable:
         return out
 
 
-_REGISTRY: list[Executable] = []
-
-
 def register(exe: Executable) -> Executable:
-    _REGISTRY.append(exe)
+    _EXECUTABLES.registry.append(exe)
     return exe
 
 
 def all() -> list[Executable]:  # noqa: A001 - reads as executables.all()
     """Every executable compiled in this process, oldest first."""
-    return list(_REGISTRY)
+    return list(_EXECUTABLES.registry)
 
 
 def reset_counts() -> None:
     """Zero calls and times (say, after warm-up) without forgetting the executables."""
-    for exe in _REGISTRY:
+    for exe in _EXECUTABLES.registry:
         exe.calls = 0
         exe.time_s = 0.0
 
 
 def snapshot() -> dict[int, tuple[int, float]]:
     """Calls and time per executable id, to diff around a measured region."""
-    return {exe.id: (exe.calls, exe.time_s) for exe in _REGISTRY}
+    return {exe.id: (exe.calls, exe.time_s) for exe in _EXECUTABLES.registry}
 
 

@@ -409,5 +409,5 @@ def _shape_diff(before: list, after: list) -> list[str]:
     return sorted(shapes(after) - shapes(before))
 
 
-RECORDER = Recorder()
-STATE.attach_recorder(RECORDER)  # leaving fused mode flushes it
+STATE.attach_recorder(Recorder())  # leaving fused mode flushes it
+RECORDER = STATE.recorder

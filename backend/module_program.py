@@ -29,7 +29,7 @@ import torch
 
 from . import executables, lazy, modes, steps, whole_step
 from .capture import (Capture, RebasedViews, autocast_state, compiling, constant_input, get_path, pair_storages,
-                      rebuild, replay_key, signature, steps_suspended, tensor_paths)
+                      rebuild, replay_key, signature, tensor_paths)
 from .jax_setup import device_x64
 from .launch import launch
 from .lazy import RECORDER, Lazy
@@ -70,7 +70,7 @@ class CompiledModule(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         module = self._orig_mod
-        if self.reason_not_compiled is not None or steps.suspended:
+        if self.reason_not_compiled is not None or steps.suspended():
             # Inside a compiled step (a torch.compile'd step under compiled steps), captured or traced: its ops are
             # that step's program's; programs of its own would be launches of their own beside it.
             return self._call(*args, **kwargs)
@@ -206,7 +206,7 @@ class ModuleProgram:
         RECORDER.capture = capture
         RECORDER.last_flush = None
         try:
-            with torch.no_grad(), modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), steps_suspended(), \
+            with torch.no_grad(), modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), steps.suspend(), \
                     compiling():
                 result = call(*args, **kwargs)
                 returned = tensor_paths(result)
@@ -424,7 +424,7 @@ def replay_view(base: torch.Tensor, chain: tuple) -> torch.Tensor:
 
 def _node(name: str, fn) -> lazy.Program:
     """A module program's half as a node the recorder traces into its graph (compiled steps' window)."""
-    return lazy.Program(next(executables._ids), name, fn, {}, scope=name)  # an id no executable has
+    return lazy.Program(executables.next_id(), name, fn, {}, scope=name)  # an id no executable has
 
 
 def _executable(name: str, fn, args) -> executables.Executable:

@@ -175,7 +175,7 @@ def _clip_program(count: int, norm_type: float, max_norm: float) -> lazy.Program
             coef = jnp.minimum(jnp.reciprocal(total + 1e-6) * max_norm, 1.0)
             return [total, *(g * coef.astype(g.dtype) for g in grads)]
 
-        program = _CLIP_NODES[key] = lazy.Program(next(executables._ids), "clip_grad_norm_", clip, {},
+        program = _CLIP_NODES[key] = lazy.Program(executables.next_id(), "clip_grad_norm_", clip, {},
                                                   scope="clip_grad_norm_")
     return program
 

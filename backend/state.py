@@ -1,5 +1,6 @@
 """The device's state in one object: eager mode, matmul precision, PadOps, mesh, launch flags, RNG, counters,
-memory peaks, and what torch.distributed on the device keeps between calls.
+memory peaks, step boundaries, the executables compiled, the fused-graph recorder, and what torch.distributed on
+the device keeps between calls.
 
 `STATE` (a `DeviceState`) is the only instance. Its fields are written through its setters alone, and
 each setter recomputes what the hot path reads, so an op reads one attribute where it would read several:
@@ -134,6 +135,30 @@ class DistributedState:
         self.faults = FaultState()
 
 
+class StepState:
+    """steps.py's: who is told at each step boundary, whether a compiled step's capture holds the boundaries back
+    (the step ends when the captured call does), and the elements each optimizer updates (id -> count, at its
+    first step: the profile's `parameters`)."""
+
+    __slots__ = ("listeners", "suspended", "trained")
+
+    def __init__(self) -> None:
+        self.listeners: list = []
+        self.suspended = False
+        self.trained: dict[int, int] = {}
+
+
+class ExecutableState:
+    """executables.py's: every executable compiled in this process, oldest first, and the ids they and the
+    compiled programs' graph nodes take (one sequence, so the profiler's tables never mix two up)."""
+
+    __slots__ = ("registry", "ids")
+
+    def __init__(self) -> None:
+        self.registry: list = []
+        self.ids = count()
+
+
 class Rng:
     """Counter-based on-device RNG: key = fold_in(PRNGKey(seed), counter).
 
@@ -197,7 +222,7 @@ class DeviceState:
         # derived by _derive, read on the hot path
         "cache_key_extra", "fused", "blocking",
         # objects held
-        "rng", "stats", "recorder", "memory_peaks", "memory_watch", "distributed",
+        "rng", "stats", "recorder", "memory_peaks", "memory_watch", "distributed", "steps", "executables",
     )
 
     def __init__(self) -> None:
@@ -222,6 +247,8 @@ class DeviceState:
         self.memory_peaks = MemoryPeaks()
         self.memory_watch = None  # a memory.StepPeak while the in-step peak is measured (launch.py reports to it)
         self.distributed = DistributedState()
+        self.steps = StepState()
+        self.executables = ExecutableState()
         self._derive()
 
     def _derive(self) -> None:

@@ -28,7 +28,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from . import executables, lazy, modes, steps, whole_step
 from .capture import (Capture, RebasedViews, autocast_state, compiling, constant_input, get_path, output_of,
-                      pair_storages, rebuild, replay_key, signature, steps_suspended, tensor_paths)
+                      pair_storages, rebuild, replay_key, signature, tensor_paths)
 from .launch import launch
 from .lazy import RECORDER
 from .state import STATE
@@ -162,7 +162,7 @@ class Plan:
         if inputs is STALE:
             return STALE
         if self._node is None:
-            self._node = lazy.Program(next(executables._ids), self.exe.name, self.exe.raw, {}, scope=self.exe.name)
+            self._node = lazy.Program(executables.next_id(), self.exe.name, self.exe.raw, {}, scope=self.exe.name)
         values = RECORDER.record(self._node, inputs)
         # Each donatable input with the output that replaces it: the flush aliases the two (lazy.Recorder.donate).
         RECORDER.donate.update((id(inputs[i]), values[self.replaced_by[i]]) for i in self.donatable
@@ -199,7 +199,7 @@ class CompiledStep:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):
-        if steps.suspended:
+        if steps.suspended():
             # Inside another compiled step (an optimizer's update inside a torch.compile'd step under compiled
             # steps), captured or traced: its ops are that step's program's; a capture of its own would flush it.
             return self.fn(*args, **kwargs)
@@ -236,7 +236,7 @@ class CompiledStep:
     def _capture(self, key, call_args):
         whole_step.WINDOW.captures += 1
         if self._fused_only():
-            with modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), steps_suspended():
+            with modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), steps.suspend():
                 return self.fn(*call_args[0], **call_args[1])
         RECORDER.flush("before capture")
         rebased = RebasedViews(call_args).__enter__()
@@ -251,7 +251,7 @@ class CompiledStep:
         RECORDER.capture = capture
         RECORDER.last_flush = None
         try:
-            with modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), steps_suspended(), compiling():
+            with modes.set_eager_mode(modes.EagerMode.DEFER_AND_FUSE), steps.suspend(), compiling():
                 result = self.fn(*call_args[0], **call_args[1])
                 returned = tensor_paths(result)
                 RECORDER.flush("capture end")

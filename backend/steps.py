@@ -4,26 +4,30 @@ from __future__ import annotations
 
 from typing import Callable
 
-_listeners: list[Callable[[str], None]] = []
-suspended = False  # inside a compiled step's capture: the step ends when the call does
+from .state import STATE
+
+_STEPS = STATE.steps
+# id(optimizer) -> elements of the parameters it updates, counted at its first step: what a change to the model's
+# widths or vocabulary adds, measured (the profile's `parameters`). A view of the device's state.
+trained = _STEPS.trained
 
 
 def add_step_listener(fn: Callable[[str], None]) -> Callable[[], None]:
     """Call `fn(source)` at every step boundary; returns a function that removes it."""
-    _listeners.append(fn)
-    return lambda: _listeners.remove(fn)
+    _STEPS.listeners.append(fn)
+    return lambda: _STEPS.listeners.remove(fn)
 
 
 def step_boundary(source: str) -> None:
     """End of a training step: run pending fused work, then tell the listeners."""
     import sys
 
-    if suspended:
+    if _STEPS.suspended:
         return
     lazy = sys.modules.get(__package__ + ".lazy")
     if lazy is not None:
         lazy.RECORDER.flush(source)
-    for fn in list(_listeners):
+    for fn in list(_STEPS.listeners):
         fn(source)
 
 
@@ -31,9 +35,21 @@ def mark_step() -> None:
     step_boundary("mark_step")
 
 
-# id(optimizer) -> elements of the parameters it updates, counted at its first step: what a change to the model's
-# widths or vocabulary adds, measured (the profile's `parameters`).
-trained: dict[int, int] = {}
+def suspended() -> bool:
+    """Inside a compiled step's capture: its step ends when the captured call does."""
+    return _STEPS.suspended
+
+
+class suspend:
+    """Inside a captured step the optimizer's hook must not end the step early."""
+
+    def __enter__(self):
+        self._old = _STEPS.suspended
+        _STEPS.suspended = True
+
+    def __exit__(self, *exc):
+        _STEPS.suspended = self._old
+        return False
 
 
 def _optimizer_step_hook(optimizer, args, kwargs) -> None:

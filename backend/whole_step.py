@@ -69,7 +69,7 @@ class Window:
     def begin(self) -> None:
         """Open a window, unless one is open or a step is being captured. In the user's fused mode (the tuner's
         `compile: compiled`) the mode stays; the window still makes the programs nodes of the step's graph."""
-        if self.open or RECORDER.capture is not None or steps.suspended:
+        if self.open or RECORDER.capture is not None or steps.suspended():
             return
         self.saved_mode = STATE.mode
         self.breaks_at_open = len(RECORDER.breaks)

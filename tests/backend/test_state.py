@@ -83,9 +83,10 @@ def test_only_the_setters_write_the_state():
 
 # --- module state: on STATE, not in module globals -------------------------------------------------------------
 
-# Modules whose state lives on STATE (memory peaks and watch, the distributed state): none may keep mutable state
+# Modules whose state lives on STATE (memory peaks and watch, step boundaries, the executables, the distributed
+# state): none may keep mutable state
 # at module level. A constant table is read-only (a tuple, a frozenset, a MappingProxyType).
-STATELESS = ["backend/memory.py", "backend/mesh.py", "backend/sharding.py",
+STATELESS = ["backend/memory.py", "backend/mesh.py", "backend/sharding.py", "backend/steps.py", "backend/executables.py",
              *sorted(str(p.relative_to(REPO)) for p in (REPO / "backend" / "distributed").glob("*.py"))]
 MUTABLE_CALLS = {"dict", "list", "set", "bytearray", "defaultdict", "OrderedDict", "Counter", "deque", "count",
                  "WeakValueDictionary", "WeakKeyDictionary", "WeakSet"}
@@ -173,3 +174,33 @@ def test_memory_and_distributed_state_live_on_the_one_object(fresh):
     stats = torch.tpu.memory_stats()
     assert STATE.memory_peaks.allocated == stats["allocated_bytes.all.peak"] >= 4000
     del x
+
+
+def test_steps_executables_and_the_recorder_live_on_the_one_object(fresh):
+    """A compiled step's capture holds the step boundaries back through steps.suspend (not by writing a module
+    global), and what it restores is what was there; the executables and the fused-graph recorder are STATE's."""
+    from tpu_agent.backend import executables, steps
+
+    assert fresh.steps.listeners == [] and not fresh.steps.suspended and fresh.executables.registry == []
+    assert steps.trained is STATE.steps.trained and STATE.recorder is RECORDER
+    seen = []
+    remove = steps.add_step_listener(seen.append)
+    try:
+        with steps.suspend():
+            assert steps.suspended() and STATE.steps.suspended
+            with steps.suspend():
+                steps.mark_step()
+            assert steps.suspended()
+        assert not steps.suspended() and seen == []
+        steps.mark_step()
+        assert seen == ["mark_step"]
+    finally:
+        remove()
+    assert seen.append not in STATE.steps.listeners
+    first, second = executables.next_id(), executables.next_id()
+    assert second == first + 1
+    before = len(executables.all())
+    torch.ones(13, 7, device="tpu").mul(7.5).cpu()  # a shape no other test runs: its mul compiles here
+    made = executables.all()[before:]
+    assert "aten.mul.Tensor" in [exe.name for exe in made] and executables.all() == STATE.executables.registry
+    assert all(exe.id > second for exe in made)  # one sequence of ids

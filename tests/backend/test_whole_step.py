@@ -187,7 +187,7 @@ def test_a_fused_graph_is_found_again_only_for_the_same_input_shapes_dtypes_and_
 
     from tpu_agent.backend import lazy
 
-    add = lazy.Program(next(executables._ids), "test_add", lambda a, b: a + b, {})
+    add = lazy.Program(executables.next_id(), "test_add", lambda a, b: a + b, {})
 
     def run(a, b):
         out = lazy.RECORDER.record(add, [a, b])
