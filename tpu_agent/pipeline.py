@@ -89,7 +89,8 @@ def run(script: Path, args: list[str], options: TuneOptions, *, console: Console
         claude = {"audit_dir": run_dir / "agent", "token_budget": options.token_budget,
                   "source_root": script.resolve().parent, **({"model": options.model} if options.model else {})}
         search_rounds(study, measuring, make_proposer(chosen, **claude), knobs, out, done=len(out.result.trials))
-        runner.close()  # the search's warm processes: verification starts fresh ones
+        # The search's warm baseline stays up: verification starts fresh processes (it closes it), and --nproc's
+        # parallelism step after a search alone (--verify 0) measures against it rather than a new N-rank job.
 
     def verification() -> None:
         if not options.verify:

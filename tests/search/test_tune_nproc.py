@@ -159,8 +159,10 @@ def _tune(tmp_path: Path, *extra: str, env: dict[str, str] | None = None):
     script = tmp_path / "ddp.py"
     script.write_text(DDP)
     # --processes 1: one fresh baseline/candidate job pair verifies (what is checked is that every rank is, not the
-    # interval's spread over job pairs, which tests/verify and tests/measure check)
-    proc = run_tool("tune", "--nproc", "2", str(script), "--offline", "--steps", "5", "--warmup", "1",
+    # interval's spread over job pairs, which tests/verify and tests/measure check). --warmup 2: DDP's second step
+    # compiles programs its first did not; with one warm-up step the profile reads the script as recompiling, and
+    # each measurement starts a fresh baseline job
+    proc = run_tool("tune", "--nproc", "2", str(script), "--offline", "--steps", "5", "--warmup", "2",
                     "--pairs", "5", "--processes", "1", *extra, cwd=tmp_path, env=clean_env(**(env or {})),
                     timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -215,6 +217,9 @@ def test_tune_nproc_2_reports_every_rank(tmp_path):
     alone = [row for row in parallelism["plans"] if row["state"] == "alone"]
     assert alone and all(len(row["rank_memory"]) == 2 and all(a > 0 and b > 0 for a, b in row["rank_memory"])
                          for row in alone), parallelism
+    # ... against the search's warm baseline (--verify 0): no second 2-rank baseline job
+    assert profile["recompiling"] is None, profile["recompiling"]
+    assert sorted(p.name for p in (run_dir / "logs").glob("baseline-*.log")) == ["baseline-1.log"]
 
 
 @pytest.mark.slow
