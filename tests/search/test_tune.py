@@ -124,10 +124,12 @@ def test_tune_records_trials_writes_a_report_resume_repeats_nothing_failures_are
     # the resumed search is what is checked here (--verify 0: search only). Its profile run
     # and its first baseline process run normally; every later process (the candidates, in order) fails at step 3,
     # each with the next failure of FAILURES (tiny.py's TINY_FAIL); the hang's limit is --trial-timeout (not one of
-    # the study's measuring settings).
+    # the study's measuring settings). 8 s: the hung step waits it out, and every other step of the run must finish
+    # within it (a candidate's first step, its compiles: 1.1-2.7 s at load 4-5; the profile's start-up and first
+    # step get twice it: about 5 s); 15 s cost 7 s more for no more checked.
     env = {"TINY_FAIL": ",".join(FAILURES), "TINY_COUNTER": str(project / "counter")}
     second = result_of(tune(project, "--trials", "5", "--study", "s1", "--resume", "--verify", "0",
-                            "--trial-timeout", "15", env=env))
+                            "--trial-timeout", "8", env=env))
     assert [t["number"] for t in second["trials"]] == list(range(5)), [(t["number"], t["state"], t["reason"][:60]) for t in second["trials"]]  # the report lists the earlier trials too
     assert [t["earlier"] for t in second["trials"]] == [True] + [False] * 4
     new = [t for t in second["trials"] if not t["earlier"]]
