@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 
@@ -119,13 +120,17 @@ STEPS_MATRIX_ONLY = {"llama"}
 def test_family_trains_like_cpu_as_compiled_steps_with_no_change_to_the_loop(family):
     """TPU_AGENT_COMPILE_STEPS: the model's forward and backward programs and AdamW's update program replay
     from the fourth step on (the first runs as written, then two captures agree). One attention per family:
-    the attention modes are covered above."""
+    the attention modes are covered above. The expert loop runs with operand padding too (multiples of 8, a tune's
+    `pad_ops` with `compile: compiled`): its per-expert token counts change every step, so its padded matmuls are
+    new shapes each step, and padding is exact, so the CPU's losses still hold."""
     attn = FAMILIES[family].attentions[0] if FAMILIES[family].attention else None
     expected = cpu_losses(family, attn)
     programs = {}
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _operand_padding(8 if family in DATA_DEPENDENT else 0) as padded:
         warnings.simplefilter("ignore")
         actual = hf_models.train(family, attn, "tpu", hf_models.STEPS_MODE, steps=len(expected), compiled=programs)
+    if family in DATA_DEPENDENT:
+        assert padded, "no matmul operand was padded: the padding this test turns on did nothing"
     rel = loss_tolerance(family)
     for step, (a, b) in enumerate(zip(expected, actual)):
         assert b == pytest.approx(a, rel=rel), f"step {step}: cpu {a} tpu {b} ({family}, {attn}, steps)"
@@ -135,6 +140,27 @@ def test_family_trains_like_cpu_as_compiled_steps_with_no_change_to_the_loop(fam
         assert programs["module_replays"] == [0] and "aten.nonzero.default" in programs["module_reasons"][0]
     else:
         assert programs["module_reasons"] == [None] and programs["module_replays"][0] >= len(expected) - 3, programs
+
+
+@contextlib.contextmanager
+def _operand_padding(multiple: int):
+    """Operand padding to `multiple` (0: off) for the block; yields the list of axes it padded (a size, its target)."""
+    from tpu_agent.backend import padding
+
+    padded, pad_axis, before = [], padding._pad_axis, padding.key()
+
+    def spy(x, axis, size):
+        if x.shape[axis] != size:
+            padded.append((x.shape[axis], size))
+        return pad_axis(x, axis, size)
+
+    padding.set_multiple(multiple)
+    padding._pad_axis = spy
+    try:
+        yield padded
+    finally:
+        padding._pad_axis = pad_axis
+        padding.set_multiple(*before)
 
 
 def data_dependent_expert_loop_breaks_the_fused_graph_at_its_source_line(breaks):

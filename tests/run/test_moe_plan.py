@@ -13,7 +13,11 @@ pytest.importorskip("transformers")
 from support.paths import DATA  # noqa: E402
 from support.processes import clean_env, run_python, run_tool  # noqa: E402
 
-pytestmark = pytest.mark.slow  # two runs of a small MoE, one compiling new shapes every step
+# Two runs of a small MoE, one compiling new shapes every step: in the release matrix (`-m matrix`, docs/ci.md).
+# The default pass trains the same expert loop (Qwen3-MoE, transformers' "eager" experts) under compiled steps with
+# operand padding to multiples of 8 against the CPU's losses, in-process (tests/backend/test_hf_models.py,
+# compiled steps on qwen3_moe_loop); the plan's two actions reach the run child in tests/plan/test_apply.py.
+pytestmark = [pytest.mark.slow, pytest.mark.matrix]
 
 
 def losses(text: str) -> list[float]:
