@@ -127,8 +127,8 @@ def test_cuda_only_calls_run_on_tpu(tmp_path):
 @pytest.mark.slow
 def test_a_cuda_script_trains_on_tpu_with_its_cpu_losses_and_without_the_map_warns_and_keeps_its_exit_code(tmp_path):
     """One CPU reference (plain python, exit code 3) for both: under --device-map cuda=tpu the script trains on tpu
-    with the CPU's losses, the map said in one line at the start; without it, nothing reached tpu: the run warns
-    and keeps the script's stdout and exit code."""
+    with the CPU's losses, the map said in one line at the start, and no warning; without it, nothing reached tpu:
+    the run warns and keeps the script's stdout and exit code."""
     write(tmp_path, "train.py", CUDA_WHEN_AVAILABLE.replace("{code}", "3"))
     plain = run_python("train.py", cwd=tmp_path)
     assert plain.returncode == 3, plain.stderr
@@ -149,10 +149,8 @@ def test_a_cuda_script_trains_on_tpu_with_its_cpu_losses_and_without_the_map_war
     last = ours.stderr.strip().splitlines()[-1]
     assert last.startswith("tpu-agent: warning: the model trained on the CPU: no op of this run ran on the tpu device")
     assert "--device-map cuda=tpu" in last and '.to("tpu")' in last
-    on_tpu = CUDA_WHEN_AVAILABLE.replace("{code}", "0").replace('"cuda" if torch.cuda.is_available() else "cpu"', '"tpu"')
-    write(tmp_path, "on_tpu.py", on_tpu)
-    touched = run_tool("run", "-q", "on_tpu.py", cwd=tmp_path)
-    assert touched.returncode == 0 and "device=tpu" in touched.stdout and "warning" not in touched.stderr
+    # A run whose ops reached tpu does not warn: the mapped run above (the warning reads the device's own op and
+    # copy counters, whatever put the work there: the map or a script's own .to("tpu")).
     write(tmp_path, "no_model.py", "import torch\nprint(torch.ones(2).sum().item())\n")  # nothing trained: no news
     quiet = run_tool("run", "-q", "no_model.py", cwd=tmp_path)
     assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "2.0\n", "")
