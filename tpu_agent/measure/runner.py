@@ -25,11 +25,11 @@ def finite(record: StepRecord, proc: TrialProcess, baseline: bool = False) -> St
     stops the tune (every comparison against it would be meaningless)."""
     if record.loss is None or math.isfinite(record.loss):
         return record
-    where = f"the loss is {record.loss} at step {record.step}"
+    where = f"loss is {record.loss} at step {record.step}"
     if baseline:
         raise BaselineNotFinite(f"the unchanged script's {where}: there is nothing to compare plans against "
                                 f"(its output is in {proc.log_dir / (proc.name + '.log')})")
-    raise TrialFailed("not_finite", where, steps=record.step)
+    raise TrialFailed("not_finite", f"the {where}", steps=record.step)
 
 
 def interleave(step_a, step_b, pairs: int, report=None, ends_script=None) -> tuple[list[StepRecord], list[StepRecord]]:
