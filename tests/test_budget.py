@@ -46,7 +46,7 @@ def test_the_default_pass_fits_its_budget_on_2_workers_by_its_recorded_durations
     workers = durations.dealt(seconds)
     longest = sorted(zip(seconds, ids), reverse=True)[:10]
     summary = (f"{len(ids)} tests, {sum(seconds) / 60:.1f} min recorded, dealt onto {durations.WORKERS} workers: "
-               + ", ".join(f"{w / 60:.1f}" for w in workers) + f" min (budget {durations.BUDGET_S / 60:.0f}, "
+               + ", ".join(f"{w / 60:.1f}" for w in workers) + f" min (budget {durations.BUDGET_S / 60:.1f}, "
                + f"goal {durations.GOAL_S / 60:.0f}); "
                + "the longest: " + "; ".join(f"{i} {s:.0f} s" for s, i in longest))
     print(summary)
