@@ -39,14 +39,6 @@ if QUICK_COMPILE_FLAGS not in os.environ.get("XLA_FLAGS", ""):
 # default, 29 s with one thread, back to back under load). A value set by the caller stays.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# Two measuring slots (measure/slots.py), in every process the tests start: on this 2-core host the tool's default is
-# one, which serializes every timed warm-up and A/B pair of the host's tunes, so the suite's two workers queued for
-# each other's tunes (and a hung trial's wait held the slot with the CPU idle). The tests check results, not timing
-# precision (the one verified gain they assert, tests/search/test_tune_varlen.py, is 16-21x). The two longest tune
-# tests run side by side: 125.6 and 137.1 s with one slot, 94.3 and 98.1 s with two, back to back, load 3.5-4.5.
-# measure/test_slots.py checks the slots with counts of its own. A value set by the caller stays.
-os.environ.setdefault("TPU_AGENT_MEASURE_SLOTS", "2")
-
 # Python keeps the bytecode it compiles (__pycache__, ignored by git), in this process and every one it starts, where
 # the environment says not to (PYTHONDONTWRITEBYTECODE=1): without it, each of the processes the suite starts
 # compiled the tool's modules from source again (`tpu-agent --help` 344 -> 309 ms of CPU, `tpu-agent run` of the MLP
