@@ -100,22 +100,23 @@ def run_each(runs: list[list[str]], cwd: Path | None = None, timeout: float = 60
     return json.loads(out.stdout.splitlines()[-1])
 
 
-def losses_of(names: list[str], device: str) -> dict[str, list[float]]:
-    """Each example's per-step losses as `losses(name, device)` gives them, the examples run one after the other
-    in one process; on the CPU, those another test already ran come from the shared cache, and the rest go to it."""
-    found = {}
-    if device == "cpu":
+def losses_on(names: list[str], devices: tuple[str, ...]) -> dict[str, dict[str, list[float]]]:
+    """Each example's per-step losses on each device, as `losses(name, device)` gives them: device -> name ->
+    losses. Every run not cached is made in one process (one start-up of Python, torch and JAX); on the CPU, those
+    another test already ran come from the shared cache, and the rest go to it."""
+    found: dict[str, dict[str, list[float]]] = {device: {} for device in devices}
+    if "cpu" in devices:
         for name in names:
             cached = _cpu_cache() / f"{name}-plain.json"
             if cached.exists():
-                found[name] = json.loads(cached.read_text())
-    todo = [name for name in names if name not in found]
+                found["cpu"][name] = json.loads(cached.read_text())
+    todo = [(name, device) for device in devices for name in names if name not in found[device]]
     runs = [[str(EXAMPLES / f"{name}.py"), "--device", device, "--steps", str(STEPS_FOR.get(name, STEPS)),
-             *EXTRA.get(name, [])] for name in todo]
-    for name, printed in zip(todo, run_each(runs) if runs else []):
+             *EXTRA.get(name, [])] for name, device in todo]
+    for (name, device), printed in zip(todo, run_each(runs) if runs else []):
         values = [float(v) for v in re.findall(r"^step=\d+ loss=(\S+)$", printed, re.M)]
-        assert len(values) == STEPS_FOR.get(name, STEPS), (name, printed)
-        found[name] = values
+        assert len(values) == STEPS_FOR.get(name, STEPS), (name, device, printed)
+        found[device][name] = values
         if device == "cpu":
             cached = _cpu_cache() / f"{name}-plain.json"
             partial = cached.with_suffix(f".{os.getpid()}.partial")
