@@ -1,9 +1,11 @@
 """`tpu-agent profile --nproc 2`: every rank profiled, gathered into one profile.json and its text report (per-rank
 step time and peak memory, each collective's op, bytes, count and time, the communication share, the slowest
-rank), and `tpu-agent diff` on two such profiles, or on one and a single-process profile. Issue #26 point 5."""
+rank), and `tpu-agent diff` on two such profiles (the second: the first with twice its all-reduced bytes), or on
+one and a single-process profile. Issue #26 point 5."""
 
 from __future__ import annotations
 
+import copy
 import json
 import textwrap
 
@@ -50,7 +52,7 @@ def _collective(rank: dict, op: str) -> dict:
     return found
 
 
-@pytest.mark.slow  # two 2-rank profiles
+@pytest.mark.slow  # a 2-rank profile
 def test_profile_nproc_2_gathers_every_rank_and_diff_compares_them(tmp_path):
     (tmp_path / "train.py").write_text(SCRIPT)
     proc, run_dir, prof = _profile(tmp_path, 1000, "a")
@@ -75,9 +77,15 @@ def test_profile_nproc_2_gathers_every_rank_and_diff_compares_them(tmp_path):
     assert "distributed: 2 ranks" in proc.stdout and "slowest rank: rank " in proc.stdout
     assert "all_reduce" in proc.stdout and "3.91 KiB" in proc.stdout  # the collectives table: bytes per call
 
-    _proc, run_dir_b, prof_b = _profile(tmp_path, 2000, "b")  # twice the all-reduced bytes
-    assert _collective(prof_b["distributed"]["ranks"][0], "all_reduce")["bytes_per_call"] == 8000
-    diff = run_tool("diff", str(run_dir / "profile.json"), str(run_dir_b / "profile.json"), cwd=tmp_path)
+    # The head: the same profile with twice the all-reduced bytes (the bytes a rank records are SIZE * 4, exactly,
+    # as above; diff reads the two profile.json files and nothing else of their runs).
+    prof_b = copy.deepcopy(prof)
+    for rank in prof_b["distributed"]["ranks"]:
+        reduce = _collective(rank, "all_reduce")
+        for field in ("bytes_per_call", "bytes", "bytes_per_step"):
+            reduce[field] *= 2
+    (tmp_path / "b.json").write_text(json.dumps(prof_b))
+    diff = run_tool("diff", str(run_dir / "profile.json"), "b.json", cwd=tmp_path)
     assert diff.returncode == 0, diff.stderr
     assert "#### Distributed runs" in diff.stdout
     assert "| rank 0: all_reduce over 0,1: bytes / step | 3.91 KiB | 7.81 KiB | +100.0% |" in diff.stdout
