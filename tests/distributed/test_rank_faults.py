@@ -165,7 +165,15 @@ def _error_lines(text: str) -> list[str]:
 
 @pytest.mark.slow  # a 2-rank job (about 9 s)
 def test_a_rank_raising_while_the_other_waits_in_a_collective_stops_the_job_with_its_traceback(tmp_path):
-    job, took, err = _once_ready(_tool_job(tmp_path, RAISING), exit_code=1)
+    """Under our launcher with a chosen --master-port whose next port another process holds: JAX's coordinator takes
+    a port rank 0 found free and shares through torchrun's store, where MASTER_PORT + 1 held by any other process
+    (another job, another test) was `error: port ... in use` and exit 2 (seen in CI); both ranks' all_reduce before
+    rank 1 raises shows the job was not stopped by it."""
+    port = _two_free_ports()
+    with socket.socket() as holder:
+        holder.bind(("", port + 1))
+        holder.listen()
+        job, took, err = _once_ready(_launcher_job(tmp_path, RAISING, port), exit_code=1)
     assert took < 30, took  # JAX's exit barrier once held such a job 5 minutes
     assert "rank 0 ready, reduced 4.0" in job.stdout() and "rank 1 ready, reduced 4.0" in job.stdout()
     assert "ValueError: boom on rank 1" in err and "rank 0 went on" not in job.stdout()
@@ -233,22 +241,6 @@ def test_a_port_in_use_is_one_error_line_and_exit_2(tmp_path):
     lines = _error_lines(err)
     assert len(lines) == 1 and f"port {port} " in lines[0] and "in use" in lines[0], err
     assert "--master-port" in lines[0]
-    assert job.left_behind() == []
-
-
-@pytest.mark.slow  # a 2-rank job (about 7 s)
-def test_the_port_next_to_master_port_taken_by_another_process_does_not_stop_the_job(tmp_path):
-    """JAX's coordinator takes a port rank 0 found free and shares through torchrun's store: MASTER_PORT + 1 held
-    by any other process (another job, another test) was `error: port ... in use` and exit 2 (seen in CI)."""
-    port = _two_free_ports()
-    with socket.socket() as holder:
-        holder.bind(("", port + 1))
-        holder.listen()
-        job = _launcher_job(tmp_path, ONE_ALL_REDUCE, port)
-        code = job.wait(timeout=120)
-    err = job.stderr()
-    assert code == 0, err[-3000:]
-    assert job.stdout().count("reduced 4.0") == 2  # each rank's sum over the 2 ranks
     assert job.left_behind() == []
 
 
