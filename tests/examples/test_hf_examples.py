@@ -5,6 +5,7 @@ pick, in the tool's child and outside it."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import textwrap
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from support.examples import RUN_EACH
 from support.paths import EXAMPLES
 from support.processes import clean_env, run_python, run_tool
 
@@ -75,61 +77,6 @@ def _compare(cpu: dict, tpu: dict, steps) -> None:
         assert tpu[key] == pytest.approx(cpu[key], rel=REL), (key, cpu[key], tpu[key])
 
 
-@pytest.mark.slow
-def test_hf_trainer_matches_its_cpu_losses_with_checkpoints_and_resume(tmp_path):
-    """Trainer picks the CPU before the tool and tpu in the tool's child, with the same losses there."""
-    script = str(EXAMPLES / "hf_trainer.py")
-    args = ["--steps", "8", "--save-steps", "4"]
-    (tmp_path / "cpu").mkdir()
-    cpu = run_python(script, *args, cwd=tmp_path / "cpu", env=_before_the_tool(), timeout=600)
-    assert cpu.returncode == 0, cpu.stderr[-3000:]
-    assert device(cpu.stdout) == "cpu"
-    expected = logged(cpu.stdout)
-    assert len([k for k in expected if k[1] == "loss"]) == 8 and (4, "eval_loss") in expected
-
-    (tmp_path / "tpu").mkdir()
-    ours = run_tool("run", "-q", script, "--", *args, cwd=tmp_path / "tpu", timeout=600)
-    assert ours.returncode == 0, ours.stderr[-3000:]
-    assert device(ours.stdout) == "tpu"
-    _compare(expected, logged(ours.stdout), expected)
-
-    # Resume from checkpoint-4, as after a crash: steps 5-8 again, from the saved weights, optimizer and data order,
-    # under the profiler (fused mode): the same losses, and the profile's device figures.
-    out = tmp_path / "tpu" / "hf_trainer_out"
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-4", "checkpoint-8"]
-    shutil.rmtree(out / "checkpoint-8")
-    again = _profiled(script, [*args, "--resume"], tmp_path / "tpu")
-    _compare(expected, logged(again.stdout), [(s, "loss") for s in range(5, 9)] + [(8, "eval_loss")])
-
-
-@pytest.mark.slow
-def test_accelerate_loop_matches_its_cpu_losses_with_save_and_load_state(tmp_path):
-    """Accelerate picks the CPU before the tool and tpu in the tool's child, with the same losses there."""
-    script = str(EXAMPLES / "accelerate_loop.py")
-    (tmp_path / "cpu").mkdir()
-    (tmp_path / "tpu").mkdir()
-    cpu = run_python(script, "--steps", "8", cwd=tmp_path / "cpu", env=_before_the_tool(), timeout=600)
-    assert cpu.returncode == 0, cpu.stderr[-3000:]
-    assert device(cpu.stdout) == "cpu"
-    expected = logged(cpu.stdout)
-    assert len(expected) == 9  # 8 steps and the gathered eval loss
-
-    ours = run_tool("run", "-q", script, "--", "--steps", "8", cwd=tmp_path / "tpu", timeout=600)
-    assert ours.returncode == 0, ours.stderr[-3000:]
-    assert device(ours.stdout) == "tpu" and "warning" not in ours.stderr
-    _compare(expected, logged(ours.stdout), expected)
-
-    # load_state of what save_state wrote at step 4: steps 5-8 and the eval as the uninterrupted run, under the
-    # profiler (fused mode), with the profile's device figures.
-    assert (tmp_path / "tpu" / "accelerate_out" / "state" / "model.safetensors").is_file()
-    again = _profiled(script, ["--steps", "8", "--resume"], tmp_path / "tpu")
-    resumed = logged(again.stdout)
-    assert sorted(resumed) == sorted(k for k in expected if k[0] > 4 or k[1] == "eval_loss")
-    _compare(expected, resumed, resumed)
-
-
-
-
 # A Trainer script in the shape of the HF fine-tuning guides, for the other model kinds: a causal LM with GQA and
 # RoPE (Llama) and image classification (ViT), each built from a tiny config; the families named run one after
 # the other in one process (one start-up of Python, torch and transformers for both), each seeded afresh.
@@ -190,20 +137,82 @@ def by_family(stdout: str) -> dict[str, str]:
     return dict(zip(parts[1::2], parts[2::2]))
 
 
-@pytest.mark.slow
-def test_trainer_on_other_model_kinds_matches_its_cpu_losses(tmp_path):
-    """Llama and ViT under Trainer, each family's losses and eval loss on tpu as on the CPU, its checkpoint written
-    in the tpu run's own directory."""
-    script = tmp_path / "trainer.py"
-    script.write_text(FAMILY_TRAINER)
+def _cpu_references(tmp_path: Path, family_script: Path) -> dict[str, str]:
+    """The three scripts' CPU references (plain python, the tool's device off) one after the other in one process
+    (support/examples.py's RUN_EACH: one start-up of Python, torch, transformers and Accelerate for all, where each
+    start-up is most of a run), each as `python SCRIPT ARGS` runs it, its stdout alone. Each seeds itself: the
+    losses are those of a process of its own (accelerate_loop first: its Accelerator(gradient_accumulation_steps=2)
+    sets Accelerate's state, which the Trainers after it take as they find it)."""
+    runs = {"accelerate": [str(EXAMPLES / "accelerate_loop.py"), "--steps", "8"],
+            "trainer": [str(EXAMPLES / "hf_trainer.py"), *TRAINER_ARGS],
+            "families": [str(family_script), *FAMILIES]}
     (tmp_path / "cpu").mkdir()
+    proc = run_python("-c", RUN_EACH, json.dumps(list(runs.values())), cwd=tmp_path / "cpu",
+                      env=_before_the_tool(), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return dict(zip(runs, json.loads(proc.stdout.splitlines()[-1])))
+
+
+TRAINER_ARGS = ["--steps", "8", "--save-steps", "4"]
+
+
+@pytest.mark.slow
+def test_trainer_accelerate_and_other_model_kinds_match_their_cpu_losses_with_checkpoints_and_resume(tmp_path):
+    """The CPU references of examples/hf_trainer.py, examples/accelerate_loop.py and the Trainer script for Llama
+    and ViT (FAMILY_TRAINER), made in one process (_cpu_references), then each under the tool, checked part by
+    part:
+    - hf_trainer.py: Trainer picks the CPU before the tool and tpu in the tool's child, with the same losses and
+      eval losses there; resumed from checkpoint-4 under the profiler (fused mode), steps 5-8 and the eval as the
+      uninterrupted run, with the profile's device figures.
+    - accelerate_loop.py: Accelerate picks the CPU before the tool and tpu in the tool's child, with the same losses
+      and no warning; load_state of what save_state wrote at step 4, under the profiler, steps 5-8 and the eval as
+      the uninterrupted run, with the profile's device figures.
+    - Llama and ViT under Trainer: each family's losses and eval loss on tpu as on the CPU, its checkpoint written
+      in the tpu run's own directory."""
+    family_script = tmp_path / "trainer.py"
+    family_script.write_text(FAMILY_TRAINER)
+    cpu = _cpu_references(tmp_path, family_script)
     (tmp_path / "tpu").mkdir()
-    cpu = run_python(str(script), *FAMILIES, cwd=tmp_path / "cpu", env=_before_the_tool(), timeout=600)
-    assert cpu.returncode == 0, cpu.stderr[-3000:]
-    ours = run_tool("run", "-q", str(script), "--", *FAMILIES, cwd=tmp_path / "tpu", timeout=600)
+
+    # hf_trainer.py
+    script = str(EXAMPLES / "hf_trainer.py")
+    assert device(cpu["trainer"]) == "cpu"
+    expected = logged(cpu["trainer"])
+    assert len([k for k in expected if k[1] == "loss"]) == 8 and (4, "eval_loss") in expected
+    ours = run_tool("run", "-q", script, "--", *TRAINER_ARGS, cwd=tmp_path / "tpu", timeout=600)
     assert ours.returncode == 0, ours.stderr[-3000:]
-    cpu_out, tpu_out = by_family(cpu.stdout), by_family(ours.stdout)
-    assert sorted(cpu_out) == sorted(tpu_out) == sorted(FAMILIES), (cpu.stdout, ours.stdout)
+    assert device(ours.stdout) == "tpu"
+    _compare(expected, logged(ours.stdout), expected)
+    # Resume from checkpoint-4, as after a crash: steps 5-8 again, from the saved weights, optimizer and data order,
+    # under the profiler (fused mode): the same losses, and the profile's device figures.
+    out = tmp_path / "tpu" / "hf_trainer_out"
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-4", "checkpoint-8"]
+    shutil.rmtree(out / "checkpoint-8")
+    again = _profiled(script, [*TRAINER_ARGS, "--resume"], tmp_path / "tpu")
+    _compare(expected, logged(again.stdout), [(s, "loss") for s in range(5, 9)] + [(8, "eval_loss")])
+
+    # accelerate_loop.py
+    script = str(EXAMPLES / "accelerate_loop.py")
+    assert device(cpu["accelerate"]) == "cpu"
+    expected = logged(cpu["accelerate"])
+    assert len(expected) == 9  # 8 steps and the gathered eval loss
+    ours = run_tool("run", "-q", script, "--", "--steps", "8", cwd=tmp_path / "tpu", timeout=600)
+    assert ours.returncode == 0, ours.stderr[-3000:]
+    assert device(ours.stdout) == "tpu" and "warning" not in ours.stderr
+    _compare(expected, logged(ours.stdout), expected)
+    # load_state of what save_state wrote at step 4: steps 5-8 and the eval as the uninterrupted run, under the
+    # profiler (fused mode), with the profile's device figures.
+    assert (tmp_path / "tpu" / "accelerate_out" / "state" / "model.safetensors").is_file()
+    again = _profiled(script, ["--steps", "8", "--resume"], tmp_path / "tpu")
+    resumed = logged(again.stdout)
+    assert sorted(resumed) == sorted(k for k in expected if k[0] > 4 or k[1] == "eval_loss")
+    _compare(expected, resumed, resumed)
+
+    # Llama and ViT under Trainer
+    ours = run_tool("run", "-q", str(family_script), "--", *FAMILIES, cwd=tmp_path / "tpu", timeout=600)
+    assert ours.returncode == 0, ours.stderr[-3000:]
+    cpu_out, tpu_out = by_family(cpu["families"]), by_family(ours.stdout)
+    assert sorted(cpu_out) == sorted(tpu_out) == sorted(FAMILIES), (cpu["families"], ours.stdout)
     for family in FAMILIES:
         expected = logged(cpu_out[family])
         assert device(cpu_out[family]) == "cpu" and len(expected) == 5, family  # 4 steps and the eval
