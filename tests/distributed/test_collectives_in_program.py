@@ -2,10 +2,10 @@
 (DDP trains as DDP on CPU gloo does, step by step, with its gradients' all-reduce inside the step's fused graph,
 only the ranks' check between programs; an FSDP2 step with its all_gather and reduce_scatter inside the graph;
 the functional collectives and an async all_reduce; the same with TPU_AGENT_COLLECTIVES_IN_PROGRAM=0, its
-collectives between programs; a rank that reads its loss mid-step) is the fused part of the job in
-tests/distributed/test_compiled_collectives.py, which runs its compiled parts in the same ranks. Here: the
-recording in process, over a group of this one process (not slow); and a rank that never joins a fused graph
-ending the job with one line naming the graph (the ranks' check before it)."""
+collectives between programs; a rank that reads its loss mid-step) is the fused part of COMPILED, in the job of
+tests/distributed/test_collectives.py. Here: the recording in process, over a group of this one process (not
+slow); and a rank that never joins a fused graph ending the job with one line naming the graph (the ranks' check
+before it)."""
 
 from __future__ import annotations
 
