@@ -64,35 +64,38 @@ def doctor_json(tmp_path: Path, **env: str) -> tuple[Environment, str]:
     return Environment.model_validate_json(proc.stdout), proc.stdout + proc.stderr
 
 
-def test_doctor_json_reports_the_real_environment(tmp_path: Path) -> None:
+def test_doctor_json_reports_the_real_environment_and_a_cache_dir_that_follows_xdg_never_printing_the_api_key(
+        tmp_path: Path) -> None:
+    """Two `doctor --json` runs: with XDG_CACHE_HOME and an API key set (never printed), the cache under XDG; with
+    neither, under HOME, and no key. Both report the real environment: versions, JAX's devices, runs dir, no
+    problem. (TPU_AGENT_CACHE_DIR over both: test_doctor_text.)"""
     import jax
     import torch
 
-    env, _ = doctor_json(tmp_path, TPU_AGENT_CACHE_DIR=str(tmp_path / "cache"))
-    assert env.tpu_agent_version == __version__
-    assert env.python_version == platform.python_version()
-    assert env.torch_version == torch.__version__
-    assert env.jax_version == importlib.metadata.version("jax")
-    assert env.jaxlib_version == importlib.metadata.version("jaxlib")
-    assert env.jax_default_backend == jax.default_backend()
-    assert [d.id for d in env.jax_devices] == [d.id for d in jax.devices()]
-    assert {d.platform for d in env.jax_devices} == {env.jax_default_backend}
-    assert env.torch_tpu_importable == (importlib.util.find_spec("torch_tpu") is not None)
-    assert env.torch_tpu_device == (torch._C._get_privateuse1_backend_name() == "tpu")
-    assert env.anthropic_api_key_set is False
-    assert env.cache_dir == str(tmp_path / "cache")
-    assert env.runs_dir == str(tmp_path / ".tpu-agent" / "runs")
-    assert env.problems == []
+    def real(env: Environment) -> None:
+        assert env.tpu_agent_version == __version__
+        assert env.python_version == platform.python_version()
+        assert env.torch_version == torch.__version__
+        assert env.jax_version == importlib.metadata.version("jax")
+        assert env.jaxlib_version == importlib.metadata.version("jaxlib")
+        assert env.jax_default_backend == jax.default_backend()
+        assert [d.id for d in env.jax_devices] == [d.id for d in jax.devices()]
+        assert {d.platform for d in env.jax_devices} == {env.jax_default_backend}
+        assert env.torch_tpu_importable == (importlib.util.find_spec("torch_tpu") is not None)
+        assert env.torch_tpu_device == (torch._C._get_privateuse1_backend_name() == "tpu")
+        assert env.runs_dir == str(tmp_path / ".tpu-agent" / "runs")
+        assert env.problems == []
 
-
-def test_doctor_cache_dir_follows_xdg_and_never_prints_the_api_key(tmp_path: Path) -> None:
     secret = "sk-ant-api03-TESTSECRET-0123456789abcdef"
     env, everything = doctor_json(tmp_path, XDG_CACHE_HOME=str(tmp_path / "xdg"), ANTHROPIC_API_KEY=secret)
+    real(env)
     assert env.cache_dir == str(tmp_path / "xdg" / "tpu-agent")
     assert env.anthropic_api_key_set is True
     assert secret not in everything and "TESTSECRET" not in everything
     env, _ = doctor_json(tmp_path, XDG_CACHE_HOME="", HOME=str(tmp_path / "home"))
+    real(env)
     assert env.cache_dir == str(tmp_path / "home" / ".cache" / "tpu-agent")
+    assert env.anthropic_api_key_set is False
 
 
 def test_doctor_text(tmp_path: Path) -> None:
