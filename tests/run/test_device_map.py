@@ -76,60 +76,55 @@ def test_an_unsupported_map_is_one_line_and_exit_2(tmp_path, command):
     assert not (tmp_path / ".tpu-agent").exists()  # refused before anything ran
 
 
-@pytest.mark.slow
-def test_cuda_only_calls_run_on_tpu(tmp_path):
-    """Calls that fail without CUDA (`.cuda()`, device="cuda", CUDA autocast and GradScaler, torch.load onto
-    cuda, torch.cuda's functions, TF32 flags) all land on tpu."""
-    write(tmp_path, "cuda_only.py", """\
-        import torch
-        assert torch.cuda.is_available() and torch.cuda.device_count() >= 1
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.benchmark = True
-        torch.cuda.manual_seed_all(0)
-        torch.cuda.set_device(0)
-        dev = torch.device("cuda")
-        model = torch.nn.Linear(4, 2).cuda()
-        a = torch.ones(3, 4).to("cuda:0")
-        b = torch.zeros(3, 4, device="cuda")
-        c = torch.ones(3, 4).to(dev, non_blocking=True)
-        d = torch.ones(2).cuda(0)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            low = model(a)
-        scaler = torch.amp.GradScaler("cuda")
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        scaler.scale(model(a + b + c).sum()).backward()
-        scaler.step(opt)
-        scaler.update()
-        torch.cuda.synchronize()
-        torch.save(model.state_dict(), "m.pt")
-        loaded = torch.load("m.pt", map_location="cuda")
-        print("devices", sorted({str(t.device) for t in (model.weight, a, b, c, d, loaded["weight"])}), dev.type)
-        print("autocast", low.dtype, "scaler", scaler._device, scaler.get_scale())
-        from tpu_agent.backend import modes
-        print("is_cuda", a.is_cuda, "precision", modes.current_precision().name)
-        print("memory", torch.cuda.memory_allocated() > 0, torch.cuda.get_device_name(0).startswith("TPU"))
-    """)
-    proc = run_tool("run", "-q", "--device-map", "cuda=tpu", "cuda_only.py", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    assert lines[0] == "devices ['tpu:0'] tpu"
-    assert lines[1] == "autocast torch.bfloat16 scaler tpu 65536.0"
-    assert lines[2] == "is_cuda True precision HIGH"  # TF32 allowed: three bf16 passes, as TF32 is to f32
-    assert lines[3] == "memory True True"
-    write(tmp_path, "insists.py", "import torch\nmodel = torch.nn.Linear(4, 2).cuda()\n")
-    without = run_tool("run", "-q", "insists.py", cwd=tmp_path)  # unmapped: PyTorch's own error, then the switch
-    assert without.returncode == 1
-    lines = without.stderr.strip().splitlines()
-    assert lines[-2] == "AssertionError: Torch not compiled with CUDA enabled"
-    assert lines[-1] == "tpu-agent: the script asks for CUDA: run it on tpu unedited with --device-map cuda=tpu"
+# Calls that fail without CUDA (`.cuda()`, device="cuda", CUDA autocast and GradScaler, torch.load onto cuda,
+# torch.cuda's functions, TF32 flags): run after the training loop where CUDA is available (under the map), each
+# result printed on a line of its own.
+CUDA_ONLY = """\
+assert torch.cuda.is_available() and torch.cuda.device_count() >= 1
+torch.backends.cuda.matmul.allow_tf32 = True
+torch.backends.cudnn.benchmark = True
+torch.cuda.manual_seed_all(0)
+torch.cuda.set_device(0)
+dev = torch.device("cuda")
+model = torch.nn.Linear(4, 2).cuda()
+a = torch.ones(3, 4).to("cuda:0")
+b = torch.zeros(3, 4, device="cuda")
+c = torch.ones(3, 4).to(dev, non_blocking=True)
+d = torch.ones(2).cuda(0)
+with torch.autocast("cuda", dtype=torch.bfloat16):
+    low = model(a)
+scaler = torch.amp.GradScaler("cuda")
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+scaler.scale(model(a + b + c).sum()).backward()
+scaler.step(opt)
+scaler.update()
+torch.cuda.synchronize()
+torch.save(model.state_dict(), "m.pt")
+loaded = torch.load("m.pt", map_location="cuda")
+print("devices", sorted({str(t.device) for t in (model.weight, a, b, c, d, loaded["weight"])}), dev.type)
+print("autocast", low.dtype, "scaler", scaler._device, scaler.get_scale())
+from tpu_agent.backend import modes
+print("is_cuda", a.is_cuda, "precision", modes.current_precision().name)
+print("memory", torch.cuda.memory_allocated() > 0, torch.cuda.get_device_name(0).startswith("TPU"))
+"""
+
+
+def _with_cuda_only_calls(script: str) -> str:
+    """The script with CUDA_ONLY run before its exit where CUDA is available (the training above it as written)."""
+    body = textwrap.indent(CUDA_ONLY, "    ")
+    return script.replace("sys.exit(", f"if torch.cuda.is_available():\n{body}sys.exit(", 1)
 
 
 @pytest.mark.slow
-def test_a_cuda_script_trains_on_tpu_with_its_cpu_losses_and_without_the_map_warns_and_keeps_its_exit_code(tmp_path):
+def test_a_cuda_script_trains_on_tpu_with_its_cpu_losses_its_cuda_only_calls_run_there_and_without_the_map_warns(
+        tmp_path):
     """One CPU reference (plain python, exit code 3) for both: under --device-map cuda=tpu the script trains on tpu
-    with the CPU's losses, the map said in one line at the start, and no warning; without it, nothing reached tpu:
-    the run warns and keeps the script's stdout and exit code."""
-    write(tmp_path, "train.py", CUDA_WHEN_AVAILABLE.replace("{code}", "3"))
+    with the CPU's losses, the map said in one line at the start, and no warning, and after its training, the calls
+    that fail without CUDA (CUDA_ONLY: `.cuda()`, device="cuda", CUDA autocast and GradScaler, torch.load onto cuda,
+    torch.cuda's functions, TF32 flags) all land on tpu, in the same run; without the map, nothing reached tpu: the
+    run warns and keeps the script's stdout and exit code, and a script that insists on CUDA gets PyTorch's own
+    error, then the switch."""
+    write(tmp_path, "train.py", _with_cuda_only_calls(CUDA_WHEN_AVAILABLE.replace("{code}", "3")))
     plain = run_python("train.py", cwd=tmp_path)
     assert plain.returncode == 3, plain.stderr
     assert "device=cpu" in plain.stdout  # no CUDA here: plain python trains on the CPU
@@ -139,6 +134,12 @@ def test_a_cuda_script_trains_on_tpu_with_its_cpu_losses_and_without_the_map_war
     assert "device=tpu" in mapped.stdout
     expected, got = losses(plain.stdout), losses(mapped.stdout)
     assert len(expected) == 4 and got == pytest.approx(expected, rel=1e-4)
+    lines = mapped.stdout.splitlines()
+    lines = lines[lines.index("device=tpu") + 1:]  # the CUDA-only calls' lines, after the training's
+    assert lines[0] == "devices ['tpu:0'] tpu"
+    assert lines[1] == "autocast torch.bfloat16 scaler tpu 65536.0"
+    assert lines[2] == "is_cuda True precision HIGH"  # TF32 allowed: three bf16 passes, as TF32 is to f32
+    assert lines[3] == "memory True True"
     said = [line for line in mapped.stderr.splitlines() if "--device-map" in line]
     assert said == [mapped.stderr.splitlines()[0]] and "run on tpu" in said[0]  # one line, at the start
     assert "warning" not in mapped.stderr
@@ -154,6 +155,12 @@ def test_a_cuda_script_trains_on_tpu_with_its_cpu_losses_and_without_the_map_war
     write(tmp_path, "no_model.py", "import torch\nprint(torch.ones(2).sum().item())\n")  # nothing trained: no news
     quiet = run_tool("run", "-q", "no_model.py", cwd=tmp_path)
     assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "2.0\n", "")
+    write(tmp_path, "insists.py", "import torch\nmodel = torch.nn.Linear(4, 2).cuda()\n")
+    without = run_tool("run", "-q", "insists.py", cwd=tmp_path)  # unmapped: PyTorch's own error, then the switch
+    assert without.returncode == 1
+    lines = without.stderr.strip().splitlines()
+    assert lines[-2] == "AssertionError: Torch not compiled with CUDA enabled"
+    assert lines[-1] == "tpu-agent: the script asks for CUDA: run it on tpu unedited with --device-map cuda=tpu"
 
 
 @pytest.mark.slow
