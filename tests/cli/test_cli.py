@@ -239,24 +239,6 @@ def test_script_exit_code_propagates(tmp_path: Path, body: str, code: int, stder
     assert proc.stderr == stderr
 
 
-def test_summary_line_and_run_record(tmp_path: Path) -> None:
-    write(tmp_path / "fails.py", f"import os, sys\nprint(os.environ['{RUN_DIR_ENV}'])\nsys.exit(3)\n")
-    proc = run_tool("run", "fails.py", "--", "a", cwd=tmp_path)
-    assert proc.returncode == 3
-    runs = list((tmp_path / ".tpu-agent" / "runs").iterdir())
-    assert len(runs) == 1 and re.fullmatch(r"\d{8}-\d{6}-fails", runs[0].name)
-    result = RunResult.model_validate_json((runs[0] / "run.json").read_text())
-    assert result.exit_code == 3 and not result.ok
-    assert result.args == ["a"]
-    assert result.script == str(tmp_path / "fails.py")
-    assert result.cwd == str(tmp_path)
-    assert result.duration_s > 0
-    assert Path(result.run_dir) == runs[0]
-    assert proc.stdout.strip() == str(runs[0])  # the child was told its run dir
-    summary = proc.stderr.strip().splitlines()[-1]
-    assert "exit 3" in summary and str(runs[0].relative_to(tmp_path)) in summary
-
-
 SHOW = """\
     import json, os, sys
     print(json.dumps({
@@ -268,18 +250,23 @@ SHOW = """\
         "cwd_on_path": os.getcwd() in sys.path or "" in sys.path,
         "name": __name__,
         "torch_loaded": "torch" in sys.modules,
+        "run_dir": os.environ.get("{RUN_DIR_ENV}"),
     }))
+    sys.exit(3)
     """
 
 
-def test_run_passes_argv_cwd_and_path_through(tmp_path: Path) -> None:
-    write(tmp_path / "scripts" / "show.py", SHOW)
+def test_run_passes_argv_cwd_and_path_through_and_records_the_run_with_a_summary_line(tmp_path: Path) -> None:
+    """One run (not quiet) of a script that shows what it was given and exits 3, beside plain python's: argv, cwd,
+    sys.path[0], __file__ and __name__ as python gives them, torch imported before it; its exit code; the one run
+    directory, told to the child, its run.json (exit code, args, script, cwd, duration) and the summary line."""
+    write(tmp_path / "scripts" / "show.py", SHOW.replace("{RUN_DIR_ENV}", RUN_DIR_ENV))
     workdir = tmp_path / "work"
     workdir.mkdir()
     args = ["--flag", "value", "--", "x", "with space", ""]
-    proc = run_tool("run", "-q", "../scripts/show.py", "--", *args, cwd=workdir)
+    proc = run_tool("run", "../scripts/show.py", "--", *args, cwd=workdir)
     direct = run_python("../scripts/show.py", *args, cwd=workdir)
-    assert proc.returncode == 0 and direct.returncode == 0, proc.stderr + direct.stderr
+    assert proc.returncode == 3 and direct.returncode == 3, proc.stderr + direct.stderr
     ours, theirs = json.loads(proc.stdout), json.loads(direct.stdout)
     assert ours["argv"] == args
     assert ours["cwd"] == str(workdir)
@@ -287,6 +274,19 @@ def test_run_passes_argv_cwd_and_path_through(tmp_path: Path) -> None:
     assert ours["torch_loaded"] is True  # imported before the script, as the device needs
     for key in ("argv", "argv0", "file", "cwd", "path0", "cwd_on_path", "name"):
         assert ours[key] == theirs[key], key
+
+    runs = list((workdir / ".tpu-agent" / "runs").iterdir())
+    assert len(runs) == 1 and re.fullmatch(r"\d{8}-\d{6}-show", runs[0].name)
+    result = RunResult.model_validate_json((runs[0] / "run.json").read_text())
+    assert result.exit_code == 3 and not result.ok
+    assert result.args == args
+    assert result.script == str(tmp_path / "scripts" / "show.py")
+    assert result.cwd == str(workdir)
+    assert result.duration_s > 0
+    assert Path(result.run_dir) == runs[0]
+    assert ours["run_dir"] == str(runs[0])  # the child was told its run dir
+    summary = proc.stderr.strip().splitlines()[-1]
+    assert "exit 3" in summary and str(runs[0].relative_to(workdir)) in summary
 
 
 def test_doctor_reports_a_broken_jax_instead_of_crashing(tmp_path: Path) -> None:
