@@ -18,7 +18,7 @@ from tpu_agent.measure.compare import Comparison, aligned_losses, losses_by_step
 from tpu_agent.measure.runner import Runner
 from tpu_agent.measure.trials import RankedStep, StepRecord, TrialFailed, TrialProcess, rank_records
 from tpu_agent.plan.actions import FsdpReshard, Mesh, PadOps, Plan
-from tpu_agent.verify.verdict import resharded_on_cpu_ranks, verify
+from tpu_agent.verify.verdict import resharded_on_cpu_ranks, simulated_devices_only, verify
 
 # A DDP script as users write it, each rank on its own data (their losses differ). With RANKS_COUNTER set, rank 0
 # counts the jobs started (the tune's baseline profile, its warm baseline, then the candidates) and rank 1 of the
@@ -87,6 +87,8 @@ def test_another_sharding_of_cpu_ranks_is_measured_but_never_claimed():
     assert resharded_on_cpu_ranks(sharding, TuneOptions(nproc=2))
     assert not resharded_on_cpu_ranks(sharding, TuneOptions())  # one process: the simulated-devices rule instead
     assert not resharded_on_cpu_ranks(Plan(actions=[PadOps(multiple=8)]), TuneOptions(nproc=2))
+    # a mesh in one process: over simulated CPU devices, its time never claimed either; without one, no mesh to judge
+    assert simulated_devices_only(sharding) and not simulated_devices_only(Plan(actions=[PadOps(multiple=8)]))
 
 
 @pytest.mark.slow  # two 2-rank jobs
