@@ -47,11 +47,12 @@ def test_a_failing_baseline_stops_the_tune_with_the_scripts_own_message_and_pipe
 
 def test_a_baseline_hanging_before_its_first_step_times_out(tmp_path: Path):
     (tmp_path / "hang.py").write_text("import time\ntime.sleep(3600)\n")
-    # the first step gets --trial-timeout twice over (start-up, then the step): 4 s here; the script never steps
-    proc = tune(tmp_path, "hang.py", "--trial-timeout", "2", timeout=120)
+    # the first step gets --trial-timeout twice over (start-up, then the step): 2 s here; the script never steps,
+    # so no load makes a shorter limit pass it (2 s: 2 s less waiting than 4, the same line)
+    proc = tune(tmp_path, "hang.py", "--trial-timeout", "1", timeout=120)
     assert proc.returncode == 1, proc.stderr
     (line,) = proc.stderr.strip().splitlines()
-    assert line.startswith("error: the baseline run timed out: no progress to the first step within 2 s "
+    assert line.startswith("error: the baseline run timed out: no progress to the first step within 1 s "
                            "(--trial-timeout)"), line
 
 
