@@ -289,6 +289,11 @@ P2P = textwrap.dedent("""
 """)
 
 
+# Collectives inside one program (issue #26 point 1), in the same job after SCRIPT: a DDP step and an FSDP2 step
+# (per layer and root, AdamW) under torch.compile, each captured with its all-reduces / all-gathers /
+# reduce-scatters and replayed as ONE program per step with only the ranks' check between programs, a rank that
+# reads its loss mid-step among them; then fused mode's graphs holding the collectives (the switch on, then off);
+# then FSDP2 under compiled steps, its forward (which holds the all-gathers) run as written inside the step's window.
 STEPS = 6  # of each compiled part
 
 FUSED_START, FUSED_END = "=== fused mode ===", "=== fused mode done ==="
