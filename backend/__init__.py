@@ -1,5 +1,5 @@
 """The bundled `tpu` device: PyTorch's PrivateUse1 backend executing on JAX/XLA."""
 
-from .jax_setup import configure_environment
+from .core.jax_setup import configure_environment
 
 configure_environment()  # XLA reads its flags when JAX first starts a backend: set them first

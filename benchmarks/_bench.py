@@ -123,7 +123,7 @@ class StepsReplays:
     Made before the variants' warm-up (it notes which programs are new), `start()` after it."""
 
     def __init__(self) -> None:
-        from tpu_agent.backend import auto_compile
+        from tpu_agent.backend.compiled import auto_compile
 
         self.state = auto_compile.STATE
         self.found = len(self.state.modules), len(self.state.optimizers)
@@ -150,7 +150,7 @@ class StepsReplays:
 def programs_per_step(step: Callable[[], object], n: int = 3) -> int:
     """XLA programs launched by one step (every executable: ops, fused graphs, compiled programs), the median of
     `n` steps run after the timed rounds (counting inside them would add its own time)."""
-    from tpu_agent.backend import executables
+    from tpu_agent.backend.core import executables
 
     counts = []
     for _ in range(n):

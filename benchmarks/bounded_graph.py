@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     import torch
 
     from _bench import header, interleaved, median_ms, ratio
-    from tpu_agent.backend import executables, lazy
+    from tpu_agent.backend.core import executables, lazy
 
     limit = lazy.RECORDER.max_ops
     lin = torch.nn.Linear(args.dim, args.dim).to("tpu")

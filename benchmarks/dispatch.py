@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     clock = CLOCKS[args.clock]
 
-    from tpu_agent.backend import lazy
+    from tpu_agent.backend.core import lazy
 
     print(header(f"benchmarks/dispatch.py: per-op cost, 64x64 float32, {args.clock} clock, "
                  f"median of {args.rounds} interleaved rounds of {args.ops} ops"), flush=True)

@@ -1,8 +1,8 @@
-"""The step flush's host time, two versions of backend/lazy.py in one process, alternating blocks of compiled steps.
+"""The step flush's host time, two versions of backend/core/lazy.py in one process, alternating blocks of compiled steps.
 
     .venv/bin/python benchmarks/flush_ab.py OLD_LAZY_PY [--model gpt2_deep] [--rounds 6] [--block 10]
 
-OLD_LAZY_PY is a copy of an earlier backend/lazy.py (e.g. `git show HEAD~1:backend/lazy.py > /tmp/old_lazy.py`):
+OLD_LAZY_PY is a copy of an earlier backend/core/lazy.py (e.g. `git show HEAD~1:backend/core/lazy.py > /tmp/old_lazy.py`):
 its Recorder.flush, _donated and _compile replace the current ones for the "old" blocks (the module's other names
 are the current module's, so both versions act on the same recorder and tensors). Per block: the host thread's
 CPU time per step (thread_time around the step, the loss read outside it) and of the flushes alone. Prints the
@@ -29,11 +29,11 @@ SHARED = ("Lazy", "Node", "Held", "Program", "STATE", "STATS", "launch", "mesh",
 
 
 def old_recorder_methods(path: str) -> dict:
-    from tpu_agent.backend import lazy
+    from tpu_agent.backend.core import lazy
 
     source = open(path).read().split("\nRECORDER = Recorder()")[0]
-    module = types.ModuleType("tpu_agent.backend._old_lazy")
-    module.__package__ = "tpu_agent.backend"
+    module = types.ModuleType(f"{lazy.__package__}._old_lazy")
+    module.__package__ = lazy.__package__  # its relative imports are lazy.py's neighbours
     sys.modules[module.__name__] = module  # dataclasses look their module up
     ns = module.__dict__
     exec(compile(source, path, "exec"), ns)
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=10)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    from tpu_agent.backend import lazy
+    from tpu_agent.backend.core import lazy
 
     print(header(f"benchmarks/flush_ab.py {args.old}: {args.model}, compiled steps, {args.rounds} rounds of "
                  f"{args.block}-step blocks, old and new flush alternating"))

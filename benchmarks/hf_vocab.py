@@ -16,7 +16,7 @@ import time
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from tpu_agent.backend import padding
+from tpu_agent.backend.core import padding
 
 VARIANTS = {  # name -> (vocab_size, backend padding (multiple, sizes) or None)
     "vocab 50257": (50257, None),

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from tpu_agent import slices
-from tpu_agent.backend.generations import GENERATIONS
+from tpu_agent.backend.core.generations import GENERATIONS
 from tpu_agent.projection import cost
 from tpu_agent.projection.results import Partitioned
 from tpu_agent.run import projection as run

@@ -143,7 +143,7 @@ class Variant:
 def warm_up(variant: Variant, steps: int) -> tuple[float, int, float]:
     """The first step's seconds, the steps until compiling stopped (the last step that made a new executable)
     and the seconds those steps took, over `steps` warm-up steps."""
-    from tpu_agent.backend import executables
+    from tpu_agent.backend.core import executables
 
     took, last_new = [], 0
     for i in range(steps):
@@ -158,7 +158,7 @@ def warm_up(variant: Variant, steps: int) -> tuple[float, int, float]:
 
 def measure(model_name: str, rounds: int, block: int, warmup: int, variants: list[str]):
     steps, warm = {}, {}
-    from tpu_agent.backend import auto_compile
+    from tpu_agent.backend.compiled import auto_compile
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

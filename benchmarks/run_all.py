@@ -125,7 +125,7 @@ NOT_BENCHMARKS = {
     "projection_model.py": "the model script that projection_table.py and projection_rank.py run",
     "maxtext_trillium_model_configs.py": "MaxText's file (a source the projection table cites), not in this checkout",
     "step_profile.py": "a diagnostic: a cProfile of one compiled step (where replay.py's host time goes), no table",
-    "flush_ab.py": "a change's before/after: it needs the old backend/lazy.py as an argument, so not of one commit",
+    "flush_ab.py": "a change's before/after: it needs the old backend/core/lazy.py as an argument, so not of one commit",
 }
 
 

@@ -38,7 +38,7 @@ def batch(vocab: int) -> dict[str, torch.Tensor]:
 def train(device: str, mode: str, fused_adamw: bool, layers: int, size: str) -> list[float]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tpu_agent.backend import auto_compile
+    from tpu_agent.backend.compiled import auto_compile
 
     vocab, hidden, intermediate, heads = SIZES[size]
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tpu_agent.backend.generations import GENERATIONS
+from tpu_agent.backend.core.generations import GENERATIONS
 
 from . import hlo, padding
 from .schema import Estimate, HostDevice, HotOp, PaddedOp, Padding, PaddingDim, Step, StepStats, Target

@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable
 from datetime import datetime, timezone
 
-from tpu_agent.backend.generations import DEFAULT_GENERATION
+from tpu_agent.backend.core.generations import DEFAULT_GENERATION
 
 from . import analysis, flopcheck, hlo, peaks, shapes, warmup
 from .collected import Collected, RunInfo
@@ -49,10 +49,10 @@ def _write_hlo(path, text: str, refused: list[Refused]) -> str | None:
 
 
 def build_profile(d: Collected, run: RunInfo, exit_code: int, error: str | None) -> Profile:
-    from tpu_agent.backend import executables
-    from tpu_agent.backend.lazy import RECORDER
-    from tpu_agent.backend.state import STATS
-    from tpu_agent.backend.steps import trained
+    from tpu_agent.backend.core import executables
+    from tpu_agent.backend.core.lazy import RECORDER
+    from tpu_agent.backend.core.state import STATS
+    from tpu_agent.backend.core.steps import trained
 
     s = run.settings
     notes = list(d.notes)
@@ -282,7 +282,7 @@ def _device(local: bool = False) -> Device:
     """The process's JAX devices; `local`: its own alone (a rank of several: jax.devices() lists every rank's)."""
     import jax
 
-    from tpu_agent.backend.generations import current_generation
+    from tpu_agent.backend.core.generations import current_generation
 
     devices = jax.local_devices() if local else jax.devices()
     platform = devices[0].platform
@@ -295,7 +295,7 @@ def _device(local: bool = False) -> Device:
 
 
 def _mode_used(ran, markers: list[str]) -> str:
-    from tpu_agent.backend import modes
+    from tpu_agent.backend.core import modes
 
     # A compiled step replays its graph (kind "fused") and marks its own steps; a compiled module is "compiled".
     if "compiled_step" in markers or any(e.kind == "compiled" for e in ran):

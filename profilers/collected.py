@@ -52,7 +52,7 @@ class Collected:
     compile_s: float = 0.0
     compiles: int = 0
     live_peak: int | None = None
-    step_peak: int | None = None  # the most bytes alive inside any step (backend/memory.py's StepPeak)
+    step_peak: int | None = None  # the most bytes alive inside any step (backend/core/memory.py's StepPeak)
     live_end: int | None = None
     device_stats: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)

@@ -71,7 +71,7 @@ class TpuFlopCounter(FlopCounterMode):
     script's CPU data preparation), no module hooks installed in the user's model."""
 
     def __init__(self) -> None:
-        # The device's attention op (backend/attention.py) is counted as PyTorch counts its fused ones.
+        # The device's attention op (backend/nn/attention.py) is counted as PyTorch counts its fused ones.
         super().__init__(display=False, custom_mapping={
             aten._scaled_dot_product_fused_attention_overrideable: _attention_flop,
             aten._scaled_dot_product_fused_attention_overrideable_backward: _attention_backward_flop,

@@ -83,7 +83,7 @@ class ModuleWatch:
     def install(self) -> None:
         import torch
 
-        from tpu_agent.backend import steps
+        from tpu_agent.backend.core import steps
 
         self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._on_call)
         self._remove_listener = steps.add_step_listener(self._on_step)

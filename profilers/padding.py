@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tpu_agent.backend.generations import GENERATIONS, Generation
+from tpu_agent.backend.core.generations import GENERATIONS, Generation
 
 LANE = 128
 

@@ -15,7 +15,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tpu_agent.backend.generations import GENERATIONS, Generation
+from tpu_agent.backend.core.generations import GENERATIONS, Generation
 from tpu_agent.envvars import cache_dir  # the one rule; the calibrations live there
 
 from .schema import Peak

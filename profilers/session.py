@@ -3,7 +3,7 @@
 Host/device split (`host_device` in the profile): after the last measured
 step (or, without --steps, right after the warm-up, since the end is not
 known) the profiler runs `host_device_steps` more steps with
-`STATE.time_executables` on (backend/state.py), flipped at the step boundary, so every launch
+`STATE.time_executables` on (backend/core/state.py), flipped at the step boundary, so every launch
 waits for its executable: the launches' time is device time and the rest of
 the wall time is host time, with no overlap to hide either. Those steps are
 `instrumented` and left out of the statistics; with --steps they come on top
@@ -41,23 +41,23 @@ class StopProfiling(BaseException):
 
 
 def _stats_tuple():
-    from tpu_agent.backend.state import STATS
+    from tpu_agent.backend.core.state import STATS
 
     return (STATS.h2d_count, STATS.h2d_bytes, STATS.d2h_count, STATS.d2h_bytes)
 
 
 def _launch_totals() -> tuple[float, int]:
     """Seconds and count of executable launches so far (every executable, whole run)."""
-    from tpu_agent.backend import executables
+    from tpu_agent.backend.core import executables
 
     registry = executables.all()
     return sum(e.time_s for e in registry), sum(e.calls for e in registry)
 
 
 def _snapshot() -> Window:
-    from tpu_agent.backend import executables
+    from tpu_agent.backend.core import executables
 
-    from tpu_agent.backend.lazy import RECORDER
+    from tpu_agent.backend.core.lazy import RECORDER
 
     registry = executables.all()
     return Window({e.id: e.calls for e in registry}, _stats_tuple(), len(registry), len(RECORDER.breaks))
@@ -96,7 +96,7 @@ class Session:
         self._time_executables_was: bool | None = None  # STATE.time_executables before the profiler flipped it
         self.modules = None  # a modules.ModuleWatch: the sizes of the modules built
         self.collectives = None  # a ranks.CollectiveWatch: each step's collectives, timed
-        self._peaks = None  # backend/memory.py's StepPeak: each step's in-step peak
+        self._peaks = None  # backend/core/memory.py's StepPeak: each step's in-step peak
 
     # ------------------------------------------------------------------ set-up
 
@@ -105,7 +105,7 @@ class Session:
         import jax
         import torch
 
-        from tpu_agent.backend import steps
+        from tpu_agent.backend.core import steps
 
         from .flopcheck import TpuFlopCounter
 
@@ -118,7 +118,7 @@ class Session:
         except Exception as exc:  # noqa: BLE001 - the profile goes on without collective times
             self.data.notes.append(f"collectives could not be timed: {exc}")
         jax.monitoring.register_event_duration_secs_listener(self._on_jax_event)
-        from tpu_agent.backend.memory import watch_step_peaks
+        from tpu_agent.backend.core.memory import watch_step_peaks
 
         self._peaks = watch_step_peaks()
         self._remove_listener = steps.add_step_listener(self._on_step)
@@ -157,7 +157,7 @@ class Session:
 
     def _watch_shapes(self) -> None:
         """Batches as loaders yield them, copies to the device by line: where a changing length comes from."""
-        from tpu_agent.backend import transfer
+        from tpu_agent.backend.core import transfer
 
         from .batches import BatchWatch
         from .shapes import TransferWatch
@@ -167,7 +167,7 @@ class Session:
         self.data.transfers = transfer.h2d_watch = TransferWatch()
 
     def _unwatch_shapes(self) -> None:
-        from tpu_agent.backend import transfer
+        from tpu_agent.backend.core import transfer
 
         if self.data.batches is not None:
             self.data.batches.uninstall()
@@ -195,7 +195,7 @@ class Session:
         if self._peaks is None:  # the run ended before the profiler was installed
             import jax
 
-            from tpu_agent.backend.memory import live_bytes
+            from tpu_agent.backend.core.memory import live_bytes
 
             return live_bytes(jax.live_arrays()), None
         peak = self._peaks.end_step()
@@ -266,7 +266,7 @@ class Session:
 
     def _time_launches(self, on: bool) -> None:
         """At a step boundary: wait for every launch in the next step (or stop), and count launches from here."""
-        from tpu_agent.backend import modes  # loaded: its $TPU_AGENT_TIME_EXECUTABLES is applied
+        from tpu_agent.backend.core import modes  # loaded: its $TPU_AGENT_TIME_EXECUTABLES is applied
 
         if self._time_executables_was is None:
             self._time_executables_was = modes.STATE.time_executables
@@ -277,8 +277,8 @@ class Session:
         self._launches_at_start = _launch_totals() if timed else None
 
     def _stamp_compiles(self, step: int | None) -> None:
-        from tpu_agent.backend import executables
-        from tpu_agent.backend.lazy import RECORDER
+        from tpu_agent.backend.core import executables
+        from tpu_agent.backend.core.lazy import RECORDER
 
         new = len(RECORDER.recompiles) - self._seen_recompiles
         if new > 0:
@@ -417,13 +417,13 @@ class Session:
             self._remove_listener = None
         self._unwatch_shapes()
         if self._time_executables_was is not None:
-            from tpu_agent.backend import modes
+            from tpu_agent.backend.core import modes
 
             modes.set_time_executables(self._time_executables_was)
         d = self.data
         if not d.steps:
             # No step marker: the whole run is one region, timed from the script's start.
-            from tpu_agent.backend.lazy import RECORDER
+            from tpu_agent.backend.core.lazy import RECORDER
 
             RECORDER.flush("end of run")
             self._sync()
@@ -454,7 +454,7 @@ class Session:
             pass
         self._stop_trace()
         try:
-            from tpu_agent.backend.memory import live_bytes
+            from tpu_agent.backend.core.memory import live_bytes
 
             d.live_end = live_bytes(jax.live_arrays())
         except Exception:  # noqa: BLE001

@@ -33,7 +33,7 @@ class TransferWatch:
         self.sites: dict[str, set[tuple[int, ...]]] = defaultdict(set)
 
     def __call__(self, t) -> None:
-        from tpu_agent.backend.source import user_frame
+        from tpu_agent.backend.core.source import user_frame
 
         site = user_frame(3)
         if site is not None and len(self.sites[site]) < 64:

@@ -1,6 +1,6 @@
 """The interconnect of each TPU generation: what pod-scale projection (tpu_agent.projection) costs collectives with.
 
-Per chip, beside the compute and HBM figures of `backend/generations.py`. Sources:
+Per chip, beside the compute and HBM figures of `backend/core/generations.py`. Sources:
 - chips per slice, torus dimensionality, TensorCores per chip, bidirectional ICI per chip and DCN per chip:
   Google Cloud's system-architecture pages (cloud.google.com/tpu/docs/v4, v5e, v5p, v6e, tpu7x);
 - ICI bandwidth per link and direction: "How to Scale Your Model" (Google DeepMind, 2025),

@@ -7,7 +7,7 @@ import re
 
 from pydantic import BaseModel
 
-from tpu_agent.backend.generations import GENERATIONS
+from tpu_agent.backend.core.generations import GENERATIONS
 from tpu_agent.errors import InputError
 from tpu_agent.profilers.topology import INTERCONNECTS
 

@@ -27,7 +27,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..state import STATE
+from ..core.state import STATE
 from . import faults
 from .runtime import devices_of
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from ..jax_setup import device_x64
+from ..core.jax_setup import device_x64
 from . import collectives
 from .tensor_ops import array
 

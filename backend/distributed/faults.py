@@ -30,7 +30,7 @@ from datetime import timedelta
 
 from tpu_agent.partner_gone import CONSEQUENCE_MARK, gloo_partner_gone
 
-from ..state import STATE
+from ..core.state import STATE
 
 TORCH_DEFAULT_TIMEOUT = timedelta(minutes=30)  # torch's default_pg_timeout: what a group gets when none is given
 DEFAULT_TIMEOUT = timedelta(minutes=10)  # NCCL's default

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import torch
 
-from ..execute import execute
-from ..opinfo import handler
+from ..aten.execute import execute
+from ..aten.opinfo import handler
 from ..ops import collectives as _lowerings  # noqa: F401  (registers the lowerings the handlers here wrap)
-from ..registry import LOWERINGS
-from ..tensor import TpuTensor
+from ..core.registry import LOWERINGS
+from ..core.tensor import TpuTensor
 from . import in_program
 from .process_group import group_ranks, reduce_op_name
 

@@ -43,9 +43,9 @@ from jax.sharding import PartitionSpec as P
 
 from tpu_agent import envvars
 
-from .. import lazy
-from ..lazy import RECORDER
-from ..state import STATE
+from ..core import lazy
+from ..core.lazy import RECORDER
+from ..core.state import STATE
 from . import collectives, faults
 from .group_mesh import GroupMesh, mesh_for
 from .runtime import devices_of

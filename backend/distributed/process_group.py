@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup, ProcessGroupGloo, ReduceOp, _create_work_from_future
 from torch.futures import Future
 
-from ..state import STATE
+from ..core.state import STATE
 from . import faults
 
 NAME = "tpu"

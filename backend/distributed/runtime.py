@@ -23,7 +23,7 @@ import sys
 import threading
 from dataclasses import dataclass
 
-from ..state import STATE
+from ..core.state import STATE
 from . import faults
 
 PORT_OFFSET = 1  # the coordinator's port without torchrun's store: MASTER_PORT + 1 (MASTER_PORT is the store's)

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from .. import dtypes, lazy
-from ..jax_setup import device_x64
-from ..lazy import RECORDER
-from ..tensor import TpuTensor
+from ..core import dtypes, lazy
+from ..core.jax_setup import device_x64
+from ..core.lazy import RECORDER
+from ..core.tensor import TpuTensor
 from . import collectives, in_program
 
 REASON = "collective"  # the flush reason: a sync point, not a graph break

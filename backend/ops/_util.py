@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..dtypes import to_jax_dtype
+from ..core.dtypes import to_jax_dtype
 
 
 def jdtype(dtype, default=None):

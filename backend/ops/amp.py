@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import torch
 
-from ..registry import lower
+from ..core.registry import lower
 
 aten = torch.ops.aten
 

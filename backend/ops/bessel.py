@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import jax.scipy.special as jss
 import torch
 
-from ..registry import lower
+from ..core.registry import lower
 from .special import as_float
 
 aten = torch.ops.aten

@@ -15,7 +15,7 @@ import torch.distributed._functional_collectives  # noqa: F401  (defines _c10d_f
 
 from ..distributed import collectives
 from ..distributed.process_group import group_ranks, reduce_op_name
-from ..registry import lower
+from ..core.registry import lower
 
 functional = torch.ops._c10d_functional
 

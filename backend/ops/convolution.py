@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .. import padding as pad_ops  # the PadOps action (the name `padding` is a conv argument here)
-from ..registry import lower
+from ..core import padding as pad_ops  # the PadOps action (the name `padding` is a conv argument here)
+from ..core.registry import lower
 
 aten = torch.ops.aten
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..registry import lower
+from ..core.registry import lower
 
 aten = torch.ops.aten
 

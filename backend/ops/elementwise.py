@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from ..registry import lower
+from ..core.registry import lower
 
 aten = torch.ops.aten
 

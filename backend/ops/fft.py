@@ -13,7 +13,7 @@ import math
 import jax.numpy as jnp
 import torch
 
-from ..registry import lower
+from ..core.registry import lower
 
 aten = torch.ops.aten
 

@@ -10,7 +10,7 @@ import inspect
 
 import torch
 
-from ..registry import LOWERINGS, lower
+from ..core.registry import LOWERINGS, lower
 
 aten = torch.ops.aten
 

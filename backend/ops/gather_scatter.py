@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..registry import lower
+from ..core.registry import lower
 from ._util import norm_dim
 
 aten = torch.ops.aten

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from ..registry import lower
+from ..core.registry import lower
 from ._util import jdtype
 
 aten = torch.ops.aten

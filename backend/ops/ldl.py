@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from ..registry import lower
+from ..core.registry import lower
 from .linalg import mT, real_dtype, zero_info
 
 aten = torch.ops.aten

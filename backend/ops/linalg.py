@@ -16,7 +16,7 @@ import torch
 from jax import lax
 from jax._src.lax import linalg as _lax_linalg  # geqrf is not re-exported by jax.lax.linalg
 
-from ..registry import lower
+from ..core.registry import lower
 
 aten = torch.ops.aten
 

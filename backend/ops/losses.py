@@ -13,7 +13,7 @@ import torch
 import torch.nn.modules.linear_cross_entropy  # noqa: F401  (registers the torch_nn ops lowered below)
 from jax import lax
 
-from ..registry import lower
+from ..core.registry import lower
 
 aten = torch.ops.aten
 

@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .. import padding as pad_ops  # the PadOps action
-from ..registry import lower
+from ..core import padding as pad_ops  # the PadOps action
+from ..core.registry import lower
 
 aten = torch.ops.aten
 

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from ..registry import lower
+from ..core.registry import lower
 
 aten = torch.ops.aten
 

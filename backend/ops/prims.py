@@ -12,7 +12,7 @@ import torch
 import torch._prims  # noqa: F401  (defines the prims namespace)
 from jax import lax
 
-from ..registry import LOWERINGS, lower
+from ..core.registry import LOWERINGS, lower
 from ._util import jdtype, norm_dims
 
 aten = torch.ops.aten

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from ..registry import lower
+from ..core.registry import lower
 from ._util import default_float, jdtype
 
 aten = torch.ops.aten

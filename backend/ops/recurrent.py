@@ -4,7 +4,7 @@ A sequence runs as one program: each layer and direction is a `lax.scan` over ti
 the whole sequence computed before it as one matmul (as PyTorch's CPU path does). `tpu_agent::rnn` is the
 forward, `tpu_agent::rnn_dropout` the same with dropout between layers (a random op: its key leaves in the
 `seed` output and the backward redraws the same masks from it), `tpu_agent::rnn_backward` the gradients
-(`jax.vjp` of the forward, in one program). backend/recurrent.py routes `aten::lstm`, `gru`, `rnn_tanh` and
+(`jax.vjp` of the forward, in one program). backend/nn/recurrent.py routes `aten::lstm`, `gru`, `rnn_tanh` and
 `rnn_relu` (padded and packed) to them.
 
 Packed sequences (`pack_padded_sequence`) arrive as the packed rows and their batch sizes per step: the rows
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from ..registry import lower
+from ..core.registry import lower
 from .attention import _key, _seed
 
 aten = torch.ops.aten

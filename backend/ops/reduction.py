@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from ..registry import lower
+from ..core.registry import lower
 from ._util import jdtype, norm_dim, norm_dims
 
 aten = torch.ops.aten

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from ..registry import lower
+from ..core.registry import lower
 
 aten = torch.ops.aten
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from ..registry import lower
+from ..core.registry import lower
 from ._util import norm_dim, norm_dims
 
 aten = torch.ops.aten
@@ -38,7 +38,7 @@ def alias(self, other=None):
 
 @lower(aten.view.dtype)
 def view_dtype(self, dtype):
-    from ..dtypes import to_jax_dtype
+    from ..core.dtypes import to_jax_dtype
 
     return lax.bitcast_convert_type(self, to_jax_dtype(dtype)) if jnp.dtype(to_jax_dtype(dtype)).itemsize == self.dtype.itemsize else _bitcast_resize(self, to_jax_dtype(dtype))
 

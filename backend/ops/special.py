@@ -15,7 +15,7 @@ import jax.scipy.special as jss
 import torch
 from jax import lax
 
-from ..registry import lower
+from ..core.registry import lower
 
 aten = torch.ops.aten
 

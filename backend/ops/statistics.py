@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from ..registry import lower
+from ..core.registry import lower
 from ._util import norm_dim, norm_dims
 
 aten = torch.ops.aten

@@ -9,7 +9,7 @@
   CPU kernel does;
 - the attention weights come back only when asked, averaged over heads when asked.
 
-Nested tensors cannot live on a Python device: backend/transformer.py makes nn.TransformerEncoder give the
+Nested tensors cannot live on a Python device: backend/nn/transformer.py makes nn.TransformerEncoder give the
 nested path's result without them.
 """
 
@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from ..registry import lower
+from ..core.registry import lower
 
 aten = torch.ops.aten
 

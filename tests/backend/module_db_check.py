@@ -180,7 +180,7 @@ def _mode(mode: str):
 def _compiled(module):
     """The module as compiled steps compile the model they find: forward and backward programs, a call with
     gradients opening a step window (closed by the step boundary, `mark_step`)."""
-    from tpu_agent.backend import auto_compile
+    from tpu_agent.backend.compiled import auto_compile
 
     return auto_compile.compile_module(module, whole_step=True)
 
@@ -205,8 +205,8 @@ def check_case(info, module_input, training: bool, mode: str) -> CaseResult:
 def _end_step() -> None:
     """A case that failed inside its step leaves no step window open (the next case would run fused), and the
     compiled module is forgotten (compiled steps keep the models they found)."""
-    from tpu_agent.backend import auto_compile
-    from tpu_agent.backend.whole_step import WINDOW
+    from tpu_agent.backend.compiled import auto_compile
+    from tpu_agent.backend.compiled.whole_step import WINDOW
 
     if WINDOW.open:
         try:

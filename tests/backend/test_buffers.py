@@ -30,7 +30,7 @@ def _mode(mode: str, device: str):
         with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
             yield
         return
-    from tpu_agent.backend import auto_compile
+    from tpu_agent.backend.compiled import auto_compile
 
     auto_compile.compile_steps(True)
     try:

@@ -8,8 +8,9 @@ import warnings
 import pytest
 import torch
 
-from tpu_agent.backend import auto_compile, steps
-from tpu_agent.backend.step_program import CompiledStep
+from tpu_agent.backend.compiled import auto_compile
+from tpu_agent.backend.core import steps
+from tpu_agent.backend.compiled.step_program import CompiledStep
 
 
 class Net(torch.nn.Module):
@@ -137,7 +138,7 @@ def test_a_compiled_step_that_returns_nothing_updates_once_per_call():
 def test_replays_update_parameters_in_place_unless_another_tensor_shares_their_array(monkeypatch):
     """Donation: a replayed update may reuse its parameters' buffers, but not one that a tensor made with
     `copy_` (an EMA of the weights, a snapshot) still holds: that tensor keeps its values."""
-    from tpu_agent.backend import lazy
+    from tpu_agent.backend.core import lazy
 
     monkeypatch.setattr(lazy, "DONATE_READ_INPUTS", True)  # the parameters too, as on an accelerator
     torch.manual_seed(0)
@@ -151,7 +152,7 @@ def test_replays_update_parameters_in_place_unless_another_tensor_shares_their_a
             opt.step()
             opt.zero_grad()
         # The update is a node of the step's one program (whole_step.py): that graph donates the parameters.
-        from tpu_agent.backend.lazy import RECORDER
+        from tpu_agent.backend.core.lazy import RECORDER
 
         assert sum(exe.calls for exe in RECORDER.donating.values()) >= 2
         snapshot = torch.empty_like(model.fc1.weight)

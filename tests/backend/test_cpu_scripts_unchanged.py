@@ -183,7 +183,7 @@ def test_pin_memory_copies_into_pinned_host_memory():
 
 
 def test_freed_pinned_memory_is_no_longer_pinned():
-    from tpu_agent.backend import pinned
+    from tpu_agent.backend.integration import pinned
 
     # The address, not the set's size: an earlier test's pinned batch may be freed by
     # the same collection (CI saw the count drop by two).

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from tpu_agent.backend.tensor import TpuTensor
+from tpu_agent.backend.core.tensor import TpuTensor
 
 
 def run_python(code: str, env_extra: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
@@ -75,7 +75,7 @@ def test_eager_mode_and_precision_switches():
         assert (torch.ones(2, device="tpu") * 3).sum().item() == 6
     assert torch.tpu.get_eager_mode() is mode.DEFER_NEVER
     with torch.tpu.precision(torch.tpu.Precision.HIGHEST):
-        from tpu_agent.backend import modes
+        from tpu_agent.backend.core import modes
 
         assert modes.jax_precision() == "highest"
     assert torch.tpu.Precision.DEFAULT.value == "default"
@@ -84,7 +84,7 @@ def test_eager_mode_and_precision_switches():
 
 
 def test_mark_step_notifies_listeners():
-    from tpu_agent.backend.steps import add_step_listener
+    from tpu_agent.backend.core.steps import add_step_listener
 
     seen = []
     remove = add_step_listener(seen.append)

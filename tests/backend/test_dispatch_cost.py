@@ -63,7 +63,7 @@ def test_an_in_place_op_costs_no_more_python_than_it_did():
 
 
 def test_a_fused_recorded_op_costs_no_more_python_than_it_did():
-    from tpu_agent.backend import lazy
+    from tpu_agent.backend.core import lazy
 
     x, y = torch.randn(64, 64).to("tpu"), torch.randn(64, 64).to("tpu")
 

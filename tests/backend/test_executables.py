@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tpu_agent.backend import executables
+from tpu_agent.backend.core import executables
 
 
 def _new_since(before: set[int]):

@@ -82,7 +82,7 @@ def test_family_trains_like_cpu(family, attn, mode):
     """Each step's loss as the CPU's. The expert loop (a data-dependent shape) also says where: fused, its
     graph breaks at the `nonzero` in modeling_qwen3_moe.py; compiled, one warning line says why the step cannot
     be one program, and it runs fused."""
-    from tpu_agent.backend.lazy import RECORDER
+    from tpu_agent.backend.core.lazy import RECORDER
 
     expected = cpu_losses(family, attn)
     compiled = {}
@@ -145,7 +145,7 @@ def test_family_trains_like_cpu_as_compiled_steps_with_no_change_to_the_loop(fam
 @contextlib.contextmanager
 def _operand_padding(multiple: int):
     """Operand padding to `multiple` (0: off) for the block; yields the list of axes it padded (a size, its target)."""
-    from tpu_agent.backend import padding
+    from tpu_agent.backend.core import padding
 
     padded, pad_axis, before = [], padding._pad_axis, padding.key()
 
@@ -164,7 +164,7 @@ def _operand_padding(multiple: int):
 
 
 def data_dependent_expert_loop_breaks_the_fused_graph_at_its_source_line(breaks):
-    from tpu_agent.backend.lazy import DATA_DEPENDENT as BREAK_REASON
+    from tpu_agent.backend.core.lazy import DATA_DEPENDENT as BREAK_REASON
 
     sites = {(b.op, b.reason, b.source) for b in breaks}
     assert any(op == "aten.nonzero.default" and reason == BREAK_REASON and (source or "").startswith(

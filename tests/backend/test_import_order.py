@@ -6,24 +6,26 @@ import ast
 from pathlib import Path
 
 BACKEND = Path(__file__).resolve().parents[2] / "backend"
-PACKAGES = ("ops", "distributed")  # backend's sub-packages: ops/ is one unit, distributed/'s modules each one
+PACKAGES = ("core", "aten", "compiled", "nn", "integration", "distributed", "ops")  # ops/ is one unit, the others' modules each one
 
-# Each module may import (at module level) only modules earlier in this list. distributed/'s modules sit where
+# Each module may import (at module level) only modules earlier in this list: core/ (state, arrays, the deferred
+# graph) at the bottom, then distributed/, the lowerings (ops/), aten/ (one op's route), compiled/, nn/ and
+# integration/ (the device in PyTorch). distributed/'s modules sit where
 # their imports put them: the process group and the collectives below the op lowerings that call them (ops/),
 # the in-program collectives above fused mode's recorder, the functional collectives' handlers above execute.
 ORDER = [
-    "jax_setup", "dtypes", "state", "source", "registry", "executables", "generations", "modes", "padding",
-    "mesh", "memory", "launch", "lazy", "programs", "views", "tensor", "transfer",
-    "distributed.__init__", "distributed.faults", "distributed.topology", "distributed.runtime",
-    "distributed.group_mesh", "distributed.collectives", "distributed.process_group", "distributed.in_program",
-    "distributed.tensor_ops", "distributed.exchange",
-    "ops",
-    "opinfo", "arguments", "fallback", "execute", "distributed.functional", "writes", "view_ops", "handlers",
-    "dispatch",
-    "steps", "sharding", "capture", "whole_step", "step_program", "module_program", "optimizer_program", "compile",
-    "auto_compile", "pinned", "autocast", "attention", "recurrent", "transformer", "checkpoints", "lazy_modules", "module",
-    "device",
-    "autoload", "__init__",
+    "core.__init__", "aten.__init__", "compiled.__init__", "nn.__init__", "integration.__init__",
+    "core.jax_setup", "core.dtypes", "core.state", "core.source", "core.registry", "core.executables",
+    "core.generations", "core.modes", "core.padding", "core.mesh", "core.memory", "core.launch", "core.lazy",
+    "core.programs", "core.views", "core.tensor", "core.transfer", "core.steps", "core.sharding", "distributed.__init__", "distributed.faults",
+    "distributed.topology", "distributed.runtime", "distributed.group_mesh", "distributed.collectives",
+    "distributed.process_group", "distributed.in_program", "distributed.tensor_ops", "distributed.exchange", "ops",
+    "aten.opinfo", "aten.arguments", "aten.fallback", "aten.execute", "distributed.functional", "aten.writes",
+    "aten.view_ops", "aten.handlers", "aten.dispatch", "compiled.capture",
+    "compiled.whole_step", "compiled.step_program", "compiled.module_program", "compiled.optimizer_program",
+    "compiled.compile", "compiled.auto_compile", "integration.pinned", "integration.autocast", "nn.attention",
+    "nn.recurrent", "nn.transformer", "integration.checkpoints", "nn.lazy_modules", "integration.module",
+    "integration.device", "integration.autoload", "__init__",
 ]
 
 
@@ -31,8 +33,8 @@ def _unit(parts: list[str]) -> str:
     """The ORDER entry of a module path under backend/ (["distributed", "faults"]: distributed/faults.py)."""
     if parts[0] == "ops":
         return "ops"
-    if parts[0] == "distributed":
-        return f"distributed.{parts[1]}" if len(parts) > 1 else "distributed.__init__"
+    if parts[0] in PACKAGES:
+        return f"{parts[0]}.{parts[1]}" if len(parts) > 1 else f"{parts[0]}.__init__"
     return parts[0]
 
 
@@ -74,9 +76,9 @@ def test_every_backend_module_is_placed():
 
 
 def test_the_imports_are_read():
-    assert _imports(BACKEND / "device.py") >= {"distributed.process_group", "steps"}
+    assert _imports(BACKEND / "integration" / "device.py") >= {"distributed.process_group", "core.steps"}
     assert _imports(BACKEND / "ops" / "collectives.py") >= {"distributed.collectives", "distributed.process_group"}
-    assert _imports(BACKEND / "distributed" / "in_program.py") >= {"lazy", "state", "distributed.collectives",
+    assert _imports(BACKEND / "distributed" / "in_program.py") >= {"core.lazy", "core.state", "distributed.collectives",
                                                                  "distributed.group_mesh"}
 
 

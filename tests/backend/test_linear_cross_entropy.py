@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tpu_agent.backend.jax_setup import device_x64
+from tpu_agent.backend.core.jax_setup import device_x64
 from tpu_agent.backend.ops import losses
 
 

@@ -85,7 +85,7 @@ def run_python(code: str, **env) -> str:
 def test_a_batch_shape_change_in_the_last_step_is_one_recompilation_naming_the_shape():
     out = run_python("""
         import torch, torch.nn.functional as F
-        from tpu_agent.backend import lazy
+        from tpu_agent.backend.core import lazy
         torch.manual_seed(0)
         model = torch.nn.Linear(16, 4).to("tpu")
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -157,7 +157,7 @@ def test_compiled_step_recaptures_when_the_learning_rate_changes():
 def test_a_loop_with_no_sync_point_flushes_at_the_size_limit_and_says_so():
     import torch
 
-    from tpu_agent.backend.lazy import RECORDER, SIZE_LIMIT
+    from tpu_agent.backend.core.lazy import RECORDER, SIZE_LIMIT
 
     def grads(device, fused):
         torch.manual_seed(0)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from jax import lax
 
-from tpu_agent.backend import padding
+from tpu_agent.backend.core import padding
 
 
 @pytest.fixture

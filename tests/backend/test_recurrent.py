@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from tpu_agent.backend import executables
+from tpu_agent.backend.core import executables
 from tpu_agent.backend.ops import recurrent  # noqa: F401  (defines the tpu_agent:: ops, as the first op does)
 from support.dispatched import Ops
 
@@ -268,7 +268,7 @@ class _Tagger(nn.Module):
 
 
 def _train(device, compiled, n=6):
-    from tpu_agent.backend import auto_compile
+    from tpu_agent.backend.compiled import auto_compile
 
     torch.manual_seed(0)
     model = _Tagger().to(device)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tpu_agent.backend import executables
+from tpu_agent.backend.core import executables
 
 
 def _grads(n: int, device: str) -> list[torch.Tensor]:

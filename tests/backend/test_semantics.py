@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tpu_agent.backend.state import STATS
+from tpu_agent.backend.core.state import STATS
 
 
 def both(fn):
@@ -124,7 +124,7 @@ def test_optimizer_uses_one_foreach_program_by_default():
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model(torch.ones(2, 4, device="tpu")).sum().backward()
     seen = []
-    from tpu_agent.backend import tensor
+    from tpu_agent.backend.core import tensor
 
     original = tensor._dispatch
 

@@ -195,7 +195,7 @@ def _compiled_names(compiled) -> dict:
 def test_a_compiled_model_reads_as_pytorchs_optimized_module(mode):
     """Keys, parameters, buffers and module tree of `torch.compile(model)` on tpu, trained in each mode, against
     PyTorch's own OptimizedModule around the same model on the CPU (compiled by Dynamo lazily: never called)."""
-    from tpu_agent.backend import auto_compile
+    from tpu_agent.backend.compiled import auto_compile
 
     reference = _compiled_names(torch.compile(_model(), backend="eager"))
     assert reference["state_dict"][0].startswith("_orig_mod.")
@@ -223,7 +223,7 @@ def test_a_model_compiled_by_compiled_steps_pickles_as_written():
     """Compiled steps replace the found model's forward; `torch.save(model)` and `copy.deepcopy` leave it out."""
     import copy
 
-    from tpu_agent.backend import auto_compile
+    from tpu_agent.backend.compiled import auto_compile
 
     model = _model().to("tpu")
     auto_compile.compile_module(model)

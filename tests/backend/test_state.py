@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from support.paths import REPO
-from tpu_agent.backend import mesh, modes, padding
-from tpu_agent.backend.lazy import RECORDER
-from tpu_agent.backend.state import RNG, STATE, STATS, DeviceState, EagerMode, Precision
+from tpu_agent.backend.core import mesh, modes, padding
+from tpu_agent.backend.core.lazy import RECORDER
+from tpu_agent.backend.core.state import RNG, STATE, STATS, DeviceState, EagerMode, Precision
 
 
 @pytest.fixture
@@ -86,7 +86,7 @@ def test_only_the_setters_write_the_state():
 # Modules whose state lives on STATE (memory peaks and watch, step boundaries, the executables, the distributed
 # state): none may keep mutable state
 # at module level. A constant table is read-only (a tuple, a frozenset, a MappingProxyType).
-STATELESS = ["backend/memory.py", "backend/mesh.py", "backend/sharding.py", "backend/steps.py", "backend/executables.py",
+STATELESS = ["backend/core/memory.py", "backend/core/mesh.py", "backend/core/sharding.py", "backend/core/steps.py", "backend/core/executables.py",
              *sorted(str(p.relative_to(REPO)) for p in (REPO / "backend" / "distributed").glob("*.py"))]
 MUTABLE_CALLS = {"dict", "list", "set", "bytearray", "defaultdict", "OrderedDict", "Counter", "deque", "count",
                  "WeakValueDictionary", "WeakKeyDictionary", "WeakSet"}
@@ -153,11 +153,11 @@ def test_constants_and_views_of_the_state_are_not_module_state(source):
 
 @pytest.mark.parametrize("path", STATELESS)
 def test_the_device_keeps_this_modules_state_on_STATE(path):
-    assert module_state((REPO / path).read_text()) == [], f"{path}: keep it on STATE (backend/state.py)"
+    assert module_state((REPO / path).read_text()) == [], f"{path}: keep it on STATE (backend/core/state.py)"
 
 
 def test_memory_and_distributed_state_live_on_the_one_object(fresh):
-    from tpu_agent.backend import memory
+    from tpu_agent.backend.core import memory
     from tpu_agent.backend.distributed import collectives
 
     assert collectives.RECORDED is STATE.distributed.collectives.recording
@@ -179,7 +179,7 @@ def test_memory_and_distributed_state_live_on_the_one_object(fresh):
 def test_steps_executables_and_the_recorder_live_on_the_one_object(fresh):
     """A compiled step's capture holds the step boundaries back through steps.suspend (not by writing a module
     global), and what it restores is what was there; the executables and the fused-graph recorder are STATE's."""
-    from tpu_agent.backend import executables, steps
+    from tpu_agent.backend.core import executables, steps
 
     assert fresh.steps.listeners == [] and not fresh.steps.suspended and fresh.executables.registry == []
     assert steps.trained is STATE.steps.trained and STATE.recorder is RECORDER

@@ -11,8 +11,9 @@ import warnings
 import pytest
 import torch
 
-from tpu_agent.backend import auto_compile, executables, optimizer_program
-from tpu_agent.backend.whole_step import WINDOW
+from tpu_agent.backend.compiled import auto_compile, optimizer_program
+from tpu_agent.backend.core import executables
+from tpu_agent.backend.compiled.whole_step import WINDOW
 
 
 class Net(torch.nn.Module):

@@ -109,8 +109,8 @@ def test_embedding_lookup_differentiated_by_jax_gives_pytorchs_gradient(padding_
     import jax
     import numpy as np
 
-    from tpu_agent.backend import dispatch  # noqa: F401 - fills the lowering table
-    from tpu_agent.backend.registry import LOWERINGS
+    from tpu_agent.backend.aten import dispatch  # noqa: F401 - fills the lowering table
+    from tpu_agent.backend.core.registry import LOWERINGS
 
     weight = torch.randn(7, 3, generator=torch.Generator().manual_seed(0))
     ids = torch.tensor([[0, 2, 2, 5], [2, 0, 1, 6]])

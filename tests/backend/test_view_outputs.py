@@ -11,7 +11,8 @@ import warnings
 import pytest
 import torch
 
-from tpu_agent.backend import auto_compile, executables
+from tpu_agent.backend.compiled import auto_compile
+from tpu_agent.backend.core import executables
 
 
 def _compiled(module, whole_step: bool = False):

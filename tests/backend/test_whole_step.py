@@ -10,8 +10,9 @@ import warnings
 import pytest
 import torch
 
-from tpu_agent.backend import auto_compile, executables
-from tpu_agent.backend.whole_step import WINDOW
+from tpu_agent.backend.compiled import auto_compile
+from tpu_agent.backend.core import executables
+from tpu_agent.backend.compiled.whole_step import WINDOW
 
 
 class Net(torch.nn.Module):
@@ -147,7 +148,7 @@ def test_the_step_program_updates_the_optimizer_state_in_place_each_array_into_i
     """Donation in the step's one program: each donated input shares its buffer with the output that replaces it
     (jax pairs a donated input with the first output of its shape: with the gradients first, a parameter was
     paired with its gradient). On XLA:CPU the parameters, which the forward also reads, are not donated."""
-    from tpu_agent.backend.lazy import RECORDER
+    from tpu_agent.backend.core.lazy import RECORDER
 
     torch.manual_seed(0)
     model = Net().to("tpu")
@@ -185,7 +186,7 @@ def test_a_fused_graph_is_found_again_only_for_the_same_input_shapes_dtypes_and_
     import jax.numpy as jnp
     import numpy as np
 
-    from tpu_agent.backend import lazy
+    from tpu_agent.backend.core import lazy
 
     add = lazy.Program(executables.next_id(), "test_add", lambda a, b: a + b, {})
 

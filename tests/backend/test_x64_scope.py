@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tpu_agent.backend import jax_setup, programs, transfer
-from tpu_agent.backend.launch import launch
+from tpu_agent.backend.core import jax_setup, programs, transfer
+from tpu_agent.backend.core.launch import launch
 
 BIG = [2**40 + 3, -(2**35) + 7, 5, 2**62 - 1, -(2**31) - 1, 2**31]  # none of them fits int32 but 5
 
@@ -173,7 +173,7 @@ def test_a_user_who_turned_x64_on_keeps_it():
 
 def test_user_jax_in_a_device_hook_sees_its_own_setting():
     """Code the device calls back (a step listener after the optimizer's step) runs outside the scope."""
-    from tpu_agent.backend import steps
+    from tpu_agent.backend.core import steps
 
     seen = []
     remove = steps.add_step_listener(lambda source: seen.append(jnp.arange(2).dtype))

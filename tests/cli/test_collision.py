@@ -23,7 +23,7 @@ USER_SCRIPT = """\
     import profilers          # the user's profilers.py
     import tpu_agent_helpers  # a name that merely starts like ours
     import tpu_agent.backend
-    import tpu_agent.backend.autoload
+    import tpu_agent.backend.integration.autoload
     import tpu_agent.profilers
 
     print(json.dumps({
@@ -31,9 +31,9 @@ USER_SCRIPT = """\
         "user_profilers": [profilers.__file__, profilers.KIND],
         "user_helpers": [tpu_agent_helpers.__file__, tpu_agent_helpers.twice(21)],
         "our_backend": [tpu_agent.backend.__file__, hasattr(tpu_agent.backend, "train_step")],
-        "our_autoload_callable": callable(tpu_agent.backend.autoload.autoload),
+        "our_autoload_callable": callable(tpu_agent.backend.integration.autoload.autoload),
         "our_profilers": [tpu_agent.profilers.__file__, hasattr(tpu_agent.profilers, "KIND")],
-        "entry_point_ran": "tpu_agent.backend.autoload" in sys.modules,
+        "entry_point_ran": "tpu_agent.backend.integration.autoload" in sys.modules,
     }))
     """
 

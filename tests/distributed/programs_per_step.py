@@ -18,10 +18,10 @@ import torch, torch.distributed as dist
 import torch.nn as nn, torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
-from tpu_agent.backend import executables
+from tpu_agent.backend.core import executables
 from tpu_agent.backend.distributed import collectives, in_program
-from tpu_agent.backend.lazy import RECORDER
-from tpu_agent.backend.state import STATE
+from tpu_agent.backend.core.lazy import RECORDER
+from tpu_agent.backend.core.state import STATE
 
 which, how, old = sys.argv[1], sys.argv[2], os.environ.get("OLD") == "1"
 if old:

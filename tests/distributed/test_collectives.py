@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent("""
     import json, sys
     import torch, torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
-    from tpu_agent.backend.auto_compile import STATE as AUTO_COMPILE
+    from tpu_agent.backend.compiled.auto_compile import STATE as AUTO_COMPILE
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
@@ -305,8 +305,8 @@ COMPILED = textwrap.dedent("""
     import torch.nn as nn, torch.nn.functional as F
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from tpu_agent.backend import executables
-    from tpu_agent.backend.state import STATE
+    from tpu_agent.backend.core import executables
+    from tpu_agent.backend.core.state import STATE
 
     # After SCRIPT, in its default group: compiled steps off again for the models made from here on (SCRIPT's DDP
     # model, found by them, stays compiled), until the compiled-steps part below switches them on.

@@ -25,9 +25,9 @@ def test_a_collective_is_a_node_of_the_fused_graph_and_the_graph_runs_over_its_r
     The values are the same."""
     import torch
 
-    from tpu_agent.backend import executables
+    from tpu_agent.backend.core import executables
     from tpu_agent.backend.distributed import collectives, in_program, tensor_ops
-    from tpu_agent.backend.state import STATE
+    from tpu_agent.backend.core.state import STATE
 
     monkeypatch.setenv(in_program.SWITCH.name, switch)
     with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):

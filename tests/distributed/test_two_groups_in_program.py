@@ -23,9 +23,9 @@ SCRIPT = textwrap.dedent("""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-    from tpu_agent.backend import executables
+    from tpu_agent.backend.core import executables
     from tpu_agent.backend.distributed import in_program
-    from tpu_agent.backend.state import STATE
+    from tpu_agent.backend.core.state import STATE
 
     STEPS = int(sys.argv[1])
     warnings.simplefilter("ignore")

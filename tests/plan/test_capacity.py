@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from support.paths import EXAMPLES
 from support.profiles import profile
-from tpu_agent.backend.state import STATS
+from tpu_agent.backend.core.state import STATS
 from tpu_agent.plan.actions import ExpertCapacity, Plan
 from tpu_agent.plan.capacity import ROUTINGS, capacity_of, dispatch, use_expert_capacity
 from tpu_agent.plan.runtime import Applied

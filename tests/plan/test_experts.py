@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 
 from support import hf_models  # noqa: E402
 from support.profiles import profile  # noqa: E402
-from tpu_agent.backend.state import STATS  # noqa: E402
+from tpu_agent.backend.core.state import STATS  # noqa: E402
 from tpu_agent.plan.actions import ExpertsImplementation, Plan  # noqa: E402
 from tpu_agent.plan.experts import use_experts_implementation  # noqa: E402
 from tpu_agent.plan.runtime import Applied  # noqa: E402

@@ -13,7 +13,7 @@ from tpu_agent.plan.runtime import Applied
     ("compiled", "compiled steps", "fused execution"),
 ])
 def test_a_compile_action_notes_what_it_does(mode, says, never):
-    from tpu_agent.backend import modes
+    from tpu_agent.backend.core import modes
 
     before = modes.get_eager_mode()
     applied = Applied()

@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from tpu_agent.backend.generations import GENERATIONS
+from tpu_agent.backend.core.generations import GENERATIONS
 from tpu_agent.cli.profile_view import render_to_text
 from tpu_agent.profilers import analysis, flopcheck, hlo
 from tpu_agent.profilers.schema import Profile, Settings, Step, Steps

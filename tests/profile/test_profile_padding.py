@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpu_agent.backend.generations import GENERATIONS
+from tpu_agent.backend.core.generations import GENERATIONS
 from tpu_agent.profilers import padding
 from tpu_agent.profilers.padding import Tiling, conv_waste, dot_waste, matmul_waste
 

@@ -1,4 +1,4 @@
-"""The in-step peak (backend/memory.py's StepPeak): the most device bytes alive inside a step, which bytes alive at
+"""The in-step peak (backend/core/memory.py's StepPeak): the most device bytes alive inside a step, which bytes alive at
 the step boundaries miss. Per rank in `profile --nproc 2`: FSDP2's reshard_after_forward=False raises it (the
 gathered parameters are kept from forward to backward) and activation checkpointing lowers it, while the bytes
 alive at the step boundary stay the same (issue #26 point 5)."""
@@ -17,8 +17,8 @@ def test_a_buffer_made_and_freed_inside_a_step_is_in_its_peak_not_at_its_boundar
     import torch
 
     import tpu_agent.backend  # noqa: F401 - the tpu device
-    from tpu_agent.backend import memory
-    from tpu_agent.backend.state import STATE
+    from tpu_agent.backend.core import memory
+    from tpu_agent.backend.core.state import STATE
 
     was = STATE.memory_watch
     STATE.set_memory_watch(None)

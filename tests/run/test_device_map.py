@@ -103,7 +103,7 @@ torch.save(model.state_dict(), "m.pt")
 loaded = torch.load("m.pt", map_location="cuda")
 print("devices", sorted({str(t.device) for t in (model.weight, a, b, c, d, loaded["weight"])}), dev.type)
 print("autocast", low.dtype, "scaler", scaler._device, scaler.get_scale())
-from tpu_agent.backend import modes
+from tpu_agent.backend.core import modes
 print("is_cuda", a.is_cuda, "precision", modes.current_precision().name)
 print("memory", torch.cuda.memory_allocated() > 0, torch.cuda.get_device_name(0).startswith("TPU"))
 """

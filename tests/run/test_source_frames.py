@@ -5,7 +5,7 @@ from __future__ import annotations
 import runpy
 import textwrap
 
-from tpu_agent.backend import source
+from tpu_agent.backend.core import source
 
 
 def test_a_user_script_in_a_folder_named_backend_keeps_its_lines(tmp_path):
@@ -13,7 +13,7 @@ def test_a_user_script_in_a_folder_named_backend_keeps_its_lines(tmp_path):
         script = tmp_path / "src" / folder / "train.py"
         script.parent.mkdir(parents=True)
         script.write_text(textwrap.dedent("""
-            from tpu_agent.backend.source import user_frame
+            from tpu_agent.backend.core.source import user_frame
 
             def op():
                 return user_frame(skip=1)

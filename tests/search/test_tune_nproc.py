@@ -100,7 +100,7 @@ def test_a_trial_process_steps_every_rank_together_and_its_memory_per_rank_is_it
     """A trial process at 2 ranks: each step is every rank's record, timed as the slowest rank's, each rank's loss
     its own data's; stopped at a step boundary, every rank leaves its process group and the launcher exits 0.
     What the tuner's parallelism changes do to memory per rank, measured: examples/fsdp2.py's ranks report their
-    in-step peak (backend/memory.py's StepPeak), which FSDP2's reshard_after_forward=False raises (the gathered
+    in-step peak (backend/core/memory.py's StepPeak), which FSDP2's reshard_after_forward=False raises (the gathered
     parameters held from forward to backward), though the bytes alive at a step boundary are the same (measured by
     hand, 2026-12-05: 1,652,856 B as written, 1,769,848 kept, 1,513,256 with every block checkpointed, which
     tests/profile/test_step_peak.py checks; 1,113,908 at the boundary for all three)."""

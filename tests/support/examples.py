@@ -47,7 +47,7 @@ import json, os, runpy, sys
 sys.argv = sys.argv[1:]
 sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))  # as `python SCRIPT` has it (examples/training.py)
 runpy.run_path(sys.argv[0], run_name="__main__")
-from tpu_agent.backend import executables, lazy
+from tpu_agent.backend.core import executables, lazy
 print("PROGRAMS " + json.dumps({"calls": [e.calls for e in executables.all() if e.kind == "fused"],
                                 "flushes": lazy.RECORDER.flushes, "recompiles": len(lazy.RECORDER.recompiles)}))
 """

@@ -190,7 +190,7 @@ def _compiled_steps(mode: str, device: str):
     if device != "tpu" or mode != STEPS_MODE:
         yield programs
         return
-    from tpu_agent.backend import auto_compile
+    from tpu_agent.backend.compiled import auto_compile
 
     found = len(auto_compile.STATE.modules), len(auto_compile.STATE.optimizers)
     auto_compile.compile_steps(True)

@@ -5,7 +5,7 @@ Why: on a CPU host the time of another mesh, of resharding or of checkpointing d
 (gloo between processes is not ICI; the CPU's compute is not the chip's). Those times are measured and said to be
 this host's; the order for the slice comes from the projection (run/projection.py's projector), labelled an
 estimate, and no row is ever a verified TPU speedup. Memory per rank is measured: each rank's in-step peak
-(backend/memory.py's StepPeak), baseline against plan, medians over the trial's pairs.
+(backend/core/memory.py's StepPeak), baseline against plan, medians over the trial's pairs.
 """
 
 from __future__ import annotations

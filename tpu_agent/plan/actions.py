@@ -84,7 +84,7 @@ class PadOps(ActionBase):
         return f"operand padding: `TPU_AGENT_PAD_OPS={self.multiple}{target}`"
 
     def apply(self, applied: Applied) -> None:
-        from tpu_agent.backend import padding
+        from tpu_agent.backend.core import padding
 
         padding.set_multiple(self.multiple, self.sizes)
         only = f" (dims of size {', '.join(map(str, self.sizes))} only)" if self.sizes else ""
@@ -238,7 +238,7 @@ class Compile(ActionBase):
         return None
 
     def apply(self, applied: Applied) -> None:
-        from tpu_agent.backend import modes
+        from tpu_agent.backend.core import modes
 
         if self.mode in ("fused", "compiled"):
             modes.set_mode(modes.EagerMode.DEFER_AND_FUSE)
@@ -263,7 +263,7 @@ class MatmulPrecision(ActionBase):
         return f"matmul precision: `with torch.tpu.precision(torch.tpu.Precision.{self.precision.upper()}):`"
 
     def apply(self, applied: Applied) -> None:
-        from tpu_agent.backend import modes
+        from tpu_agent.backend.core import modes
 
         modes.set_precision(modes.Precision[self.precision.upper()])
         applied.notes.append(f"matmul precision {self.precision}")

@@ -12,7 +12,7 @@ def until_first_model(on_call: Callable[[object], bool]) -> Callable[[], None]:
     """Calls `on_call(module)` before each module's forward until the step boundary after the first call that
     returned True (a model it changed or recognized), or the second boundary at the latest, so measured steps
     pay nothing; returns a function that removes the hook early."""
-    from tpu_agent.backend import steps
+    from tpu_agent.backend.core import steps
 
     state = {"models": 0, "boundaries": 0, "removed": False}
 

@@ -30,15 +30,15 @@ def apply_runtime(plan: Plan) -> Applied:
 
         parallelism.install(applied.parallelism, applied.notes)
     if applied.compile_model:
-        from tpu_agent.backend import auto_compile
+        from tpu_agent.backend.compiled import auto_compile
 
         auto_compile.compile_steps(True)  # after the mesh hook: the model is sharded, then compiled
     return applied
 
 
 def _install_model_hook(applied: Applied) -> None:
-    from tpu_agent.backend import sharding
-    from tpu_agent.backend.tensor import TpuTensor
+    from tpu_agent.backend.core import sharding
+    from tpu_agent.backend.core.tensor import TpuTensor
 
     mesh, axis = applied.mesh, applied.batch_axis
     sharding.set_mesh(dict(mesh))

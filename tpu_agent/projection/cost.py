@@ -1,7 +1,7 @@
 """The cost model: a partitioned step's figures (per chip) -> projected step time, MFU, memory on a slice.
 
 Per generation, never per configuration: peak bf16 FLOP/s, HBM bandwidth and capacity
-(backend/generations.py), ICI per link and torus (profilers/topology.py), and one fitted constant,
+(backend/core/generations.py), ICI per link and torus (profilers/topology.py), and one fitted constant,
 `MXU_EFFICIENCY` (the share of peak that large matmuls reach), fitted on the rows marked `fit` in
 benchmarks/projection_table.py and checked on the others.
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from tpu_agent.backend.generations import GENERATIONS
+from tpu_agent.backend.core.generations import GENERATIONS
 from tpu_agent.profilers.topology import INTERCONNECTS
 from tpu_agent.slices import Slice
 

@@ -29,10 +29,10 @@ class Unsupported(Exception):
 
 
 def _tables():
-    from tpu_agent.backend import jax_setup  # noqa: F401  (64-bit types, as the device runs them)
+    from tpu_agent.backend.core import jax_setup  # noqa: F401  (64-bit types, as the device runs them)
     from tpu_agent.backend import ops  # noqa: F401  (fills the lowering table)
-    from tpu_agent.backend import opinfo
-    from tpu_agent.backend.registry import LOWERINGS
+    from tpu_agent.backend.aten import opinfo
+    from tpu_agent.backend.core.registry import LOWERINGS
 
     return LOWERINGS, opinfo
 
@@ -73,7 +73,7 @@ EXTRA = {
 
 
 def _torch_dtype(x):
-    from tpu_agent.backend import dtypes
+    from tpu_agent.backend.core import dtypes
 
     return dtypes.to_torch(x.dtype) if hasattr(dtypes, "to_torch") else None
 

@@ -311,7 +311,7 @@ def partition_graph(graph, mesh_axes: dict, rules, batch_axis, placements: dict,
 def run(request: dict) -> Partitioned:
     """The request's script recorded, then each recorded program partitioned, with 64-bit types as the device
     runs them (the device's lowerings are lowered here)."""
-    from tpu_agent.backend.jax_setup import device_x64
+    from tpu_agent.backend.core.jax_setup import device_x64
 
     with device_x64():
         return _run(request)

@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
         gc.freeze()
         gc.enable()
 
-    from tpu_agent.backend import module as device_module
+    from tpu_agent.backend.integration import module as device_module
 
     device_module.claim()  # Trainer, Accelerate and torch.accelerator take tpu here (not under plain python)
     from tpu_agent.backend.distributed import process_group

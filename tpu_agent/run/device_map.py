@@ -130,7 +130,7 @@ def _memory_bytes(kind: str) -> int:
     """Device memory as `torch.cuda.memory_*` reports it: XLA's own figures, else the live arrays' bytes."""
     import jax
 
-    from tpu_agent.backend.memory import live_bytes
+    from tpu_agent.backend.core.memory import live_bytes
 
     stats = jax.local_devices()[0].memory_stats() or {}  # this rank's: devices()[0] is rank 0's
     key = {"allocated": "bytes_in_use", "peak": "peak_bytes_in_use", "reserved": "bytes_reserved"}[kind]

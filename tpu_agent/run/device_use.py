@@ -20,8 +20,9 @@ def trained_off_the_device() -> bool:
     its work is not counted here)."""
     import torch
 
-    from tpu_agent.backend import module, steps
-    from tpu_agent.backend.state import STATS
+    from tpu_agent.backend.integration import module
+    from tpu_agent.backend.core import steps
+    from tpu_agent.backend.core.state import STATS
 
     if getattr(torch, "tpu", None) is not module:
         return False

@@ -15,7 +15,7 @@ _MODULE_NAME = re.compile(r"^module @\S+", re.MULTILINE)
 
 def calls() -> dict[int, int]:
     """Each program's call count so far (the device's executables), by id."""
-    from tpu_agent.backend import executables
+    from tpu_agent.backend.core import executables
 
     return {exe.id: exe.calls for exe in executables.all()}
 
@@ -23,7 +23,7 @@ def calls() -> dict[int, int]:
 def _text(exe) -> str:
     text = getattr(exe, "_programs_text", None)
     if text is None:
-        from tpu_agent.backend.jax_setup import device_x64
+        from tpu_agent.backend.core.jax_setup import device_x64
 
         with device_x64():  # lowered as the device runs it (outside, int64 arguments would lower as int32)
             text = _MODULE_NAME.sub("module", exe.fn.lower(*exe.args).as_text())
@@ -34,7 +34,7 @@ def _text(exe) -> str:
 def fingerprint(before: dict[int, int]) -> str | None:
     """The programs run since `before` (calls(), taken at a step's start), each with how often: a digest of the
     sorted (program text, calls) pairs. None when a program cannot be lowered again (then nothing is claimed)."""
-    from tpu_agent.backend import executables
+    from tpu_agent.backend.core import executables
 
     ran = []
     for exe in executables.all():

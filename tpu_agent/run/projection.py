@@ -148,7 +148,7 @@ def main(argv: list[str]) -> int:
 
         mapped = envvars.DEVICE_MAP.pop()
         if mapped is not None:  # tune --device-map cuda=tpu: the script's device is tpu in its projection too
-            from tpu_agent.backend import module as device_module
+            from tpu_agent.backend.integration import module as device_module
             from tpu_agent.run import device_map
 
             device_module.claim()  # as the tool's child does: torch.cuda.is_available() answers for tpu

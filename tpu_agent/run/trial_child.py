@@ -1,7 +1,7 @@
 """The child side of a timing trial: apply the plan, then run the script one step at a time.
 
 The parent holds a gate: at every step boundary the child synchronizes the
-device, reports the step (wall time, loss, its in-step peak of device bytes: backend/memory.py's
+device, reports the step (wall time, loss, its in-step peak of device bytes: backend/core/memory.py's
 StepPeak) on a pipe and waits
 for the next go. Two warm processes, baseline and candidate, can so be timed
 step by step in alternation (A B A B ...), each step measured while the
@@ -43,12 +43,12 @@ class TrialSession:
         self.calls_before: dict | None = None  # asked to fingerprint this step: each program's calls at its start
 
     def start(self) -> None:
-        from tpu_agent.backend.steps import add_step_listener
+        from tpu_agent.backend.core.steps import add_step_listener
         from tpu_agent.plan.runtime import apply_runtime
 
         import jax
 
-        from tpu_agent.backend.memory import watch_step_peaks
+        from tpu_agent.backend.core.memory import watch_step_peaks
 
         self.peaks = watch_step_peaks()
         applied = apply_runtime(self.plan)
@@ -116,7 +116,7 @@ class TrialSession:
 
 def _device_bytes() -> int:
     """Most bytes of live device arrays on any one device (sharding's saving is per device)."""
-    from tpu_agent.backend.sharding import bytes_per_device
+    from tpu_agent.backend.core.sharding import bytes_per_device
 
     per_device = bytes_per_device()
     return max(per_device.values()) if per_device else 0

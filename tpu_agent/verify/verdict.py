@@ -67,7 +67,7 @@ def sharding_estimate(profile, plan: Plan, target: str) -> str | None:
     step adds an all-reduce of the gradients (2 (n-1)/n of the parameter bytes)
     at HBM bandwidth, a lower bound on its cost over the interconnect.
     """
-    from tpu_agent.backend.generations import GENERATIONS
+    from tpu_agent.backend.core.generations import GENERATIONS
 
     mesh = plan.mesh
     if mesh is None or profile is None or profile.flops is None:

@@ -12,16 +12,16 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from . import dtypes, modes
+from ..core import dtypes, modes
 from .arguments import DYNAMIC, flatten, signature, template, unflatten
-from .launch import launch
-from .lazy import DATA_DEPENDENT, RECORDER, Lazy
+from ..core.launch import launch
+from ..core.lazy import DATA_DEPENDENT, RECORDER, Lazy
 from .opinfo import OpInfo, info_of
-from .programs import new_program
-from .registry import Lowering
-from .source import user_frame
-from .state import RNG, STATE
-from .tensor import DEVICE, TpuTensor, wrap
+from ..core.programs import new_program
+from ..core.registry import Lowering
+from ..core.source import user_frame
+from ..core.state import RNG, STATE
+from ..core.tensor import DEVICE, TpuTensor, wrap
 
 CACHE: dict[tuple, "Entry"] = {}  # op signature -> its program (Entry)
 

@@ -27,15 +27,16 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from . import executables, lazy, modes, steps, whole_step
+from ..core import executables, lazy, modes, steps
+from . import whole_step
 from .capture import (Capture, RebasedViews, autocast_state, compiling, constant_input, get_path, pair_storages,
                       rebuild, replay_key, signature, tensor_paths)
-from .jax_setup import device_x64
-from .launch import launch
-from .lazy import RECORDER, Lazy
-from .state import RNG
-from .tensor import TpuTensor
-from .transfer import materialize
+from ..core.jax_setup import device_x64
+from ..core.launch import launch
+from ..core.lazy import RECORDER, Lazy
+from ..core.state import RNG
+from ..core.tensor import TpuTensor
+from ..core.transfer import materialize
 from .whole_step import WINDOW, recording
 
 TENSOR_KINDS = ("state", "arg")

@@ -10,9 +10,9 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .opinfo import MUTATING, bind, op_kind, written_args
-from .state import STATS, cpu_fallback_enabled
-from .tensor import TpuTensor
-from .transfer import from_cpu, to_cpu
+from ..core.state import STATS, cpu_fallback_enabled
+from ..core.tensor import TpuTensor
+from ..core.transfer import from_cpu, to_cpu
 
 
 @functools.lru_cache(maxsize=None)

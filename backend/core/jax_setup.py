@@ -33,7 +33,7 @@ OFF = {"off", "0", "none", "false"}
 
 def configure_environment() -> None:
     """Environment for XLA; cheap (no JAX import), so it runs when the package loads."""
-    from .distributed import topology
+    from ..distributed import topology
 
     share = topology.rank_share()
     if share is not None:
@@ -75,7 +75,7 @@ def configure() -> None:
         # Every program, however small: an eager op's compile is the cost a new process repeats.
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    from .distributed import runtime
+    from ..distributed import runtime
 
     runtime.join()  # a rank of a torchrun job joins the job's JAX runtime before its first computation
 

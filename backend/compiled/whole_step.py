@@ -29,10 +29,10 @@ import atexit
 import gc
 import warnings
 
-from . import modes, steps
-from .lazy import BREAK_REASONS, RECORDER
-from .source import user_stacklevel
-from .state import STATE, STATS, EagerMode
+from ..core import modes, steps
+from ..core.lazy import BREAK_REASONS, RECORDER
+from ..core.source import user_stacklevel
+from ..core.state import STATE, STATS, EagerMode
 
 FREEZE_GC = True  # freeze the process's objects once the step stops compiling (see the module docstring)
 STABLE_WINDOWS = 2  # windows in a row that compiled nothing before freezing

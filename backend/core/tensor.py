@@ -432,7 +432,7 @@ def _dispatch(func, args, kwargs):
     dispatcher registers itself when it loads. It loads before any tensor can reach
     here: every first op on `tpu` (a factory, an allocation, a copy from the CPU)
     enters through the device's kernels (device.py), which import dispatch.py."""
-    raise RuntimeError(f"{func}: the tpu dispatcher is not loaded (import tpu_agent.backend.dispatch first)")
+    raise RuntimeError(f"{func}: the tpu dispatcher is not loaded (import tpu_agent.backend.aten.dispatch first)")
 
 
 def install_dispatcher(dispatch) -> None:

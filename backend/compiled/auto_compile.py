@@ -108,7 +108,7 @@ def _leave_compiled_forwards_out_of_pickles() -> None:
 
 def _first_forward(module, args):
     from .module_program import CompiledModule
-    from .tensor import TpuTensor
+    from ..core.tensor import TpuTensor
 
     if isinstance(module, CompiledModule) or "forward" in module.__dict__:
         return None  # compiled already, by the script (torch.compile) or by us

@@ -9,9 +9,9 @@ from collections import namedtuple
 
 import torch
 
-from .generations import current_generation
-from .modes import EagerMode, Precision, get_eager_mode, precision, set_eager_mode  # noqa: F401
-from .state import RNG, STATE
+from ..core.generations import current_generation
+from ..core.modes import EagerMode, Precision, get_eager_mode, precision, set_eager_mode  # noqa: F401
+from ..core.state import RNG, STATE
 
 _DeviceProperties = namedtuple("_DeviceProperties", "name total_memory generation platform mxu peak_bf16_flops")
 
@@ -33,7 +33,7 @@ def is_available() -> bool:
     return _claimed or _DISPATCH in sys.modules
 
 
-_DISPATCH = __name__.rpartition(".")[0] + ".dispatch"
+_DISPATCH = __package__.rpartition(".")[0] + ".aten.dispatch"
 
 
 def is_initialized() -> bool:
@@ -51,7 +51,7 @@ def _lazy_init() -> None:
 def device_count() -> int:
     """This process's local devices: the host's chips (or simulated CPU devices, `TPU_AGENT_DEVICES=N`), one
     per process under a launcher that gives each rank its chip (torchrun with one process per chip)."""
-    from .tensor import STATE  # starts JAX: the count is JAX's
+    from ..core.tensor import STATE  # starts JAX: the count is JAX's
 
     return STATE.device_count
 
@@ -65,7 +65,7 @@ def set_device(device) -> None:
     index = torch.device(device).index if not isinstance(device, int) else device
     if index is None or index < 0:  # torch.cuda.device(-1) and device_of(cpu tensor): no change
         return
-    from .tensor import check_index
+    from ..core.tensor import check_index
 
     STATE.set_device(check_index(index))
     if STATE.device:
@@ -152,7 +152,7 @@ def get_device_capability(device=None) -> dict:
 
 def synchronize(device=None) -> None:
     """Wait for all queued device work."""
-    from .transfer import synchronize as _sync
+    from ..core.transfer import synchronize as _sync
 
     _sync()
 
@@ -178,7 +178,7 @@ def stream(s):
 
 def compile(fn=None, **options):  # noqa: A001 - TorchTPU's name
     """Compile a training step (one XLA program) or a module (forward and backward programs)."""
-    from .compile import compile as _compile
+    from ..compiled.compile import compile as _compile
 
     return _compile(fn, **options)
 
@@ -186,7 +186,7 @@ def compile(fn=None, **options):  # noqa: A001 - TorchTPU's name
 def compile_steps(on: bool = True, **options) -> None:
     """Run the loop's model (forward and backward) and optimizer updates as compiled programs,
     with no change to the script; `TPU_AGENT_COMPILE_STEPS=1` does the same from the start."""
-    from .auto_compile import compile_steps as _switch
+    from ..compiled.auto_compile import compile_steps as _switch
 
     _switch(on, **options)
 
@@ -200,7 +200,7 @@ class _LazyModule:
     def __getattr__(self, attr):
         import importlib
 
-        return getattr(importlib.import_module(f"{__package__}.{self._name}"), attr)
+        return getattr(importlib.import_module(f"..core.{self._name}", __package__), attr)
 
 
 sharding = _LazyModule("sharding")
@@ -208,14 +208,14 @@ sharding = _LazyModule("sharding")
 
 def mark_step() -> None:
     """Step boundary for scripts with no optimizer: flushes deferred work, notifies step hooks."""
-    from .steps import mark_step as _mark
+    from ..core.steps import mark_step as _mark
 
     _mark()
 
 
 # --- memory (JAX owns it; see memory.py) -------------------------------------
 
-from .memory import (  # noqa: E402,F401
+from ..core.memory import (  # noqa: E402,F401
     empty_cache,
     max_memory_allocated,
     max_memory_reserved,
@@ -224,8 +224,7 @@ from .memory import (  # noqa: E402,F401
     memory_reserved,
     memory_stats,
     reset_accumulated_memory_stats,
-    reset_peak_memory_stats,
-)
+    reset_peak_memory_stats)
 
 # --- RNG -------------------------------------------------------------------
 

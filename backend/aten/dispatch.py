@@ -11,7 +11,8 @@ entry point (tensor.py cannot import it: this module builds tensors of that clas
 
 from __future__ import annotations
 
-from . import handlers, ops  # noqa: F401  (they fill the handler and lowering tables)
+from . import handlers  # noqa: F401  (they fill the handler and lowering tables)
+from .. import ops  # noqa: F401  (they fill the handler and lowering tables)
 from .execute import execute
 from .fallback import decompose, unsupported
 from .handlers import copy_into  # noqa: F401  (device.py's copy kernel)
@@ -26,11 +27,10 @@ from .opinfo import (
     info_of,
     is_list_return,
     is_out,
-    written_args,
-)
-from .registry import LOWERINGS
-from .state import STATS
-from .tensor import TpuTensor, install_dispatcher
+    written_args)
+from ..core.registry import LOWERINGS
+from ..core.state import STATS
+from ..core.tensor import TpuTensor, install_dispatcher
 from .view_ops import METADATA_INPLACE, run_metadata_inplace, run_view
 from .writes import write
 

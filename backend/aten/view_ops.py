@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from . import modes
+from ..core import modes
 from .execute import execute
 from .fallback import decompose, unsupported
-from .lazy import RECORDER, Lazy
-from .registry import LOWERINGS
-from .state import STATE
-from .tensor import TpuTensor
-from .views import chain_entry
+from ..core.lazy import RECORDER, Lazy
+from ..core.registry import LOWERINGS
+from ..core.state import STATE
+from ..core.tensor import TpuTensor
+from ..core.views import chain_entry
 
 aten = torch.ops.aten
 

@@ -62,7 +62,7 @@ def _patch_storage_moves() -> None:
         return original_to(self, device=device, non_blocking=non_blocking)
 
     def tpu(self, device=None, non_blocking=False):
-        """A storage "on tpu": see `tpu_agent.backend.checkpoints`."""
+        """A storage "on tpu": see `tpu_agent.backend.integration.checkpoints`."""
         return _keep_on_host(self)
 
     to._tpu_agent = True
@@ -153,7 +153,7 @@ def _patch_save() -> None:
 
     @functools.wraps(original)
     def save(*args, **kwargs):
-        tensor = sys.modules.get(__name__.rpartition(".")[0] + ".tensor")
+        tensor = sys.modules.get(__package__.rpartition(".")[0] + ".core.tensor")
         if tensor is not None and tensor.on_pickle is None:  # no tpu tensor exists before tensor.py is loaded
             tensor.on_pickle = _note_pickled
         outer = getattr(_SAVING, "tags", None)

@@ -13,7 +13,7 @@ import torch
 from .capture import tensor_paths
 from .module_program import CompiledModule
 from .step_program import CompiledStep
-from .tensor import TpuTensor
+from ..core.tensor import TpuTensor
 
 def compile(fn=None, **options):  # noqa: A001 - mirrors torch.compile
     """Compile a step function or a module for the tpu device."""

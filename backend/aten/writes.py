@@ -11,11 +11,11 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from . import dtypes
+from ..core import dtypes
 from .arguments import device_mismatch
-from .lazy import Lazy
-from .programs import call_jax
-from .tensor import TpuTensor
+from ..core.lazy import Lazy
+from ..core.programs import call_jax
+from ..core.tensor import TpuTensor
 
 
 def write(func, target, value) -> None:

@@ -13,13 +13,13 @@ import weakref
 
 import torch
 
-from . import modes
-from .jax_setup import device_x64
-from .lazy import Lazy
-from .state import RNG
-from .tensor import Storage, TpuTensor
-from .transfer import materialize
-from .views import apply_chain
+from ..core import modes
+from ..core.jax_setup import device_x64
+from ..core.lazy import Lazy
+from ..core.state import RNG
+from ..core.tensor import Storage, TpuTensor
+from ..core.transfer import materialize
+from ..core.views import apply_chain
 
 class Capture:
     """Provenance of graph inputs while a step runs under the recorder."""

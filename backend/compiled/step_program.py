@@ -26,14 +26,15 @@ import jax
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from . import executables, lazy, modes, steps, whole_step
+from ..core import executables, lazy, modes, steps
+from . import whole_step
 from .capture import (Capture, RebasedViews, autocast_state, compiling, constant_input, get_path, output_of,
                       pair_storages, rebuild, replay_key, signature, tensor_paths)
-from .launch import launch
-from .lazy import RECORDER
-from .state import STATE
-from .steps import step_boundary
-from .transfer import materialize
+from ..core.launch import launch
+from ..core.lazy import RECORDER
+from ..core.state import STATE
+from ..core.steps import step_boundary
+from ..core.transfer import materialize
 from .whole_step import recording
 
 _HYPERPARAMETERS = (int, float, bool, tuple)

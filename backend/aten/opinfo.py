@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from .registry import LOWERINGS
+from ..core.registry import LOWERINGS
 
 aten = torch.ops.aten
 

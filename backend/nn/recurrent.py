@@ -48,7 +48,7 @@ class _Sequence(torch.autograd.Function):
 
 
 def _ops():
-    from .ops import recurrent  # noqa: F401  (defines the tpu_agent:: ops and their lowerings)
+    from ..ops import recurrent  # noqa: F401  (defines the tpu_agent:: ops and their lowerings)
 
     return torch.ops.tpu_agent
 

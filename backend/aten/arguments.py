@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from .lazy import RECORDER, Lazy
-from .registry import Lowering
-from .tensor import TpuTensor
-from .transfer import from_cpu
+from ..core.lazy import RECORDER, Lazy
+from ..core.registry import Lowering
+from ..core.tensor import TpuTensor
+from ..core.transfer import from_cpu
 
 aten = torch.ops.aten
 

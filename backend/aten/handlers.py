@@ -11,12 +11,12 @@ from __future__ import annotations
 import jax
 import torch
 
-from . import dtypes
-from .distributed import functional  # noqa: F401  (the functional collectives' handlers, registered with these)
+from ..core import dtypes
+from ..distributed import functional  # noqa: F401  (the functional collectives' handlers, registered with these)
 from .opinfo import handler
-from .state import STATE, STATS
-from .tensor import DEVICE, TpuTensor, device_index
-from .transfer import from_cpu, materialize, to_cpu, to_device
+from ..core.state import STATE, STATS
+from ..core.tensor import DEVICE, TpuTensor, device_index
+from ..core.transfer import from_cpu, materialize, to_cpu, to_device
 from .writes import broadcast_cast, cast, write
 
 aten = torch.ops.aten

@@ -6,7 +6,7 @@ HLO text, XLA's cost analysis (FLOPs, bytes accessed), its memory analysis,
 and how often and how long it ran. Analyses are computed on demand from the
 abstract arguments kept at compile time, so the hot path pays nothing.
 
-    from tpu_agent.backend import executables
+    from tpu_agent.backend.core import executables
     for exe in executables.all():
         exe.name, exe.kind, exe.calls, exe.cost()["flops"], exe.hlo_text()
 """

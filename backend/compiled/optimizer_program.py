@@ -27,11 +27,11 @@ import torch
 import torch.nn.utils.clip_grad
 import torch.optim.optimizer as optimizer_module
 
-from . import executables, lazy, modes
-from .lazy import RECORDER
-from .ops.reduction import vector_norm
+from ..core import executables, lazy, modes
+from ..core.lazy import RECORDER
+from ..ops.reduction import vector_norm
 from .step_program import CompiledStep, make_capturable
-from .tensor import TpuTensor, on_device
+from ..core.tensor import TpuTensor, on_device
 from .whole_step import recording
 
 

@@ -9,10 +9,13 @@ import torch
 
 # Loaded at `import torch` (the torch.backends entry point): only modules that do not
 # import JAX come in here; the rest arrive with the first op.
-from . import attention, auto_compile, autocast, checkpoints, lazy_modules, memory, module, pinned, recurrent, transformer
-from .distributed import process_group
-from .jax_setup import device_x64
-from .steps import install_optimizer_hook
+from ..nn import attention, lazy_modules, recurrent, transformer
+from ..compiled import auto_compile
+from . import autocast, checkpoints, module, pinned
+from ..core import memory
+from ..distributed import process_group
+from ..core.jax_setup import device_x64
+from ..core.steps import install_optimizer_hook
 
 # Ops with no tensor argument reach a backend through the device they name:
 # PyTorch sends them to the PrivateUse1 kernels registered here.
@@ -46,8 +49,8 @@ _library = None
 def _factory_kernel(op):
     @device_x64()  # these kernels enter the device beside __torch_dispatch__: the same 64-bit scope
     def kernel(*args, **kwargs):
-        from .dispatch import dispatch
-        from .tensor import STATE, device_index, on_device
+        from ..aten.dispatch import dispatch
+        from ..core.tensor import STATE, device_index, on_device
 
         if STATE.device_count == 1:
             return dispatch(op, args, kwargs)
@@ -63,8 +66,8 @@ COPY_OPS = ("_copy_from", "_copy_from_and_resize")
 
 @device_x64()
 def _copy_kernel(src, dst, *args):
-    from .dispatch import copy_into
-    from .tensor import STATE, TpuTensor, on_device
+    from ..aten.dispatch import copy_into
+    from ..core.tensor import STATE, TpuTensor, on_device
 
     if STATE.device_count == 1:
         return copy_into(dst, src)
@@ -122,7 +125,7 @@ def _patch_torch_compile() -> None:
         return
 
     def compile(model=None, **kwargs):
-        from .compile import patch_torch_compile
+        from ..compiled.compile import patch_torch_compile
 
         torch.compile = original
         patch_torch_compile()

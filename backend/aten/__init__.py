@@ -1,0 +1,1 @@
+"""How one aten op on tpu tensors runs: dispatch, its arguments, its cached program, views and in-place writes."""

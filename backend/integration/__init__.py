@@ -1,0 +1,1 @@
+"""The device in PyTorch: its registration, `torch.tpu`, autoload, autocast, pinned memory, checkpoints."""
