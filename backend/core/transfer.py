@@ -34,20 +34,14 @@ def from_cpu(t: torch.Tensor):
         host = t.view(torch.int16).numpy().view(jnp.bfloat16)
     else:
         host = t.numpy()
-    # A copy, as `.to()` is: JAX's CPU client may alias the host memory it is given (zero-copy), and a later
-    # in-place write to the CPU tensor would then change the device value. The copy is NumPy's, put on the
-    # device as it is: jnp.array(host, copy=True) compiled a copy program for each new shape (about 15 ms of
-    # XLA each, on every new batch or argument shape moved to the device).
+    # A copy, as `.to()` is: jnp.asarray may alias the CPU tensor's memory (JAX's CPU client does, zero-copy),
+    # and a later in-place write to the CPU tensor would then change the device value.
     want = dtypes.to_jax_dtype(t.dtype)
-    host = np.array(host, copy=True)
-    if host.dtype == want:  # on tpu:k, k > 0, committed to local device k
-        array = jax.device_put(host, LOCAL_DEVICES[STATE.op_device] if STATE.op_device else None)
-    else:
-        array = jnp.array(host, dtype=want, copy=False)
-        if STATE.op_device:
-            array = jax.device_put(array, LOCAL_DEVICES[STATE.op_device])
+    array = jnp.array(host, dtype=want, copy=True)
     if array.dtype != want:  # outside the device's 64-bit scope JAX narrows int64 / float64 without a word
         raise _outside_scope(t.dtype, array.dtype, "a copy to the device")
+    if STATE.op_device:  # copied to tpu:k, k > 0: its array committed to local device k
+        array = jax.device_put(array, LOCAL_DEVICES[STATE.op_device])
     if RECORDER.capture is not None:
         RECORDER.capture.note_host(array, t)
     return array
