@@ -20,11 +20,12 @@ FILE = Path(__file__).resolve().parents[1] / "durations.json"
 SLOW_S = 6.0  # a test measured this long (or marked by hand) is left out of the quick pass
 WORKERS = 2  # scripts/test.sh: -n 2
 # The default pass's recorded durations dealt onto WORKERS workers may not grow past this (tests/test_budget.py).
-# It holds today's pass (18.8 minutes a worker: the mean of three fresh-clone records on a quiet 2-core machine, 17.8,
-# 19.1 and 19.6, one record's noise; 18.5, 19.5 and 20.0 minutes of pytest) with 3 % more; the goal is GOAL_S,
+# It holds today's pass (18.5 minutes a worker: for the tests unchanged since, the mean of four fresh-clone records on
+# a quiet 2-core machine, 17.8, 19.1, 19.6 and 19.5 a worker, one record's noise; for the tests changed since, the last
+# record alone; 18.5, 19.5, 20.0 and 20.0 minutes of pytest) with 3 % more; the goal is GOAL_S,
 # which the suite does not meet yet: lower BUDGET_S toward it as tests are merged, shrunk or moved to the release
 # matrix, never raise it.
-BUDGET_S = 19.4 * 60.0
+BUDGET_S = 19.0 * 60.0
 GOAL_S = 17 * 60.0
 
 
